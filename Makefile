@@ -1,0 +1,174 @@
+# prefetchd — one non-recursive Makefile.  Objects go under build/, the
+# protobuf-c code is generated from proto/*.proto at build time.
+#
+#   make            build everything (CUDA=1 when nvcc/the toolkit is found)
+#   make CUDA=0     build without the CUDA toolkit
+#   make run        build, generate a demo dataset, serve it, bench one epoch
+#   make check      the whole test suite (CUDA tests skip without a GPU)
+#   make check-cuda the CUDA tests (needs a GPU)
+#   make bench-host / bench-cuda
+#   make install PREFIX=/usr/local DESTDIR=
+#   make deps       install missing Debian packages with apt-get
+#   V=1             show the commands
+
+PREFIX  ?= /usr/local
+DESTDIR ?=
+BINDIR  ?= $(PREFIX)/bin
+LIBDIR  ?= $(PREFIX)/lib
+INCDIR  ?= $(PREFIX)/include
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+B       := build
+VERSION := 0.1.0
+
+CUDA_HOME ?= /usr/local/cuda
+ifeq ($(origin CUDA),undefined)
+CUDA := $(shell test -f $(CUDA_HOME)/include/cuda_runtime.h && test -f $(CUDA_HOME)/lib64/libcudart_static.a && echo 1 || echo 0)
+endif
+
+ifeq ($(V),1)
+Q :=
+say :=
+else
+Q := @
+say = @printf '  %-7s %s\n' $(1) $(2);
+endif
+
+CC      ?= cc
+PKGS    := libuv libprotobuf-c inih libsystemd
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null || echo -lcmocka)
+
+WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+           -Wno-unused-parameter
+ifneq ($(CI),)
+WARN    += -Werror
+endif
+CFLAGS  ?= -O2 -g
+ALL_CFLAGS := -std=gnu11 $(WARN) $(CFLAGS) -fPIC -fvisibility=hidden \
+           -D_GNU_SOURCE -DPF_VERSION='"$(VERSION)"' -MMD -MP \
+           -I$(B)/gen -Iproto -Idaemon -Iclient $(PKG_CFLAGS)
+LDLIBS  := -lpthread -lm
+
+ifeq ($(CUDA),1)
+CUDA_CFLAGS := -DPF_CUDA=1 -I$(CUDA_HOME)/include
+CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
+GPU_SRC     := daemon/gpu.c
+else
+CUDA_CFLAGS := -DPF_CUDA=0
+CUDA_LIBS   :=
+GPU_SRC     := daemon/gpu_none.c
+endif
+
+# ---- sources -------------------------------------------------------------
+PROTO_SRC   := $(wildcard proto/*.proto)
+GEN_C       := $(patsubst proto/%.proto,$(B)/gen/%.pb-c.c,$(PROTO_SRC))
+GEN_H       := $(GEN_C:.c=.h)
+WIRE_OBJ    := $(B)/gen/prefetch.pb-c.o $(B)/proto/wire.o
+
+# Every daemon/*.c is part of the daemon core except the entry point and the
+# three interchangeable GPU back ends (real, none, fake for tests).
+DAEMON_CORE := $(filter-out daemon/main.c daemon/gpu.c daemon/gpu_none.c daemon/gpu_fake.c,$(wildcard daemon/*.c))
+DAEMON_OBJ  := $(DAEMON_CORE:%.c=$(B)/%.o)
+GPU_OBJ     := $(GPU_SRC:%.c=$(B)/%.o)
+CLIENT_SRC  := $(filter-out client/prefetchctl.c,$(wildcard client/*.c))
+CLIENT_OBJ  := $(CLIENT_SRC:%.c=$(B)/%.o)
+
+UNIT_TESTS  := $(patsubst tests/%.c,$(B)/tests/%,$(filter-out tests/test_integration%.c tests/test_cuda%.c tests/testutil.c,$(wildcard tests/test_*.c)))
+INTEG_TESTS := $(patsubst tests/%.c,$(B)/tests/%,$(wildcard tests/test_integration*.c))
+CUDA_TESTS  := $(patsubst tests/%.c,$(B)/tests/%,$(wildcard tests/test_cuda*.c))
+TEST_UTIL   := $(if $(wildcard tests/testutil.c),$(B)/tests/testutil.o)
+BENCHES     := $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/*.c))
+TOOLS       := $(patsubst tools/%.c,$(B)/%,$(wildcard tools/*.c))
+
+PROGS := $(B)/prefetchd $(B)/prefetchctl $(B)/libprefetch.so $(B)/libprefetch.a \
+         $(B)/libprefetch.pc $(TOOLS)
+
+.PHONY: all run check check-unit check-integration check-cuda bench-host bench-cuda \
+        install clean deps format
+all: $(PROGS) $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(BENCHES)
+
+# ---- generated protocol code ---------------------------------------------
+$(B)/gen/%.pb-c.c $(B)/gen/%.pb-c.h: proto/%.proto
+	$(call say,PROTOC,$<)mkdir -p $(B)/gen && protoc-c --proto_path=proto --c_out=$(B)/gen $<
+
+# Everything that includes the generated header must wait for it.
+$(DAEMON_OBJ) $(GPU_OBJ) $(CLIENT_OBJ) $(B)/daemon/main.o $(B)/client/prefetchctl.o \
+$(B)/proto/wire.o $(TEST_UTIL): $(GEN_H)
+$(B)/tests/%.o $(B)/bench/%.o $(B)/tools/%.o: $(GEN_H)
+
+# ---- compile ---------------------------------------------------------------
+$(B)/gen/%.o: $(B)/gen/%.c
+	$(call say,CC,$<)$(CC) $(ALL_CFLAGS) -Wno-missing-prototypes -c -o $@ $<
+$(B)/daemon/gpu.o: daemon/gpu.c
+	@mkdir -p $(@D)
+	$(call say,CC,$<)$(CC) $(ALL_CFLAGS) $(CUDA_CFLAGS) -c -o $@ $<
+$(B)/%.o: %.c
+	@mkdir -p $(@D)
+	$(call say,CC,$<)$(CC) $(ALL_CFLAGS) $(CUDA_CFLAGS) -c -o $@ $<
+
+# ---- link ------------------------------------------------------------------
+$(B)/prefetchd: $(B)/daemon/main.o $(DAEMON_OBJ) $(GPU_OBJ) $(WIRE_OBJ)
+	$(call say,LD,$@)$(CC) -o $@ $^ $(PKG_LIBS) $(CUDA_LIBS) $(LDLIBS)
+$(B)/libprefetch.so: $(CLIENT_OBJ) $(WIRE_OBJ)
+	$(call say,LD,$@)$(CC) -shared -Wl,-soname,libprefetch.so.0 -o $@ $^ \
+	  $(shell pkg-config --libs libprotobuf-c) -ldl $(LDLIBS)
+$(B)/libprefetch.a: $(CLIENT_OBJ) $(WIRE_OBJ)
+	$(call say,AR,$@)rm -f $@ && ar rcs $@ $^
+$(B)/prefetchctl: $(B)/client/prefetchctl.o $(B)/libprefetch.a
+	$(call say,LD,$@)$(CC) -o $@ $^ $(shell pkg-config --libs libprotobuf-c) -ldl $(LDLIBS)
+$(B)/%: $(B)/tools/%.o
+	$(call say,LD,$@)$(CC) -o $@ $^ $(LDLIBS)
+$(B)/libprefetch.pc: client/libprefetch.pc.in Makefile
+	$(call say,GEN,$@)mkdir -p $(B) && sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
+	  -e 's|@INCDIR@|$(INCDIR)|g' -e 's|@VERSION@|$(VERSION)|g' $< > $@
+
+# Unit tests link the daemon core against the fake GPU.
+$(B)/tests/test_%: $(B)/tests/test_%.o $(DAEMON_OBJ) $(B)/daemon/gpu_fake.o $(WIRE_OBJ) $(TEST_UTIL) $(B)/libprefetch.a
+	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) -ldl $(LDLIBS)
+$(B)/tests/test_integration%: $(B)/tests/test_integration%.o $(TEST_UTIL) $(B)/libprefetch.a $(B)/prefetchd
+	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) -ldl $(LDLIBS)
+$(B)/tests/test_cuda%: $(B)/tests/test_cuda%.o $(TEST_UTIL) $(B)/libprefetch.a $(B)/prefetchd
+	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) -ldl $(LDLIBS)
+$(B)/bench/%: $(B)/bench/%.o $(B)/libprefetch.a $(TEST_UTIL)
+	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(shell pkg-config --libs libprotobuf-c) -ldl $(LDLIBS)
+
+# ---- user targets -----------------------------------------------------------
+deps:
+	@sh tools/deps.sh
+
+run: deps
+	@$(MAKE) --no-print-directory all
+	@sh tools/demo.sh
+
+check: deps
+	@$(MAKE) --no-print-directory all
+	@sh tests/run.sh $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS)
+
+check-cuda: all
+	@PF_REQUIRE_GPU=1 sh tests/run.sh $(CUDA_TESTS)
+
+bench-host: all
+	@$(B)/bench/host_throughput
+
+bench-cuda: all
+	@$(B)/bench/cuda_throughput
+
+install: all
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCDIR) $(DESTDIR)$(UNITDIR)
+	install -m 0755 $(B)/prefetchd $(B)/prefetchctl $(DESTDIR)$(BINDIR)/
+	install -m 0755 $(B)/libprefetch.so $(DESTDIR)$(LIBDIR)/libprefetch.so.0
+	ln -sf libprefetch.so.0 $(DESTDIR)$(LIBDIR)/libprefetch.so
+	install -m 0644 $(B)/libprefetch.a $(DESTDIR)$(LIBDIR)/
+	install -m 0644 client/prefetch.h $(DESTDIR)$(INCDIR)/
+	install -m 0644 $(B)/libprefetch.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
+	sed -e 's|@BINDIR@|$(BINDIR)|g' systemd/prefetchd.service > $(DESTDIR)$(UNITDIR)/prefetchd.service
+	install -m 0644 systemd/prefetchd.socket $(DESTDIR)$(UNITDIR)/
+
+format:
+	clang-format -i $(wildcard daemon/*.[ch] client/*.[ch] proto/*.[ch] tests/*.[ch] bench/*.[ch] tools/*.[ch])
+
+clean:
+	rm -rf $(B) run
+
+-include $(shell find $(B) -name '*.d' 2>/dev/null)

@@ -1,0 +1,607 @@
+/*
+ * cuda.c — libprefetch's CUDA side: imports the daemon's device arenas into
+ * the trainer process, records and polls release events, probes free device
+ * memory.  Interface and error rules: pfcuda.h.
+ *
+ * The driver is reached without any link-time CUDA dependency: libcuda.so.1
+ * is dlopen'ed on the first pfcuda_open, cuInit and cuGetProcAddress_v2 are
+ * the only symbols taken with dlsym, and every other entry point comes from
+ * cuGetProcAddress_v2 at the ABI of CUDA 12.0 with legacy-stream semantics.
+ * We do not dlsym each function: libcuda exports several ABIs under related
+ * names (plain dlsym("cuMemGetInfo") is the 32-bit CUDA 2.0 version, the
+ * current one is "cuMemGetInfo_v2"), and cuGetProcAddress is the driver's
+ * own answer to "the version of this function matching this header".  12.0
+ * is the oldest driver with cuGetProcAddress_v2, every function used here
+ * has kept its 12.0 signature through CUDA 13, and asking for a newer ABI
+ * would fail on a 12.x driver that PyTorch still supports.
+ *
+ * DESIGN: called from the thread that owns the pf_client; no locks beyond
+ * the pthread_once that loads the driver (several clients in one process
+ * may race to it).  The driver is never unloaded: libcuda does not support
+ * dlclose while it has contexts and threads.
+ */
+#include "pfcuda.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+__attribute__((format(printf, 3, 4))) static void set_msg(char *msg, size_t len, const char *fmt,
+							  ...)
+{
+	va_list ap;
+
+	if (!msg || len == 0)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(msg, len, fmt, ap);
+	va_end(ap);
+}
+
+#if PF_CUDA
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cuda.h> /* types only: the driver is dlopen'ed */
+#include <cudaTypedefs.h>
+
+#define DRIVER_ABI 12000
+
+_Static_assert(sizeof(CUipcMemHandle) == PFCUDA_IPC_HANDLE_BYTES, "IPC handle size changed");
+
+struct pfcuda_dev {
+	int ordinal;
+	CUdevice dev;
+	CUcontext ctx; /* retained primary context: released by pfcuda_close */
+};
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+
+/* Written once by load() under load_once, read-only afterwards. */
+static struct {
+	int rc;	       /* 0 when loaded and initialised, else -errno */
+	char msg[256]; /* why rc < 0 */
+	bool vmm;      /* the FD-import entry points were all found */
+
+	PFN_cuGetErrorString_v6000 get_error_string;
+	PFN_cuGetErrorName_v6000 get_error_name;
+	PFN_cuInit_v2000 init;
+	PFN_cuDeviceGet_v2000 device_get;
+	PFN_cuDeviceGetPCIBusId_v4010 device_get_pci_bus_id;
+	PFN_cuDevicePrimaryCtxRetain_v7000 primary_ctx_retain;
+	PFN_cuDevicePrimaryCtxRelease_v11000 primary_ctx_release;
+	PFN_cuCtxPushCurrent_v4000 ctx_push_current;
+	PFN_cuCtxPopCurrent_v4000 ctx_pop_current;
+	PFN_cuIpcOpenMemHandle_v11000 ipc_open_mem_handle;
+	PFN_cuIpcCloseMemHandle_v4010 ipc_close_mem_handle;
+	PFN_cuEventCreate_v2000 event_create;
+	PFN_cuEventRecord_v2000 event_record;
+	PFN_cuEventQuery_v2000 event_query;
+	PFN_cuEventDestroy_v4000 event_destroy;
+	PFN_cuMemGetInfo_v3020 mem_get_info;
+	PFN_cuMemcpyDtoH_v3020 memcpy_dtoh;
+
+	PFN_cuMemGetAllocationGranularity_v10020 mem_get_allocation_granularity;
+	PFN_cuMemImportFromShareableHandle_v10020 mem_import_from_shareable_handle;
+	PFN_cuMemAddressReserve_v10020 mem_address_reserve;
+	PFN_cuMemAddressFree_v10020 mem_address_free;
+	PFN_cuMemMap_v10020 mem_map;
+	PFN_cuMemUnmap_v10020 mem_unmap;
+	PFN_cuMemSetAccess_v10020 mem_set_access;
+	PFN_cuMemRelease_v10020 mem_release;
+} drv;
+
+static int cu_errno(CUresult r)
+{
+	switch (r) {
+	case CUDA_SUCCESS: return 0;
+	case CUDA_ERROR_OUT_OF_MEMORY: return -ENOMEM;
+	case CUDA_ERROR_NO_DEVICE:
+	case CUDA_ERROR_INVALID_DEVICE: return -ENODEV;
+	case CUDA_ERROR_NOT_READY: return -EAGAIN;
+	case CUDA_ERROR_NOT_SUPPORTED: return -EOPNOTSUPP;
+	case CUDA_ERROR_NOT_PERMITTED: return -EPERM;
+	default: return -EIO;
+	}
+}
+
+/* Describes a failed driver call in msg and converts it. */
+static int cu_fail(CUresult r, const char *what, char *msg, size_t len)
+{
+	const char *str = NULL, *name = NULL;
+
+	if (drv.get_error_string)
+		drv.get_error_string(r, &str);
+	if (drv.get_error_name)
+		drv.get_error_name(r, &name);
+	set_msg(msg, len, "%s: %s (%s)", what, str ? str : "unknown CUDA error", name ? name : "?");
+	return cu_errno(r);
+}
+
+static void load(void)
+{
+	PFN_cuGetProcAddress_v12000 get_proc;
+	void *lib;
+	CUresult r;
+	const char *missing = NULL;
+
+#define SYM(field, name)                                                                           \
+	do {                                                                                       \
+		CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;          \
+		void *fn = NULL;                                                                   \
+		if (get_proc(name, &fn, DRIVER_ABI, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &st) !=     \
+			    CUDA_SUCCESS ||                                                        \
+		    st != CU_GET_PROC_ADDRESS_SUCCESS || !fn) {                                    \
+			if (!missing)                                                              \
+				missing = name;                                                    \
+		} else {                                                                           \
+			drv.field = (__typeof__(drv.field))fn;                                     \
+		}                                                                                  \
+	} while (0)
+
+	lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (!lib) {
+		drv.rc = -ENODEV;
+		set_msg(drv.msg, sizeof(drv.msg), "no CUDA driver: %s", dlerror());
+		return;
+	}
+	get_proc = (PFN_cuGetProcAddress_v12000)dlsym(lib, "cuGetProcAddress_v2");
+	drv.init = (PFN_cuInit_v2000)dlsym(lib, "cuInit");
+	drv.get_error_string = (PFN_cuGetErrorString_v6000)dlsym(lib, "cuGetErrorString");
+	drv.get_error_name = (PFN_cuGetErrorName_v6000)dlsym(lib, "cuGetErrorName");
+	if (!get_proc || !drv.init) {
+		drv.rc = -ENODEV;
+		set_msg(drv.msg, sizeof(drv.msg),
+			"CUDA driver too old: libcuda.so.1 lacks cuGetProcAddress_v2 (need 12.0+)");
+		return;
+	}
+	r = drv.init(0);
+	if (r != CUDA_SUCCESS) {
+		drv.rc = cu_fail(r, "cuInit", drv.msg, sizeof(drv.msg));
+		if (drv.rc == -EIO)
+			drv.rc = -ENODEV; /* whatever the reason, there is no usable GPU */
+		return;
+	}
+
+	SYM(device_get, "cuDeviceGet");
+	SYM(device_get_pci_bus_id, "cuDeviceGetPCIBusId");
+	SYM(primary_ctx_retain, "cuDevicePrimaryCtxRetain");
+	SYM(primary_ctx_release, "cuDevicePrimaryCtxRelease");
+	SYM(ctx_push_current, "cuCtxPushCurrent");
+	SYM(ctx_pop_current, "cuCtxPopCurrent");
+	SYM(ipc_open_mem_handle, "cuIpcOpenMemHandle");
+	SYM(ipc_close_mem_handle, "cuIpcCloseMemHandle");
+	SYM(event_create, "cuEventCreate");
+	SYM(event_record, "cuEventRecord");
+	SYM(event_query, "cuEventQuery");
+	SYM(event_destroy, "cuEventDestroy");
+	SYM(mem_get_info, "cuMemGetInfo");
+	SYM(memcpy_dtoh, "cuMemcpyDtoH");
+	if (missing) {
+		drv.rc = -EOPNOTSUPP;
+		set_msg(drv.msg, sizeof(drv.msg), "CUDA driver lacks %s", missing);
+		return;
+	}
+	/* Only FD arenas need these; a driver without VMM can still open
+	 * legacy ones. */
+	SYM(mem_get_allocation_granularity, "cuMemGetAllocationGranularity");
+	SYM(mem_import_from_shareable_handle, "cuMemImportFromShareableHandle");
+	SYM(mem_address_reserve, "cuMemAddressReserve");
+	SYM(mem_address_free, "cuMemAddressFree");
+	SYM(mem_map, "cuMemMap");
+	SYM(mem_unmap, "cuMemUnmap");
+	SYM(mem_set_access, "cuMemSetAccess");
+	SYM(mem_release, "cuMemRelease");
+	drv.vmm = !missing;
+	drv.rc = 0;
+#undef SYM
+}
+
+/* Makes d's primary context current for one call; pop() restores the
+ * caller's. */
+static int push(struct pfcuda_dev *d, char *msg, size_t len)
+{
+	CUresult r = drv.ctx_push_current(d->ctx);
+
+	return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuCtxPushCurrent", msg, len);
+}
+
+static void pop(void)
+{
+	CUcontext ctx;
+
+	drv.ctx_pop_current(&ctx);
+}
+
+int pfcuda_open(int ordinal, struct pfcuda_dev **out, char *msg, size_t msglen)
+{
+	struct pfcuda_dev *d;
+	CUdevice dev;
+	CUresult r;
+	int rc;
+
+	*out = NULL;
+	pthread_once(&load_once, load);
+	if (drv.rc < 0) {
+		set_msg(msg, msglen, "%s", drv.msg);
+		return drv.rc;
+	}
+	r = drv.device_get(&dev, ordinal);
+	if (r != CUDA_SUCCESS)
+		return cu_fail(r, "cuDeviceGet", msg, msglen);
+	d = calloc(1, sizeof(*d));
+	if (!d) {
+		set_msg(msg, msglen, "out of memory");
+		return -ENOMEM;
+	}
+	d->ordinal = ordinal;
+	d->dev = dev;
+	/* The primary context is the one the CUDA runtime (and so PyTorch)
+	 * uses: pointers we map in it are valid in the trainer's tensors. */
+	r = drv.primary_ctx_retain(&d->ctx, dev);
+	if (r != CUDA_SUCCESS) {
+		rc = cu_fail(r, "cuDevicePrimaryCtxRetain", msg, msglen);
+		goto fail;
+	}
+	*out = d;
+	return 0;
+fail:
+	free(d);
+	return rc;
+}
+
+void pfcuda_close(struct pfcuda_dev *d)
+{
+	if (!d)
+		return;
+	drv.primary_ctx_release(d->dev);
+	free(d);
+}
+
+int pfcuda_ordinal(const struct pfcuda_dev *d)
+{
+	return d->ordinal;
+}
+
+int pfcuda_pci_bus_id(struct pfcuda_dev *d, char *buf, size_t len, char *msg, size_t msglen)
+{
+	CUresult r;
+
+	if (len == 0)
+		return -EINVAL;
+	r = drv.device_get_pci_bus_id(buf, len > 64 ? 64 : (int)len, d->dev);
+	if (r != CUDA_SUCCESS) {
+		buf[0] = '\0';
+		return cu_fail(r, "cuDeviceGetPCIBusId", msg, msglen);
+	}
+	buf[len - 1] = '\0';
+	return 0;
+}
+
+int pfcuda_import_fd(struct pfcuda_dev *d, int fd, uint64_t bytes, struct pfcuda_arena *out,
+		     char *msg, size_t msglen)
+{
+	CUmemAllocationProp prop;
+	CUmemAccessDesc access;
+	CUmemGenericAllocationHandle h = 0;
+	CUdeviceptr va = 0;
+	CUresult r;
+	size_t gran = 0;
+	bool pushed = false, imported = false, reserved = false, mapped = false;
+	int rc = 0;
+
+	memset(out, 0, sizeof(*out));
+	if (fd < 0) {
+		set_msg(msg, msglen, "no fd came with the arena");
+		return -EBADF;
+	}
+	if (!drv.vmm) {
+		set_msg(msg, msglen, "CUDA driver has no VMM entry points: use ipc legacy");
+		rc = -EOPNOTSUPP;
+		goto out;
+	}
+	rc = push(d, msg, msglen);
+	if (rc < 0)
+		goto out;
+	pushed = true;
+
+	memset(&prop, 0, sizeof(prop));
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = d->dev;
+	r = drv.mem_get_allocation_granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+	if (r != CUDA_SUCCESS) {
+		rc = cu_fail(r, "cuMemGetAllocationGranularity", msg, msglen);
+		goto out;
+	}
+	/* The daemon rounded the arena to this granularity; a size that is
+	 * not a multiple cannot be mapped whole and means a protocol bug. */
+	if (bytes == 0 || gran == 0 || bytes % gran) {
+		set_msg(msg, msglen,
+			"arena of %llu bytes is not a multiple of the %zu-byte "
+			"allocation granularity",
+			(unsigned long long)bytes, gran);
+		rc = -EINVAL;
+		goto out;
+	}
+	/* The POSIX-fd convention: the fd itself, by value, in the pointer. */
+	r = drv.mem_import_from_shareable_handle(&h, (void *)(uintptr_t)fd,
+						 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	if (r != CUDA_SUCCESS) {
+		rc = cu_fail(r, "cuMemImportFromShareableHandle", msg, msglen);
+		goto out;
+	}
+	imported = true;
+	r = drv.mem_address_reserve(&va, bytes, 0, 0, 0);
+	if (r != CUDA_SUCCESS) {
+		rc = cu_fail(r, "cuMemAddressReserve", msg, msglen);
+		goto out;
+	}
+	reserved = true;
+	r = drv.mem_map(va, bytes, 0, h, 0);
+	if (r != CUDA_SUCCESS) {
+		rc = cu_fail(r, "cuMemMap", msg, msglen);
+		goto out;
+	}
+	mapped = true;
+	memset(&access, 0, sizeof(access));
+	access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	access.location.id = d->dev;
+	access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	r = drv.mem_set_access(va, bytes, &access, 1);
+	if (r != CUDA_SUCCESS) {
+		rc = cu_fail(r, "cuMemSetAccess", msg, msglen);
+		goto out;
+	}
+	out->kind = PFCUDA_ARENA_FD;
+	out->base = (uint64_t)va;
+	out->bytes = bytes;
+out:
+	if (rc < 0) {
+		if (mapped)
+			drv.mem_unmap(va, bytes);
+		if (reserved)
+			drv.mem_address_free(va, bytes);
+	}
+	/* Every import pairs with a release; the mapping alone keeps the
+	 * memory alive until pfcuda_unmap. */
+	if (imported)
+		drv.mem_release(h);
+	if (pushed)
+		pop();
+	close(fd);
+	return rc;
+}
+
+int pfcuda_import_legacy(struct pfcuda_dev *d, const uint8_t handle[PFCUDA_IPC_HANDLE_BYTES],
+			 uint64_t bytes, struct pfcuda_arena *out, char *msg, size_t msglen)
+{
+	CUipcMemHandle ipc;
+	CUdeviceptr p = 0;
+	CUresult r;
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	memcpy(&ipc, handle, sizeof(ipc));
+	rc = push(d, msg, msglen);
+	if (rc < 0)
+		return rc;
+	/* The only flag the driver accepts; it also lets the mapping reach a
+	 * peer device should the arena live on another GPU. */
+	r = drv.ipc_open_mem_handle(&p, ipc, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+	pop();
+	if (r != CUDA_SUCCESS)
+		return cu_fail(r, "cuIpcOpenMemHandle", msg, msglen);
+	out->kind = PFCUDA_ARENA_LEGACY;
+	out->base = (uint64_t)p;
+	out->bytes = bytes;
+	return 0;
+}
+
+int pfcuda_unmap(struct pfcuda_dev *d, struct pfcuda_arena *a, char *msg, size_t msglen)
+{
+	CUresult r = CUDA_SUCCESS;
+	const char *what = "";
+	int rc;
+
+	if (!a->base)
+		return 0;
+	rc = push(d, msg, msglen);
+	if (rc < 0)
+		return rc;
+	if (a->kind == PFCUDA_ARENA_FD) {
+		what = "cuMemUnmap";
+		r = drv.mem_unmap((CUdeviceptr)a->base, a->bytes);
+		if (r == CUDA_SUCCESS) {
+			what = "cuMemAddressFree";
+			r = drv.mem_address_free((CUdeviceptr)a->base, a->bytes);
+		}
+	} else {
+		what = "cuIpcCloseMemHandle";
+		r = drv.ipc_close_mem_handle((CUdeviceptr)a->base);
+	}
+	pop();
+	memset(a, 0, sizeof(*a));
+	return r == CUDA_SUCCESS ? 0 : cu_fail(r, what, msg, msglen);
+}
+
+int pfcuda_event_create(struct pfcuda_dev *d, void **ev, char *msg, size_t msglen)
+{
+	CUevent e = NULL;
+	CUresult r;
+	int rc;
+
+	*ev = NULL;
+	rc = push(d, msg, msglen);
+	if (rc < 0)
+		return rc;
+	r = drv.event_create(&e, CU_EVENT_DISABLE_TIMING);
+	pop();
+	if (r != CUDA_SUCCESS)
+		return cu_fail(r, "cuEventCreate", msg, msglen);
+	*ev = e;
+	return 0;
+}
+
+int pfcuda_event_record(struct pfcuda_dev *d, void *ev, void *stream, char *msg, size_t msglen)
+{
+	CUresult r;
+	int rc;
+
+	/* With a NULL stream the driver records on the legacy default stream
+	 * of the current context, which must therefore be the primary one. */
+	rc = push(d, msg, msglen);
+	if (rc < 0)
+		return rc;
+	r = drv.event_record((CUevent)ev, (CUstream)stream);
+	pop();
+	return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuEventRecord", msg, msglen);
+}
+
+int pfcuda_event_query(struct pfcuda_dev *d, void *ev, char *msg, size_t msglen)
+{
+	CUresult r;
+	int rc;
+
+	rc = push(d, msg, msglen);
+	if (rc < 0)
+		return rc;
+	r = drv.event_query((CUevent)ev);
+	pop();
+	if (r == CUDA_SUCCESS)
+		return 0;
+	if (r == CUDA_ERROR_NOT_READY)
+		return -EAGAIN;
+	return cu_fail(r, "cuEventQuery", msg, msglen);
+}
+
+void pfcuda_event_destroy(struct pfcuda_dev *d, void *ev)
+{
+	if (!ev || push(d, NULL, 0) < 0)
+		return;
+	drv.event_destroy((CUevent)ev);
+	pop();
+}
+
+int pfcuda_mem_info(struct pfcuda_dev *d, uint64_t *free_bytes, uint64_t *total_bytes, char *msg,
+		    size_t msglen)
+{
+	size_t f = 0, t = 0;
+	CUresult r;
+	int rc;
+
+	rc = push(d, msg, msglen);
+	if (rc < 0)
+		return rc;
+	r = drv.mem_get_info(&f, &t);
+	pop();
+	if (r != CUDA_SUCCESS)
+		return cu_fail(r, "cuMemGetInfo", msg, msglen);
+	*free_bytes = f;
+	*total_bytes = t;
+	return 0;
+}
+
+int pfcuda_copy_dtoh(struct pfcuda_dev *d, void *dst, uint64_t src, size_t bytes, char *msg,
+		     size_t msglen)
+{
+	CUresult r;
+	int rc;
+
+	rc = push(d, msg, msglen);
+	if (rc < 0)
+		return rc;
+	r = drv.memcpy_dtoh(dst, (CUdeviceptr)src, bytes);
+	pop();
+	return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuMemcpyDtoH", msg, msglen);
+}
+
+#else /* !PF_CUDA: built without the CUDA toolkit */
+
+#include <unistd.h>
+
+#define NO_CUDA(msg, len) (set_msg(msg, len, "libprefetch was built without CUDA support"), -ENOSYS)
+
+int pfcuda_open(int ordinal, struct pfcuda_dev **out, char *msg, size_t msglen)
+{
+	*out = NULL;
+	return NO_CUDA(msg, msglen);
+}
+
+void pfcuda_close(struct pfcuda_dev *d)
+{
+}
+
+int pfcuda_ordinal(const struct pfcuda_dev *d)
+{
+	return -1;
+}
+
+int pfcuda_pci_bus_id(struct pfcuda_dev *d, char *buf, size_t len, char *msg, size_t msglen)
+{
+	if (len)
+		buf[0] = '\0';
+	return NO_CUDA(msg, msglen);
+}
+
+int pfcuda_import_fd(struct pfcuda_dev *d, int fd, uint64_t bytes, struct pfcuda_arena *out,
+		     char *msg, size_t msglen)
+{
+	memset(out, 0, sizeof(*out));
+	if (fd >= 0)
+		close(fd);
+	return NO_CUDA(msg, msglen);
+}
+
+int pfcuda_import_legacy(struct pfcuda_dev *d, const uint8_t handle[PFCUDA_IPC_HANDLE_BYTES],
+			 uint64_t bytes, struct pfcuda_arena *out, char *msg, size_t msglen)
+{
+	memset(out, 0, sizeof(*out));
+	return NO_CUDA(msg, msglen);
+}
+
+int pfcuda_unmap(struct pfcuda_dev *d, struct pfcuda_arena *a, char *msg, size_t msglen)
+{
+	memset(a, 0, sizeof(*a));
+	return 0;
+}
+
+int pfcuda_event_create(struct pfcuda_dev *d, void **ev, char *msg, size_t msglen)
+{
+	*ev = NULL;
+	return NO_CUDA(msg, msglen);
+}
+
+int pfcuda_event_record(struct pfcuda_dev *d, void *ev, void *stream, char *msg, size_t msglen)
+{
+	return NO_CUDA(msg, msglen);
+}
+
+int pfcuda_event_query(struct pfcuda_dev *d, void *ev, char *msg, size_t msglen)
+{
+	return NO_CUDA(msg, msglen);
+}
+
+void pfcuda_event_destroy(struct pfcuda_dev *d, void *ev)
+{
+}
+
+int pfcuda_mem_info(struct pfcuda_dev *d, uint64_t *free_bytes, uint64_t *total_bytes, char *msg,
+		    size_t msglen)
+{
+	return NO_CUDA(msg, msglen);
+}
+
+int pfcuda_copy_dtoh(struct pfcuda_dev *d, void *dst, uint64_t src, size_t bytes, char *msg,
+		     size_t msglen)
+{
+	return NO_CUDA(msg, msglen);
+}
+
+#endif

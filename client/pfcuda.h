@@ -1,0 +1,95 @@
+/*
+ * pfcuda.h — libprefetch's CUDA side (internal, not installed): opens the
+ * device arenas the daemon exports, in the device's primary context (the
+ * one PyTorch and the CUDA runtime use, so the pointers are valid there),
+ * records and polls the release events on the trainer's stream, and reads
+ * free device memory for the governor's honest probe.
+ *
+ * libcuda.so.1 is loaded with dlopen on the first pfcuda_open, so a program
+ * that only opens host sessions needs no CUDA at all, and libprefetch has no
+ * link-time CUDA dependency.  Builds without the toolkit (PF_CUDA=0) keep
+ * the same functions; they fail with -ENOSYS.
+ *
+ * Every function returns 0 or -errno (-ENODEV: no driver or device,
+ * -ENOMEM: device memory, -EOPNOTSUPP: the driver or device cannot do it,
+ * -EIO: any other CUDA failure) and then writes a one-line reason into
+ * msg[msglen] (msg may be NULL).  Nothing here aborts.
+ *
+ * (Named pfcuda.h, not cuda.h: with -Iclient on the include path a
+ * client/cuda.h would shadow the toolkit's <cuda.h> in every file.)
+ *
+ * DESIGN: no threads of its own.  The driver is loaded once per process
+ * under pthread_once; after that its function table is read-only.  A
+ * struct pfcuda_dev and the arenas and events made from it belong to one
+ * pf_client, used from one thread at a time.  Each call pushes the primary
+ * context for its duration and pops it again, so the caller's current
+ * context (PyTorch's current device) is never changed.
+ */
+#ifndef PF_CLIENT_CUDA_H
+#define PF_CLIENT_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PFCUDA_IPC_HANDLE_BYTES 64
+
+enum pfcuda_kind {
+	PFCUDA_ARENA_FD,     /* imported from a cuMemCreate POSIX fd */
+	PFCUDA_ARENA_LEGACY, /* opened from a cudaIpcMemHandle_t */
+};
+
+/* One device's retained primary context. */
+struct pfcuda_dev;
+
+/* One imported arena.  base is a device pointer valid in every context of
+ * this process that uses the primary context of the arena's device. */
+struct pfcuda_arena {
+	enum pfcuda_kind kind;
+	uint64_t base; /* 0 when not mapped */
+	uint64_t bytes;
+};
+
+/* Loads the driver if needed and retains device ordinal's primary context
+ * (ordinals as the CUDA runtime numbers them, CUDA_VISIBLE_DEVICES
+ * applied). */
+int pfcuda_open(int ordinal, struct pfcuda_dev **out, char *msg, size_t msglen);
+/* Releases the primary context.  Unmap every arena and destroy every event
+ * of d first.  NULL is a no-op. */
+void pfcuda_close(struct pfcuda_dev *d);
+int pfcuda_ordinal(const struct pfcuda_dev *d);
+/* The device's PCI bus id ("0000:3b:00.0"): unlike an ordinal it names the
+ * same GPU in the daemon, whose CUDA_VISIBLE_DEVICES may differ. */
+int pfcuda_pci_bus_id(struct pfcuda_dev *d, char *buf, size_t len, char *msg, size_t msglen);
+
+/* Maps an FD arena of bytes (the daemon's rounded size, a multiple of the
+ * allocation granularity) read-write for d's device.  Always consumes fd:
+ * it is closed on success and on failure alike. */
+int pfcuda_import_fd(struct pfcuda_dev *d, int fd, uint64_t bytes, struct pfcuda_arena *out,
+		     char *msg, size_t msglen);
+/* Opens a legacy IPC arena from the daemon's 64-byte handle. */
+int pfcuda_import_legacy(struct pfcuda_dev *d, const uint8_t handle[PFCUDA_IPC_HANDLE_BYTES],
+			 uint64_t bytes, struct pfcuda_arena *out, char *msg, size_t msglen);
+/* Unmaps an arena of either kind; a is zeroed.  The caller must know that
+ * no queued GPU work still reads it (its release events have completed).
+ * A zeroed arena is a no-op. */
+int pfcuda_unmap(struct pfcuda_dev *d, struct pfcuda_arena *a, char *msg, size_t msglen);
+
+/* Release events: *ev receives a CUevent with timing disabled. */
+int pfcuda_event_create(struct pfcuda_dev *d, void **ev, char *msg, size_t msglen);
+/* Records ev on stream, a CUstream / cudaStream_t of d's device in the
+ * primary context; NULL means the legacy default stream. */
+int pfcuda_event_record(struct pfcuda_dev *d, void *ev, void *stream, char *msg, size_t msglen);
+/* 0 when the work before the record has completed, -EAGAIN while pending.
+ * Never blocks. */
+int pfcuda_event_query(struct pfcuda_dev *d, void *ev, char *msg, size_t msglen);
+/* NULL is a no-op. */
+void pfcuda_event_destroy(struct pfcuda_dev *d, void *ev);
+
+/* Free and total memory of d's device now (cuMemGetInfo): the honest probe. */
+int pfcuda_mem_info(struct pfcuda_dev *d, uint64_t *free_bytes, uint64_t *total_bytes, char *msg,
+		    size_t msglen);
+/* Synchronous device-to-host copy, for tests and tools. */
+int pfcuda_copy_dtoh(struct pfcuda_dev *d, void *dst, uint64_t src, size_t bytes, char *msg,
+		     size_t msglen);
+
+#endif

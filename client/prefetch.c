@@ -1,0 +1,1326 @@
+/*
+ * prefetch.c — libprefetch: the trainer's end of the prefetchd protocol
+ * (proto/PROTOCOL.md) and the consumer side of the depth governor.
+ *
+ * A client is one socket.  Every wait is a poll() with a deadline, so a
+ * wedged daemon costs a caller at most its timeout and a dead one (EOF) is
+ * noticed at once; nothing here waits on anything the daemon owns.  Pushes
+ * (Arena, BatchReady, EpochEnd, unsolicited Error) may arrive between a
+ * request and its reply, so whichever call is reading handles them: arenas
+ * are mapped when they arrive, batches of the current epoch are queued for
+ * pf_next, and batches of any other epoch are released at once and never
+ * reach the trainer.  A frame that does not decode, or a push that breaks
+ * the protocol (a slot out of range, a batch out of order), breaks the
+ * connection: the socket is closed, so the daemon takes every slot back,
+ * and every later call returns the same error.
+ *
+ * Taking a batch sends its Ack (the daemon may prepare another: the
+ * governor's `consumed`), with the stall accounting of this client: time
+ * blocked inside pf_next (wait) and time between calls (busy).  Releasing
+ * sends Release; CUDA batches will wait for the trainer's stream first
+ * through the pending-release list (struct pfc_release).
+ *
+ * DESIGN: no threads, no locks.  A struct pf_client belongs to the thread
+ * that calls it, one at a time (prefetch.h says so); its lists, arena
+ * mappings and receive buffer have no other owner.
+ */
+#include "client_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#define ERRMSG_LEN 512
+
+struct pfc_field {
+	char *name;	 /* owned */
+	char *dtype;	 /* owned */
+	uint64_t *shape; /* owned, ndim entries */
+	int ndim;
+	uint64_t sample_bytes;
+	uint64_t offset; /* inside a slot */
+};
+
+struct pfc_arena {
+	bool present;
+	int kind; /* Pf__ArenaKind */
+	uint64_t bytes;
+	void *base; /* owned mapping: munmap'd by pf_close (host arenas) */
+};
+
+/*
+ * A batch from the moment its BatchReady arrives until it is released (data
+ * batches) or taken (error batches).  One allocation: the struct, then the
+ * nfields data pointers, then the count picks.
+ */
+struct pfc_batch {
+	struct pf_batch pub; /* first: pf_release is handed &pub */
+	int32_t slot;	     /* -1: error batch */
+	int32_t error;	     /* 0, or the -errno of an error batch */
+	char *message;	     /* owned: an error batch's text */
+	uint64_t bytes;	     /* sample bytes of all fields */
+	struct pfc_batch *next;
+};
+
+struct pf_client {
+	int sock;    /* owned; -1 once the connection is broken */
+	char *where; /* owned: "prefetchd at PATH", for messages */
+	struct wire_rx rx;
+	uint64_t last_id;   /* ids of requests: last_id + 1 is the next */
+	int timeout_ms;	    /* for replies to requests, > 0 */
+	char daemon[64];    /* HelloReply.daemon */
+	uint32_t max_frame; /* largest frame the daemon accepts */
+	int dead;	    /* 0, or the error that broke the connection */
+	char dead_msg[ERRMSG_LEN];
+	char err[ERRMSG_LEN];
+	char hello_name[64]; /* "prog[pid]" */
+	bool greeted;	     /* HelloReply received */
+
+	/* Session: set once by pf_open. */
+	bool opened;
+	uint64_t session;
+	uint64_t num_samples;
+	struct pfc_field *fields; /* owned, nfields */
+	uint32_t nfields;
+	uint64_t slot_bytes;
+	uint32_t slots;
+	/* owned, slots entries: 1 while the slot is queued, held or waiting
+	 * for its release here.  The daemon may announce a slot again only
+	 * after its release, so an announcement of a marked slot is a protocol
+	 * error rather than two batches aliasing one buffer. */
+	uint8_t *slot_mine;
+	char *device;		  /* owned: what the daemon granted */
+	struct pfc_arena *arenas; /* owned, indexed by arena id */
+	uint32_t narenas;
+
+	/* Epoch.  Batches are accepted only while epoch_live and !epoch_ended
+	 * and only for `epoch`; anything else is stale and released at once. */
+	uint64_t epoch;	     /* current epoch, 0 before the first */
+	uint64_t last_epoch; /* epoch ids only grow, even past a failed start */
+	bool epoch_live;
+	bool epoch_ended;  /* its EpochEnd arrived */
+	uint64_t next_seq; /* seq the next accepted batch must carry */
+
+	struct pfc_batch *queue_head; /* owned: received, not taken, FIFO */
+	struct pfc_batch *queue_tail;
+	uint32_t nqueued;
+	struct pfc_batch *held; /* owned: taken, not released */
+	uint32_t nheld;
+	struct pfc_release *releases; /* owned: waiting for the GPU */
+
+	/* An Error pushed with id 0 (a refused Ack or Release); pf_next
+	 * returns it once. */
+	int pending_err;
+	char pending_msg[ERRMSG_LEN];
+
+	/* Stall accounting and totals (pf_stats). */
+	uint64_t batches;
+	uint64_t bytes;
+	double wait_s;
+	double busy_s;
+	bool have_last_return;
+	int64_t last_return_ns;
+};
+
+/* ---- time and errors ------------------------------------------------------ */
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* -1: no deadline. */
+static int64_t deadline_after(int timeout_ms)
+{
+	return timeout_ms < 0 ? -1 : now_ns() + (int64_t)timeout_ms * 1000000;
+}
+
+/* Milliseconds left for poll(), rounded up so that a deadline 0.3 ms away
+ * is not polled with 0 and spun on; -1 without a deadline. */
+static int ms_left(int64_t deadline)
+{
+	int64_t left;
+
+	if (deadline < 0)
+		return -1;
+	left = deadline - now_ns();
+	if (left <= 0)
+		return 0;
+	left = (left + 999999) / 1000000;
+	return left > INT_MAX ? INT_MAX : (int)left;
+}
+
+static int vset_err(struct pf_client *c, int rc, const char *fmt, va_list ap)
+{
+	vsnprintf(c->err, sizeof(c->err), fmt, ap);
+	return rc;
+}
+
+int pfc_set_err(struct pf_client *c, int rc, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vset_err(c, rc, fmt, ap);
+	va_end(ap);
+	return rc;
+}
+
+/* Breaks the connection: closes the socket (the daemon then takes back
+ * every slot and frees the session) and makes every later call return rc
+ * with this message.  The first failure wins. */
+static int __attribute__((format(printf, 3, 4)))
+conn_fail(struct pf_client *c, int rc, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (c->dead) {
+		snprintf(c->err, sizeof(c->err), "%s", c->dead_msg);
+		return c->dead;
+	}
+	va_start(ap, fmt);
+	vsnprintf(c->dead_msg, sizeof(c->dead_msg), fmt, ap);
+	va_end(ap);
+	snprintf(c->err, sizeof(c->err), "%s", c->dead_msg);
+	c->dead = rc;
+	if (c->sock >= 0)
+		close(c->sock);
+	c->sock = -1;
+	return rc;
+}
+
+static int fail_dead(struct pf_client *c)
+{
+	snprintf(c->err, sizeof(c->err), "%s", c->dead_msg);
+	return c->dead;
+}
+
+/* A daemon's error code must be a -errno; anything else is its bug. */
+static int sane_code(int32_t code)
+{
+	return code < 0 && code > -4096 ? code : -EPROTO;
+}
+
+/* ---- frames ---------------------------------------------------------------- */
+
+/* The daemon closed the connection.  A daemon that refuses a peer
+ * (SO_PEERCRED) pushes an Error and closes before hello, possibly before our
+ * hello is even sent: so read what it left, and prefer its reason to a bare
+ * "closed". */
+static int peer_closed(struct pf_client *c)
+{
+	Pf__Envelope *env;
+
+	for (;;) {
+		int rc = wire_rx_next(&c->rx, &env);
+
+		if (rc == 1) {
+			if (env->id == 0 && env->msg_case == PF__ENVELOPE__MSG_ERROR &&
+			    !c->pending_err) {
+				c->pending_err = sane_code(env->error->code);
+				snprintf(c->pending_msg, sizeof(c->pending_msg), "prefetchd: %s",
+					 env->error->message ? env->error->message : "");
+			}
+			pf__envelope__free_unpacked(env, NULL);
+			continue;
+		}
+		if (rc < 0 || wire_rx_fill(&c->rx, c->sock) <= 0)
+			break;
+	}
+	if (c->pending_err && !c->greeted)
+		return conn_fail(c, c->pending_err, "%s", c->pending_msg);
+	return conn_fail(c, -ECONNRESET, "prefetchd closed the connection");
+}
+
+static int send_env(struct pf_client *c, Pf__Envelope *env, int64_t deadline)
+{
+	uint8_t *frame = NULL;
+	size_t len, off = 0;
+	int rc;
+
+	if (c->dead)
+		return fail_dead(c);
+	rc = wire_encode(env, &frame, &len);
+	if (rc)
+		return pfc_set_err(c, rc, "cannot encode %s: %s", wire_msg_name(env->msg_case),
+				   strerror(-rc));
+	if (len - WIRE_HDR > c->max_frame) {
+		rc = pfc_set_err(
+			c, -EMSGSIZE,
+			"%s message of %zu bytes is over the %" PRIu32 "-byte frame limit of %s",
+			wire_msg_name(env->msg_case), len - WIRE_HDR, c->max_frame, c->where);
+		goto out;
+	}
+	while (off < len) {
+		long n = wire_send_some(c->sock, frame + off, len - off, -1);
+		struct pollfd pfd = {.fd = c->sock, .events = POLLOUT};
+		int ready;
+
+		if (n > 0) {
+			off += (size_t)n;
+			continue;
+		}
+		if (n == -EPIPE || n == -ECONNRESET) {
+			rc = peer_closed(c);
+			goto out;
+		}
+		if (n != -EAGAIN) {
+			rc = conn_fail(c, (int)n, "cannot send to %s: %s", c->where,
+				       strerror((int)-n));
+			goto out;
+		}
+		ready = poll(&pfd, 1, ms_left(deadline));
+		if (ready < 0 && errno == EINTR)
+			continue;
+		if (ready == 0) {
+			/* Part of a frame may be on the wire: the stream cannot
+			 * be resynchronised, so the connection is over. */
+			rc = conn_fail(c, -ETIMEDOUT, "%s did not take a %s message in time",
+				       c->where, wire_msg_name(env->msg_case));
+			goto out;
+		}
+		if (ready < 0) {
+			rc = conn_fail(c, -errno, "poll: %s", strerror(errno));
+			goto out;
+		}
+	}
+out:
+	free(frame);
+	return rc;
+}
+
+int pfc_send(struct pf_client *c, Pf__Envelope *msg)
+{
+	msg->id = 0;
+	return send_env(c, msg, deadline_after(c->timeout_ms));
+}
+
+/*
+ * Reads one frame, waiting until deadline.  Returns 0 with *env, -ETIMEDOUT
+ * (the connection stays usable; no message set), or the error that broke the
+ * connection.
+ */
+static int read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
+{
+	for (;;) {
+		struct pollfd pfd;
+		long n;
+		int rc;
+
+		if (c->dead)
+			return fail_dead(c);
+		rc = wire_rx_next(&c->rx, env);
+		if (rc == 1)
+			return 0;
+		if (rc == -EMSGSIZE)
+			return conn_fail(c, -EPROTO,
+					 "%s sent a frame longer than %zu bytes; connection closed",
+					 c->where, c->rx.max_frame);
+		if (rc < 0)
+			return conn_fail(c, -EPROTO,
+					 "%s sent a frame that does not decode; connection closed",
+					 c->where);
+		pfd.fd = c->sock;
+		pfd.events = POLLIN;
+		pfd.revents = 0;
+		rc = poll(&pfd, 1, ms_left(deadline));
+		if (rc < 0 && errno == EINTR)
+			continue;
+		if (rc < 0)
+			return conn_fail(c, -errno, "poll: %s", strerror(errno));
+		if (rc == 0)
+			return -ETIMEDOUT;
+		n = wire_rx_fill(&c->rx, c->sock);
+		if (n == 0 || n == -ECONNRESET)
+			return peer_closed(c);
+		if (n == -EMFILE || n == -EPROTO)
+			return conn_fail(c, -EPROTO,
+					 "%s sent more file descriptors than this client keeps",
+					 c->where);
+		if (n < 0 && n != -EAGAIN)
+			return conn_fail(c, (int)n, "cannot receive from %s: %s", c->where,
+					 strerror((int)-n));
+	}
+}
+
+/* ---- slots, arenas, batches -------------------------------------------------- */
+
+static void free_batch(struct pfc_batch *b)
+{
+	if (!b)
+		return;
+	free(b->message);
+	free(b);
+}
+
+static int send_release(struct pf_client *c, uint64_t epoch, uint64_t seq, int32_t slot)
+{
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__Release msg = PF__RELEASE__INIT;
+
+	/* Unmark first: once the Release is out the daemon may announce the
+	 * slot again, possibly within the read that follows. */
+	if (slot >= 0 && (uint32_t)slot < c->slots)
+		c->slot_mine[slot] = 0;
+	msg.epoch = epoch;
+	msg.seq = seq;
+	msg.slot = slot;
+	env.msg_case = PF__ENVELOPE__MSG_RELEASE;
+	env.release = &msg;
+	return pfc_send(c, &env);
+}
+
+/* Sends every pending release whose GPU work has retired.  With wait_ms > 0
+ * it keeps polling that long for the rest (pf_close). */
+static int flush_releases(struct pf_client *c, int wait_ms)
+{
+	int64_t deadline = deadline_after(wait_ms);
+	int rc = 0;
+
+	for (;;) {
+		struct pfc_release **pp = &c->releases;
+
+		while (*pp) {
+			struct pfc_release *r = *pp;
+			int done = r->done ? r->done(r->event) : 1;
+
+			if (done == 0) {
+				pp = &r->next;
+				continue;
+			}
+			*pp = r->next;
+			if (!c->dead) {
+				int src = send_release(c, r->epoch, r->seq, r->slot);
+
+				if (src && !rc)
+					rc = src;
+			}
+			if (r->free_event)
+				r->free_event(r->event);
+			free(r);
+		}
+		if (!c->releases || wait_ms <= 0 || ms_left(deadline) == 0)
+			return rc;
+		usleep(100);
+	}
+}
+
+/* Releases every batch received but not taken (an abandoned or replaced
+ * epoch: the daemon expects them back). */
+static int release_queue(struct pf_client *c)
+{
+	int rc = 0;
+
+	while (c->queue_head) {
+		struct pfc_batch *b = c->queue_head;
+
+		c->queue_head = b->next;
+		c->nqueued--;
+		if (b->slot >= 0) {
+			if (!c->dead) {
+				int src = send_release(c, b->pub.epoch, b->pub.seq, b->slot);
+
+				if (src && !rc)
+					rc = src;
+			} else {
+				c->slot_mine[b->slot] = 0;
+			}
+		}
+		free_batch(b);
+	}
+	c->queue_tail = NULL;
+	return rc;
+}
+
+/* CUDA arenas are imported by client/cuda.c (cuMemImportFromShareableHandle
+ * or cudaIpcOpenMemHandle), which is not part of the library yet.  Until it
+ * is, every CUDA arena breaks the session with a clear message, so no batch
+ * can ever point into device memory. */
+static int import_cuda_arena(struct pf_client *c, struct pfc_arena *a, const Pf__Arena *msg, int fd)
+{
+	if (fd >= 0)
+		close(fd);
+	return conn_fail(c, -ENOTSUP, "CUDA arenas: not built yet");
+}
+
+static int map_host_arena(struct pf_client *c, struct pfc_arena *a, const Pf__Arena *msg)
+{
+	int fd = wire_rx_take_fd(&c->rx);
+	struct stat st;
+	int seals;
+	void *base;
+	int rc = 0;
+
+	if (fd < 0)
+		return conn_fail(c, -EPROTO,
+				 "arena %" PRIu32 " arrived without its file descriptor", msg->id);
+	if (msg->bytes == 0 || msg->bytes > SIZE_MAX) {
+		rc = conn_fail(c, -EPROTO,
+			       "arena %" PRIu32 " has an impossible size of %" PRIu64 " bytes",
+			       msg->id, msg->bytes);
+		goto out;
+	}
+	/* Reading a mapping past the end of its file is SIGBUS, not an error
+	 * code: so the memfd must be as large as announced and sealed against
+	 * shrinking (the daemon seals it at creation). */
+	if (fstat(fd, &st) < 0 || (uint64_t)st.st_size < msg->bytes) {
+		rc = conn_fail(c, -EPROTO,
+			       "arena %" PRIu32 " is smaller than the %" PRIu64 " bytes announced",
+			       msg->id, msg->bytes);
+		goto out;
+	}
+	seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+		rc = conn_fail(c, -EPROTO, "arena %" PRIu32 " is not sealed against shrinking",
+			       msg->id);
+		goto out;
+	}
+	base = mmap(NULL, (size_t)msg->bytes, PROT_READ, MAP_SHARED, fd, 0);
+	if (base == MAP_FAILED) {
+		rc = conn_fail(c, -errno, "cannot map arena %" PRIu32 " (%" PRIu64 " bytes): %s",
+			       msg->id, msg->bytes, strerror(errno));
+		goto out;
+	}
+	a->base = base;
+	a->bytes = msg->bytes;
+	a->kind = PF__ARENA_KIND__ARENA_HOST_MEMFD;
+	a->present = true;
+out:
+	close(fd);
+	return rc;
+}
+
+static int add_arena(struct pf_client *c, const Pf__Arena *msg)
+{
+	struct pfc_arena *a;
+
+	if (msg->id >= PFC_MAX_ARENAS)
+		return conn_fail(c, -EPROTO, "arena id %" PRIu32 " is beyond this client's %u",
+				 msg->id, PFC_MAX_ARENAS);
+	if (msg->id >= c->narenas) {
+		struct pfc_arena *t = realloc(c->arenas, (msg->id + 1) * sizeof(*t));
+
+		if (!t)
+			return conn_fail(c, -ENOMEM, "out of memory");
+		memset(t + c->narenas, 0, (msg->id + 1 - c->narenas) * sizeof(*t));
+		c->arenas = t;
+		c->narenas = msg->id + 1;
+	}
+	a = &c->arenas[msg->id];
+	if (a->present)
+		return conn_fail(c, -EPROTO, "arena %" PRIu32 " was announced twice", msg->id);
+	switch (msg->kind) {
+	case PF__ARENA_KIND__ARENA_HOST_MEMFD: return map_host_arena(c, a, msg);
+	case PF__ARENA_KIND__ARENA_CUDA_FD:
+		/* Take its fd even though it is refused, so that the fds of
+		 * later arenas still pair with their own frames. */
+		return import_cuda_arena(c, a, msg, wire_rx_take_fd(&c->rx));
+	case PF__ARENA_KIND__ARENA_CUDA_LEGACY: return import_cuda_arena(c, a, msg, -1);
+	default:
+		return conn_fail(c, -EPROTO, "arena %" PRIu32 " has unknown kind %d", msg->id,
+				 (int)msg->kind);
+	}
+}
+
+/* Checks a data batch against the session: its slot, its arena, and that
+ * every field of `count` samples lies inside the slot, which lies inside the
+ * arena.  The trainer dereferences these pointers, so nothing is trusted. */
+static int check_data_batch(struct pf_client *c, const Pf__BatchReady *b)
+{
+	const struct pfc_arena *a;
+	uint64_t end;
+
+	if (!c->opened)
+		return conn_fail(c, -EPROTO,
+				 "batch %" PRIu64 "/%" PRIu64 " arrived before the session opened",
+				 b->epoch, b->seq);
+	if ((uint32_t)b->slot >= c->slots)
+		return conn_fail(c, -EPROTO,
+				 "batch %" PRIu64 "/%" PRIu64 " names slot %" PRId32
+				 " of a session with %" PRIu32,
+				 b->epoch, b->seq, b->slot, c->slots);
+	if (c->slot_mine[b->slot])
+		return conn_fail(c, -EPROTO,
+				 "batch %" PRIu64 "/%" PRIu64 " reuses slot %" PRId32
+				 " before its release",
+				 b->epoch, b->seq, b->slot);
+	if (b->arena >= c->narenas || !c->arenas[b->arena].present)
+		return conn_fail(c, -EPROTO,
+				 "batch %" PRIu64 "/%" PRIu64 " names arena %" PRIu32
+				 ", which was never announced",
+				 b->epoch, b->seq, b->arena);
+	a = &c->arenas[b->arena];
+	if (__builtin_add_overflow(b->offset, c->slot_bytes, &end) || end > a->bytes)
+		return conn_fail(c, -EPROTO,
+				 "batch %" PRIu64 "/%" PRIu64 " lies outside arena %" PRIu32,
+				 b->epoch, b->seq, b->arena);
+	if (b->n_picks != b->count)
+		return conn_fail(c, -EPROTO,
+				 "batch %" PRIu64 "/%" PRIu64 " carries %zu picks for %" PRIu32
+				 " samples",
+				 b->epoch, b->seq, b->n_picks, b->count);
+	for (uint32_t f = 0; f < c->nfields; f++) {
+		uint64_t bytes;
+
+		if (__builtin_mul_overflow(c->fields[f].sample_bytes, (uint64_t)b->count, &bytes) ||
+		    __builtin_add_overflow(bytes, c->fields[f].offset, &end) || end > c->slot_bytes)
+			return conn_fail(c, -EPROTO,
+					 "batch %" PRIu64 "/%" PRIu64 ": %" PRIu32
+					 " samples of field %s do not fit a slot",
+					 b->epoch, b->seq, b->count, c->fields[f].name);
+	}
+	return 0;
+}
+
+static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
+{
+	bool data = b->slot >= 0;
+	struct pfc_batch *q;
+	size_t extra;
+	uint8_t *tail;
+	int rc;
+
+	if (b->error > 0 || (b->error == 0) != data)
+		return conn_fail(c, -EPROTO,
+				 "batch %" PRIu64 "/%" PRIu64 " has slot %" PRId32
+				 " and error %" PRId32 " (a batch has a slot or an error < 0)",
+				 b->epoch, b->seq, b->slot, b->error);
+	if (data) {
+		rc = check_data_batch(c, b);
+		if (rc)
+			return rc;
+	}
+	if (b->epoch != c->epoch || !c->epoch_live || c->epoch_ended)
+		return data ? send_release(c, b->epoch, b->seq, b->slot) : 0;
+	if (b->seq != c->next_seq)
+		return conn_fail(c, -EPROTO,
+				 "batch %" PRIu64 "/%" PRIu64
+				 " arrived out of order (expected batch %" PRIu64 ")",
+				 b->epoch, b->seq, c->next_seq);
+	if (c->nqueued >= PFC_MAX_QUEUED)
+		return conn_fail(c, -EPROTO, "%s sent more than %d batches that were not taken",
+				 c->where, PFC_MAX_QUEUED);
+
+	extra = data ? c->nfields * sizeof(void *) + b->count * sizeof(uint64_t) : 0;
+	q = calloc(1, sizeof(*q) + extra);
+	if (!q)
+		return conn_fail(c, -ENOMEM, "out of memory");
+	tail = (uint8_t *)(q + 1);
+	q->pub.epoch = b->epoch;
+	q->pub.seq = b->seq;
+	q->slot = b->slot;
+	q->error = b->error;
+	if (data) {
+		const struct pfc_arena *a = &c->arenas[b->arena];
+		void **ptrs = (void **)tail;
+		uint64_t *picks = (uint64_t *)(tail + c->nfields * sizeof(void *));
+
+		for (uint32_t f = 0; f < c->nfields; f++) {
+			ptrs[f] = (uint8_t *)a->base + b->offset + c->fields[f].offset;
+			q->bytes += c->fields[f].sample_bytes * b->count;
+		}
+		memcpy(picks, b->picks, b->count * sizeof(uint64_t));
+		q->pub.count = b->count;
+		q->pub.picks = picks;
+		q->pub.nfields = c->nfields;
+		q->pub.data = ptrs;
+		q->pub.on_device = a->kind != PF__ARENA_KIND__ARENA_HOST_MEMFD;
+		c->slot_mine[b->slot] = 1;
+	} else {
+		q->message = strdup(b->message ? b->message : "");
+		if (!q->message) {
+			free(q);
+			return conn_fail(c, -ENOMEM, "out of memory");
+		}
+	}
+	if (c->queue_tail)
+		c->queue_tail->next = q;
+	else
+		c->queue_head = q;
+	c->queue_tail = q;
+	c->nqueued++;
+	c->next_seq++;
+	return 0;
+}
+
+/* Handles one push (id 0); takes env. */
+static int handle_push(struct pf_client *c, Pf__Envelope *env)
+{
+	int rc = 0;
+
+	switch (env->msg_case) {
+	case PF__ENVELOPE__MSG_ARENA: rc = add_arena(c, env->arena); break;
+	case PF__ENVELOPE__MSG_BATCH: rc = add_batch(c, env->batch); break;
+	case PF__ENVELOPE__MSG_END:
+		if (env->end->epoch == c->epoch && c->epoch_live)
+			c->epoch_ended = true;
+		break;
+	case PF__ENVELOPE__MSG_ERROR:
+		/* A refused Ack or Release.  The first one is kept: it is the
+		 * cause, later ones are usually its consequences. */
+		if (!c->pending_err) {
+			c->pending_err = sane_code(env->error->code);
+			snprintf(c->pending_msg, sizeof(c->pending_msg), "prefetchd: %s",
+				 env->error->message ? env->error->message : "");
+		}
+		break;
+	default:
+		rc = conn_fail(c, -EPROTO, "%s pushed an unexpected %s message", c->where,
+			       wire_msg_name(env->msg_case));
+		break;
+	}
+	pf__envelope__free_unpacked(env, NULL);
+	return rc;
+}
+
+/* ---- requests -------------------------------------------------------------- */
+
+static int call_within(struct pf_client *c, Pf__Envelope *req, int reply_case, Pf__Envelope **reply,
+		       int timeout_ms)
+{
+	int64_t deadline = deadline_after(timeout_ms);
+	uint64_t id;
+	int rc;
+
+	if (reply)
+		*reply = NULL;
+	if (c->dead)
+		return fail_dead(c);
+	id = ++c->last_id;
+	req->id = id;
+	rc = send_env(c, req, deadline);
+	if (rc)
+		return rc;
+	for (;;) {
+		Pf__Envelope *env;
+
+		rc = read_env(c, deadline, &env);
+		if (rc == -ETIMEDOUT)
+			return pfc_set_err(c, rc, "%s did not answer %s within %d ms", c->where,
+					   wire_msg_name(req->msg_case), timeout_ms);
+		if (rc)
+			return rc;
+		if (env->id == 0) {
+			rc = handle_push(c, env);
+			if (rc)
+				return rc;
+			continue;
+		}
+		if (env->id != id) {
+			/* The reply to an earlier request that timed out. */
+			pf__envelope__free_unpacked(env, NULL);
+			continue;
+		}
+		if (env->msg_case == PF__ENVELOPE__MSG_ERROR) {
+			rc = sane_code(env->error->code);
+			pfc_set_err(c, rc, "%s",
+				    env->error->message && *env->error->message
+					    ? env->error->message
+					    : strerror(-rc));
+			pf__envelope__free_unpacked(env, NULL);
+			return rc;
+		}
+		if ((int)env->msg_case != reply_case) {
+			rc = conn_fail(c, -EPROTO, "%s answered %s with %s", c->where,
+				       wire_msg_name(req->msg_case), wire_msg_name(env->msg_case));
+			pf__envelope__free_unpacked(env, NULL);
+			return rc;
+		}
+		if (reply)
+			*reply = env;
+		else
+			pf__envelope__free_unpacked(env, NULL);
+		return 0;
+	}
+}
+
+int pfc_call(struct pf_client *c, Pf__Envelope *req, int reply_case, Pf__Envelope **reply)
+{
+	return call_within(c, req, reply_case, reply, c->timeout_ms);
+}
+
+void pfc_set_timeout(struct pf_client *c, int timeout_ms)
+{
+	c->timeout_ms = timeout_ms > 0 ? timeout_ms : PFC_TIMEOUT_MS_DEFAULT;
+}
+
+bool pfc_broken(const struct pf_client *c)
+{
+	return c->dead != 0;
+}
+
+const char *pfc_daemon_version(const struct pf_client *c)
+{
+	return c->daemon;
+}
+
+uint32_t pfc_daemon_max_frame(const struct pf_client *c)
+{
+	return c->max_frame;
+}
+
+/* ---- connecting -------------------------------------------------------------- */
+
+static struct pf_client *client_new(const char *where)
+{
+	struct pf_client *c = calloc(1, sizeof(*c));
+	const char *env = getenv(PFC_TIMEOUT_ENV);
+	char *end;
+	long ms;
+
+	if (!c)
+		return NULL;
+	c->sock = -1;
+	c->where = strdup(where);
+	if (!c->where) {
+		free(c);
+		return NULL;
+	}
+	wire_rx_init(&c->rx, WIRE_MAX_FRAME_DEFAULT);
+	c->max_frame = WIRE_MAX_FRAME_DEFAULT;
+	c->timeout_ms = PFC_TIMEOUT_MS_DEFAULT;
+	if (env && *env) {
+		errno = 0;
+		ms = strtol(env, &end, 10);
+		if (!errno && !*end && ms > 0 && ms <= INT_MAX)
+			c->timeout_ms = (int)ms;
+	}
+	snprintf(c->hello_name, sizeof(c->hello_name), "%s[%d]", program_invocation_short_name,
+		 (int)getpid());
+	return c;
+}
+
+static int hello(struct pf_client *c, int timeout_ms)
+{
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__Hello msg = PF__HELLO__INIT;
+	Pf__Envelope *reply;
+	Pf__HelloReply *hr;
+	int rc;
+
+	msg.version = WIRE_VERSION;
+	msg.client = c->hello_name;
+	env.msg_case = PF__ENVELOPE__MSG_HELLO;
+	env.hello = &msg;
+	rc = call_within(c, &env, PF__ENVELOPE__MSG_HELLO_REPLY, &reply, timeout_ms);
+	if (rc == -ETIMEDOUT)
+		return conn_fail(c, rc, "%s did not answer hello within %g s", c->where,
+				 timeout_ms / 1000.0);
+	if (rc)
+		return conn_fail(c, rc, "%s", c->err);
+	hr = reply->hello_reply;
+	if (hr->version != WIRE_VERSION) {
+		rc = conn_fail(c, -EPROTO,
+			       "%s speaks protocol version %" PRIu32 "; this library speaks %d",
+			       c->where, hr->version, WIRE_VERSION);
+		goto out;
+	}
+	snprintf(c->daemon, sizeof(c->daemon), "%s", hr->daemon ? hr->daemon : "");
+	c->greeted = true;
+	if (hr->max_frame >= 64)
+		c->max_frame = hr->max_frame;
+out:
+	pf__envelope__free_unpacked(reply, NULL);
+	return rc;
+}
+
+static int set_nonblocking(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+
+	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+		return -errno;
+	return 0;
+}
+
+int pfc_connect_fd(int sock, const char *where, int hello_timeout_ms, struct pf_client **out)
+{
+	struct pf_client *c = client_new(where ? where : "prefetchd");
+	int rc;
+
+	*out = c;
+	if (!c) {
+		close(sock);
+		return -ENOMEM;
+	}
+	c->sock = sock;
+	rc = set_nonblocking(sock);
+	if (rc)
+		return conn_fail(c, rc, "cannot set up the socket: %s", strerror(-rc));
+	return hello(c, hello_timeout_ms);
+}
+
+PF_API int pf_connect(const char *path, struct pf_client **out)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int64_t deadline = deadline_after(PFC_HELLO_TIMEOUT_MS);
+	struct pf_client *c;
+	char where[sizeof(sa.sun_path) + 32];
+	int sock;
+
+	if (!out)
+		return -EINVAL;
+	if (!path || !*path)
+		path = getenv(PF_SOCKET_ENV);
+	if (!path || !*path)
+		path = PF_DEFAULT_SOCKET;
+	snprintf(where, sizeof(where), "prefetchd at %.*s", (int)sizeof(sa.sun_path), path);
+	c = client_new(where);
+	*out = c;
+	if (!c)
+		return -ENOMEM;
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return conn_fail(c, -ENAMETOOLONG, "socket path %s is too long (at most %zu bytes)",
+				 path, sizeof(sa.sun_path) - 1);
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (sock < 0)
+		return conn_fail(c, -errno, "cannot create a socket: %s", strerror(errno));
+	c->sock = sock;
+	/* A non-blocking connect on a Unix socket fails with EAGAIN while the
+	 * daemon's listen backlog is full; retry until the hello deadline
+	 * rather than block inside connect() for ever. */
+	while (connect(sock, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int e = errno;
+
+		if (e == EINTR)
+			continue;
+		if (e == EAGAIN && ms_left(deadline) > 0) {
+			usleep(10000);
+			continue;
+		}
+		return conn_fail(c, -e, "cannot connect to prefetchd at %s: %s%s", path,
+				 strerror(e),
+				 e == ENOENT || e == ECONNREFUSED ? " (is the daemon running?)"
+				 : e == EACCES ? " (is this user allowed to use the socket?)"
+					       : "");
+	}
+	return hello(c, PFC_HELLO_TIMEOUT_MS);
+}
+
+/* ---- session ------------------------------------------------------------------ */
+
+static int keep_session(struct pf_client *c, const Pf__SessionOpened *so)
+{
+	if (so->slots > PFC_MAX_SLOTS)
+		return conn_fail(c, -EPROTO,
+				 "session with %" PRIu32 " slots is over this client's %u",
+				 so->slots, PFC_MAX_SLOTS);
+	if (so->n_fields > 4096)
+		return conn_fail(c, -EPROTO, "session with %zu fields", so->n_fields);
+	c->fields = calloc(so->n_fields ? so->n_fields : 1, sizeof(*c->fields));
+	c->slot_mine = calloc(so->slots ? so->slots : 1, 1);
+	c->device = strdup(so->device && *so->device ? so->device : "host");
+	if (!c->fields || !c->slot_mine || !c->device)
+		return conn_fail(c, -ENOMEM, "out of memory");
+	c->nfields = (uint32_t)so->n_fields;
+	for (size_t f = 0; f < so->n_fields; f++) {
+		const Pf__Field *in = so->fields[f];
+		struct pfc_field *out = &c->fields[f];
+
+		out->name = strdup(in->name ? in->name : "");
+		out->dtype = strdup(in->dtype ? in->dtype : "");
+		out->shape = calloc(in->n_shape ? in->n_shape : 1, sizeof(uint64_t));
+		if (!out->name || !out->dtype || !out->shape)
+			return conn_fail(c, -ENOMEM, "out of memory");
+		if (in->n_shape > 32)
+			return conn_fail(c, -EPROTO, "field %s has %zu dimensions", out->name,
+					 in->n_shape);
+		memcpy(out->shape, in->shape, in->n_shape * sizeof(uint64_t));
+		out->ndim = (int)in->n_shape;
+		out->sample_bytes = in->sample_bytes;
+		out->offset = in->offset;
+	}
+	c->session = so->session;
+	c->num_samples = so->num_samples;
+	c->slot_bytes = so->slot_bytes;
+	c->slots = so->slots;
+	c->opened = true;
+	return 0;
+}
+
+PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
+{
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__OpenSession msg = PF__OPEN_SESSION__INIT;
+	Pf__Envelope *reply;
+	int rc;
+
+	if (!c)
+		return -EINVAL;
+	if (c->dead)
+		return fail_dead(c);
+	if (!opts || !opts->dataset || !*opts->dataset)
+		return pfc_set_err(c, -EINVAL, "pf_open: no dataset named");
+	if (c->opened)
+		return pfc_set_err(c, -EBUSY, "pf_open: this client already has session %" PRIu64,
+				   c->session);
+	msg.dataset = (char *)opts->dataset;
+	msg.device = (char *)(opts->device ? opts->device : "host");
+	msg.batch_size = opts->batch_size;
+	msg.drop_last = opts->drop_last;
+	msg.augment = opts->augment;
+	msg.min_depth = opts->min_depth;
+	msg.max_depth = opts->max_depth;
+	msg.ipc = (Pf__Ipc)opts->ipc;
+	msg.name = (char *)(opts->name ? opts->name : c->hello_name);
+	env.msg_case = PF__ENVELOPE__MSG_OPEN;
+	env.open = &msg;
+	rc = pfc_call(c, &env, PF__ENVELOPE__MSG_OPENED, &reply);
+	if (rc)
+		return rc;
+	rc = keep_session(c, reply->opened);
+	pf__envelope__free_unpacked(reply, NULL);
+	return rc;
+}
+
+PF_API uint64_t pf_num_samples(const struct pf_client *c)
+{
+	return c && c->opened ? c->num_samples : 0;
+}
+
+PF_API uint32_t pf_num_fields(const struct pf_client *c)
+{
+	return c && c->opened ? c->nfields : 0;
+}
+
+PF_API int pf_field_info(const struct pf_client *c, uint32_t i, struct pf_field *out)
+{
+	if (!c || !out || !c->opened || i >= c->nfields)
+		return -EINVAL;
+	out->name = c->fields[i].name;
+	out->dtype = c->fields[i].dtype;
+	out->ndim = c->fields[i].ndim;
+	out->shape = c->fields[i].shape;
+	out->sample_bytes = c->fields[i].sample_bytes;
+	return 0;
+}
+
+/* ---- epochs ------------------------------------------------------------------- */
+
+PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts, uint64_t *batches)
+{
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__StartEpoch msg = PF__START_EPOCH__INIT;
+	Pf__Envelope *reply;
+	uint64_t epoch;
+	int rc;
+
+	if (!c)
+		return -EINVAL;
+	if (c->dead)
+		return fail_dead(c);
+	if (!c->opened)
+		return pfc_set_err(c, -EINVAL, "pf_start_epoch: no session (call pf_open first)");
+	if (!opts || (opts->nindices && !opts->indices))
+		return pfc_set_err(c, -EINVAL, "pf_start_epoch: %s",
+				   opts ? "nindices without indices" : "no options");
+	if (opts->order != PF_ORDER_EXPLICIT && opts->nindices)
+		return pfc_set_err(c, -EINVAL,
+				   "pf_start_epoch: indices given without "
+				   "PF_ORDER_EXPLICIT");
+
+	/* The daemon abandons a running epoch when the next one starts; here
+	 * its queued batches go back, and any still on the way are released
+	 * on arrival because their epoch is no longer current. */
+	c->epoch_live = false;
+	rc = release_queue(c);
+	if (rc)
+		return rc;
+	epoch = ++c->last_epoch;
+	c->epoch = epoch;
+	c->epoch_live = true;
+	c->epoch_ended = false;
+	c->next_seq = opts->start_batch;
+
+	msg.epoch = epoch;
+	msg.order = (Pf__Order)opts->order;
+	msg.seed = opts->seed;
+	msg.rank = opts->rank;
+	msg.world = opts->world;
+	msg.start_batch = opts->start_batch;
+	msg.n_indices = opts->nindices;
+	msg.indices = (uint64_t *)opts->indices;
+	env.msg_case = PF__ENVELOPE__MSG_START;
+	env.start = &msg;
+	rc = pfc_call(c, &env, PF__ENVELOPE__MSG_STARTED, &reply);
+	if (rc) {
+		/* Refused (or no answer): no epoch runs here, and whatever
+		 * arrived for it goes back.  The daemon's error stays in
+		 * pf_errmsg: release_queue only sets a message if it fails. */
+		c->epoch_live = false;
+		release_queue(c);
+		return rc;
+	}
+	if (reply->started->epoch != epoch) {
+		rc = conn_fail(c, -EPROTO, "%s started epoch %" PRIu64 " when asked for %" PRIu64,
+			       c->where, reply->started->epoch, epoch);
+	} else if (batches) {
+		*batches = reply->started->batches;
+	}
+	pf__envelope__free_unpacked(reply, NULL);
+	return rc;
+}
+
+/* Takes the head of the queue: acks it and hands it to the trainer. */
+static int take(struct pf_client *c, struct pf_batch **batch)
+{
+	struct pfc_batch *b = c->queue_head;
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__Ack ack = PF__ACK__INIT;
+	int rc;
+
+	c->queue_head = b->next;
+	if (!c->queue_head)
+		c->queue_tail = NULL;
+	c->nqueued--;
+	b->next = NULL;
+
+	ack.epoch = b->pub.epoch;
+	ack.seq = b->pub.seq;
+	ack.wait_s = c->wait_s;
+	ack.busy_s = c->busy_s;
+	env.msg_case = PF__ENVELOPE__MSG_ACK;
+	env.ack = &ack;
+	rc = pfc_send(c, &env);
+	if (rc) {
+		if (b->slot >= 0)
+			c->slot_mine[b->slot] = 0;
+		free_batch(b);
+		return rc;
+	}
+	if (b->error) {
+		rc = pfc_set_err(c, b->error, "batch %" PRIu64 "/%" PRIu64 ": %s", b->pub.epoch,
+				 b->pub.seq, b->message);
+		free_batch(b);
+		return rc;
+	}
+	b->next = c->held;
+	c->held = b;
+	c->nheld++;
+	c->batches++;
+	c->bytes += b->bytes;
+	*batch = &b->pub;
+	return 0;
+}
+
+static int next_batch(struct pf_client *c, int timeout_ms, struct pf_batch **batch)
+{
+	int64_t deadline = deadline_after(timeout_ms);
+	int64_t blocked_since = 0;
+	int rc = 0;
+
+	if (c->dead)
+		return fail_dead(c);
+	if (!c->opened)
+		return pfc_set_err(c, -EINVAL, "pf_next: no session (call pf_open first)");
+	rc = flush_releases(c, 0);
+	if (rc)
+		return rc;
+	for (;;) {
+		Pf__Envelope *env;
+
+		if (c->pending_err) {
+			rc = pfc_set_err(c, c->pending_err, "%s", c->pending_msg);
+			c->pending_err = 0;
+			break;
+		}
+		if (c->queue_head || !c->epoch_live || c->epoch_ended)
+			break;
+		if (!blocked_since)
+			blocked_since = now_ns();
+		rc = read_env(c, deadline, &env);
+		if (rc == -ETIMEDOUT) {
+			pfc_set_err(c, rc, "no batch from %s within %d ms", c->where, timeout_ms);
+			break;
+		}
+		if (rc)
+			break;
+		if (env->id != 0) {
+			/* The reply to a request that timed out earlier. */
+			pf__envelope__free_unpacked(env, NULL);
+			continue;
+		}
+		rc = handle_push(c, env);
+		if (rc)
+			break;
+	}
+	if (blocked_since)
+		c->wait_s += (now_ns() - blocked_since) / 1e9;
+	if (rc || !c->queue_head)
+		return rc;
+	return take(c, batch);
+}
+
+PF_API int pf_next(struct pf_client *c, int timeout_ms, struct pf_batch **batch)
+{
+	int64_t entry = now_ns();
+	int rc;
+
+	if (!c || !batch)
+		return -EINVAL;
+	*batch = NULL;
+	if (c->have_last_return)
+		c->busy_s += (entry - c->last_return_ns) / 1e9;
+	rc = next_batch(c, timeout_ms, batch);
+	/* The time after an epoch's end (evaluation, checkpointing) is not
+	 * time spent consuming batches, so it does not count as busy. */
+	c->have_last_return = rc != 0 || *batch != NULL;
+	c->last_return_ns = now_ns();
+	return rc;
+}
+
+PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream)
+{
+	struct pfc_batch **pp, *b;
+	int rc;
+
+	if (!c || !batch)
+		return -EINVAL;
+	/* Find it by address before touching it: a batch released twice, or
+	 * one from another client, is an error here, never a double free. */
+	for (pp = &c->held; *pp && &(*pp)->pub != batch; pp = &(*pp)->next)
+		;
+	if (!*pp)
+		return pfc_set_err(c, -EINVAL,
+				   "pf_release: this batch is not held by this client "
+				   "(released twice?)");
+	b = *pp;
+	*pp = b->next;
+	c->nheld--;
+	if (c->dead) {
+		c->slot_mine[b->slot] = 0;
+		free_batch(b);
+		return fail_dead(c);
+	}
+	/* Device batches go through c->releases once client/cuda.c records
+	 * the trainer's stream; host memory is read synchronously by the
+	 * trainer, so its release is immediate. */
+	rc = send_release(c, b->pub.epoch, b->pub.seq, b->slot);
+	free_batch(b);
+	if (rc)
+		return rc;
+	return flush_releases(c, 0);
+}
+
+PF_API int pf_set_depth(struct pf_client *c, uint64_t session, uint32_t target)
+{
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__SetDepth msg = PF__SET_DEPTH__INIT;
+
+	if (!c)
+		return -EINVAL;
+	msg.session = session;
+	msg.target = target;
+	msg.automatic = target == 0;
+	env.msg_case = PF__ENVELOPE__MSG_SET_DEPTH;
+	env.set_depth = &msg;
+	return pfc_call(c, &env, PF__ENVELOPE__MSG_OK, NULL);
+}
+
+PF_API int pf_abandon(struct pf_client *c)
+{
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__Abandon msg = PF__ABANDON__INIT;
+	bool tell;
+	int rc = 0, qrc;
+
+	if (!c)
+		return -EINVAL;
+	if (c->dead)
+		return fail_dead(c);
+	if (!c->opened)
+		return pfc_set_err(c, -EINVAL, "pf_abandon: no session (call pf_open first)");
+	if (!c->epoch_live)
+		return 0;
+	/* Not live from here on: batches still on the way during the call
+	 * are released as they arrive.  An epoch whose end already came has
+	 * nothing left to stop in the daemon, only queued batches to return. */
+	tell = !c->epoch_ended;
+	c->epoch_live = false;
+	if (tell) {
+		msg.epoch = c->epoch;
+		env.msg_case = PF__ENVELOPE__MSG_ABANDON;
+		env.abandon = &msg;
+		rc = pfc_call(c, &env, PF__ENVELOPE__MSG_OK, NULL);
+	}
+	/* Released after the daemon has stopped filling, so that a freed slot
+	 * is not filled again for the epoch being abandoned. */
+	qrc = release_queue(c);
+	return rc ? rc : qrc;
+}
+
+PF_API int pf_stats(const struct pf_client *c, struct pf_stats *out)
+{
+	double total;
+
+	if (!c || !out)
+		return -EINVAL;
+	memset(out, 0, sizeof(*out));
+	out->session = c->session;
+	out->batches = c->batches;
+	out->bytes = c->bytes;
+	out->held = c->nheld;
+	out->wait_s = c->wait_s;
+	out->busy_s = c->busy_s;
+	total = c->wait_s + c->busy_s;
+	out->stall_fraction = total > 0 ? c->wait_s / total : 0;
+	return 0;
+}
+
+PF_API void pf_close(struct pf_client *c)
+{
+	if (!c)
+		return;
+	/* Closing the socket returns every slot anyway; the explicit releases
+	 * keep the daemon's accounting exact until then.  Pending device
+	 * releases get a bounded wait so that the daemon does not rewrite a
+	 * slot the trainer's GPU work still reads. */
+	release_queue(c);
+	while (c->held) {
+		struct pfc_batch *b = c->held;
+
+		c->held = b->next;
+		if (!c->dead)
+			send_release(c, b->pub.epoch, b->pub.seq, b->slot);
+		free_batch(b);
+	}
+	flush_releases(c, c->timeout_ms);
+	for (uint32_t a = 0; a < c->narenas; a++)
+		if (c->arenas[a].present && c->arenas[a].kind == PF__ARENA_KIND__ARENA_HOST_MEMFD)
+			munmap(c->arenas[a].base, (size_t)c->arenas[a].bytes);
+	if (c->sock >= 0)
+		close(c->sock);
+	wire_rx_free(&c->rx);
+	for (uint32_t f = 0; f < c->nfields; f++) {
+		free(c->fields[f].name);
+		free(c->fields[f].dtype);
+		free(c->fields[f].shape);
+	}
+	free(c->fields);
+	free(c->slot_mine);
+	free(c->arenas);
+	free(c->device);
+	free(c->where);
+	free(c);
+}
+
+PF_API const char *pf_errmsg(const struct pf_client *c)
+{
+	return c ? c->err : "out of memory";
+}

@@ -1,0 +1,142 @@
+/*
+ * prefetch.h — libprefetch, the trainer side of prefetchd.
+ *
+ * A trainer connects to the node's prefetchd, opens one session on a named
+ * dataset, starts an epoch and takes batches.  Batches arrive in slots of
+ * arenas the daemon shares with this process (read-only host memory for
+ * device "host", device memory for "cuda:N"); per batch only a few numbers
+ * cross the socket.
+ *
+ *   struct pf_client *c;
+ *   struct pf_batch *b;
+ *   pf_connect(NULL, &c);
+ *   pf_open(c, &(struct pf_open_opts){ .dataset = "demo", .batch_size = 256 });
+ *   pf_start_epoch(c, &(struct pf_epoch_opts){ .order = PF_ORDER_SHUFFLE, .seed = 1 }, NULL);
+ *   while (pf_next(c, -1, &b) == 0 && b) {
+ *           ... b->data[field] holds b->count samples of that field ...
+ *           pf_release(c, b, NULL);
+ *   }
+ *   pf_close(c);
+ *
+ * The consumer side of the prefetch-depth governor runs here: taking a batch
+ * acknowledges it (the daemon may prepare another), releasing returns its
+ * slot, leaving an epoch early abandons it.  Time blocked in pf_next and
+ * time spent between calls are measured and reported (stall accounting).
+ *
+ * Every function returns 0 or a negative errno-style code; pf_errmsg()
+ * describes the last failure on that client.  Nothing here aborts or exits.
+ * A client is not thread-safe: use it from one thread at a time.
+ */
+#ifndef PREFETCH_H
+#define PREFETCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define PF_API __attribute__((visibility("default")))
+#else
+#define PF_API
+#endif
+
+#define PF_DEFAULT_SOCKET "/run/prefetchd/prefetchd.sock"
+/* Environment variable that overrides the default socket path. */
+#define PF_SOCKET_ENV "PREFETCHD_SOCKET"
+
+struct pf_client;
+
+enum pf_order { PF_ORDER_SEQUENTIAL = 0, PF_ORDER_SHUFFLE = 1, PF_ORDER_EXPLICIT = 2 };
+enum pf_ipc { PF_IPC_DEFAULT = 0, PF_IPC_FD = 1, PF_IPC_LEGACY = 2 };
+
+struct pf_open_opts {
+	const char *dataset; /* a name from the daemon's config */
+	const char *device;  /* NULL or "host": host memory; "cuda:N": GPU N */
+	uint32_t batch_size;
+	bool drop_last;      /* drop the last, partial batch of each epoch */
+	uint32_t augment;    /* 0/1: plain; k: picks range over k*N, sample = pick % N */
+	uint32_t min_depth;  /* 0: daemon default */
+	uint32_t max_depth;  /* 0: daemon default */
+	enum pf_ipc ipc;     /* CUDA sessions: how device arenas are shared */
+	const char *name;    /* shown by prefetchctl status; NULL: program name */
+};
+
+struct pf_epoch_opts {
+	enum pf_order order;
+	uint64_t seed;           /* PF_ORDER_SHUFFLE: README's shuffle, this seed */
+	uint32_t rank, world;    /* DistributedSampler-style share; world 0 = 1 */
+	uint64_t start_batch;    /* resume: skip this many batches of the share */
+	const uint64_t *indices; /* PF_ORDER_EXPLICIT: the picks, in order */
+	size_t nindices;
+};
+
+struct pf_field {
+	const char *name;
+	const char *dtype; /* numpy type string: "f4", "u1", ... */
+	int ndim;          /* dimensions of one sample */
+	const uint64_t *shape;
+	uint64_t sample_bytes;
+};
+
+struct pf_batch {
+	uint64_t epoch;
+	uint64_t seq;           /* batch number within the epoch's share */
+	uint32_t count;         /* samples in this batch */
+	const uint64_t *picks;  /* count picks (schedule-space indices) */
+	uint32_t nfields;
+	/* Per field, `count` samples packed back to back.  Host sessions: a
+	 * read-only host pointer.  CUDA sessions: a device pointer in this
+	 * process's context, valid until pf_release. */
+	void *const *data;
+	bool on_device;
+};
+
+struct pf_stats {
+	uint64_t session;     /* the daemon's id for this session */
+	uint64_t batches;     /* taken by pf_next */
+	uint64_t bytes;       /* sample bytes taken */
+	uint64_t held;        /* taken and not yet released */
+	double wait_s;        /* time blocked inside pf_next */
+	double busy_s;        /* time between pf_next calls */
+	double stall_fraction; /* wait / (wait + busy) */
+};
+
+/* Connects and says hello.  path NULL: $PREFETCHD_SOCKET, else the default. */
+PF_API int pf_connect(const char *path, struct pf_client **out);
+/* Opens the session.  One session per client. */
+PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts);
+/* Dataset shape, valid after pf_open until pf_close. */
+PF_API uint64_t pf_num_samples(const struct pf_client *c);
+PF_API uint32_t pf_num_fields(const struct pf_client *c);
+PF_API int pf_field_info(const struct pf_client *c, uint32_t i, struct pf_field *out);
+/* Starts an epoch (abandoning an unfinished one).  *batches (may be NULL)
+ * receives the number of batches this share will deliver from start_batch. */
+PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts,
+			  uint64_t *batches);
+/* Takes the next batch.  timeout_ms < 0 waits for ever.  Returns 0 with
+ * *batch set, 0 with *batch NULL at the end of the epoch, -ETIMEDOUT, or
+ * the error of an error batch (e.g. -EIO; pf_errmsg says which file and
+ * which batch; the epoch goes on with the next call). */
+PF_API int pf_next(struct pf_client *c, int timeout_ms, struct pf_batch **batch);
+/* Gives the batch's slot back.  stream: the cudaStream_t whose queued work
+ * still reads the batch (CUDA sessions; NULL = the legacy default stream),
+ * ignored for host sessions.  The batch must not be used afterwards. */
+PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream);
+/* Target depth of a session: target 0 means automatic.  session 0: own. */
+PF_API int pf_set_depth(struct pf_client *c, uint64_t session, uint32_t target);
+/* Leaves the current epoch early: the daemon stops filling at once. */
+PF_API int pf_abandon(struct pf_client *c);
+PF_API int pf_stats(const struct pf_client *c, struct pf_stats *out);
+/* Releases everything, unmaps every arena, closes the socket, frees c. */
+PF_API void pf_close(struct pf_client *c);
+/* The last failure on c, or "" ("out of memory" when c is NULL). */
+PF_API const char *pf_errmsg(const struct pf_client *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,911 @@
+/*
+ * config.c — reads the daemon's INI file (config.h documents the keys).
+ *
+ * inih does the lexing; this file adds what inih lacks for a daemon config:
+ * line numbers in every message, errors for unknown sections and keys (a
+ * typo must not fall back to a default silently), duplicate detection, and
+ * empty sections.  It gets them by feeding inih through its own line reader
+ * (read_line), which counts lines and classifies each one exactly as inih's
+ * ini_parse_stream will (blank/comment, continuation, [section], key), so the
+ * handler always knows the line it is called for and whether the value
+ * continues the previous key.
+ *
+ * Relative paths (dataset shards, the socket) are resolved against the
+ * directory that holds the config file, made absolute, so that the daemon's
+ * working directory never changes what a config means.
+ *
+ * DESIGN: called once by the main thread before the loop starts; the parse
+ * state lives on the caller's stack.  No locks.  The only global touched is
+ * inih's ini_max_line (see parse_file), saved and restored around the parse.
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <grp.h>
+#include <limits.h>
+#include <math.h>
+#include <pwd.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <ini.h>
+
+/* inih copies section and key names into fixed 50-byte buffers and silently
+ * truncates longer ones; read_line refuses them instead. */
+#define INIH_MAX_NAME 50
+/* Lines up to this long are accepted when the installed inih lets us raise
+ * its line buffer (Debian's build exports ini_max_line); otherwise inih's
+ * compiled-in 200 applies and read_line says so. */
+#define CONFIG_MAX_LINE 4096
+
+#pragma weak ini_max_line
+
+enum daemon_key {
+	K_SOCKET,
+	K_SOCKET_MODE,
+	K_SOCKET_GROUP,
+	K_READERS,
+	K_RING_BYTES,
+	K_ARENA_BYTES,
+	K_SESSION_BYTES,
+	K_MAX_SESSIONS,
+	K_MAX_FRAME,
+	K_ALLOW_USERS,
+	K_ALLOW_GROUPS,
+	K_DEPTH,
+	K_MAX_DEPTH,
+	K_IPC,
+	K_RESERVE,
+	K_RESERVE_MIN,
+	K_PROBE_INTERVAL,
+	K_COUNT
+};
+
+static const char *const daemon_keys[K_COUNT] = {
+	[K_SOCKET] = "socket",
+	[K_SOCKET_MODE] = "socket_mode",
+	[K_SOCKET_GROUP] = "socket_group",
+	[K_READERS] = "readers",
+	[K_RING_BYTES] = "ring_bytes",
+	[K_ARENA_BYTES] = "arena_bytes",
+	[K_SESSION_BYTES] = "session_bytes",
+	[K_MAX_SESSIONS] = "max_sessions",
+	[K_MAX_FRAME] = "max_frame",
+	[K_ALLOW_USERS] = "allow_users",
+	[K_ALLOW_GROUPS] = "allow_groups",
+	[K_DEPTH] = "depth",
+	[K_MAX_DEPTH] = "max_depth",
+	[K_IPC] = "ipc",
+	[K_RESERVE] = "reserve",
+	[K_RESERVE_MIN] = "reserve_min",
+	[K_PROBE_INTERVAL] = "probe_interval",
+};
+
+enum section { SEC_NONE, SEC_DAEMON, SEC_DATASET };
+
+struct parse {
+	struct config *cfg; /* borrowed: the caller's */
+	const char *path;   /* borrowed: as the caller named it, for messages */
+	char *base_dir;	    /* owned: absolute directory of the config file */
+	FILE *file;	    /* owned */
+	char *buf;	    /* owned: getline buffer */
+	size_t buf_cap;
+	int lineno; /* of the line inih is processing */
+	/* Mirrors inih's prev_name: a key line was seen in this section, so an
+	 * indented line continues its value. */
+	bool prev_key;
+	bool continuation; /* the current line continues the previous key */
+	enum section section;
+	char section_name[INIH_MAX_NAME];
+	int section_line;
+	int key_line[K_COUNT]; /* 0: the key did not appear */
+	bool reserve_is_size;
+	bool dataset_format_seen;
+	int rc;	   /* first error, 0 while none */
+	char *err; /* borrowed: the caller's buffer */
+	size_t errlen;
+};
+
+static int fail_at(struct parse *st, int rc, int line, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+/* Records the first error as "FILE:LINE: message" and returns 0, which is
+ * what an inih handler returns to report failure. */
+static int fail_at(struct parse *st, int rc, int line, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	if (st->rc)
+		return 0;
+	st->rc = rc;
+	if (!st->err || st->errlen == 0)
+		return 0;
+	if (line > 0)
+		n = snprintf(st->err, st->errlen, "%s:%d: ", st->path, line);
+	else
+		n = snprintf(st->err, st->errlen, "%s: ", st->path);
+	if (n >= 0 && (size_t)n < st->errlen) {
+		va_start(ap, fmt);
+		vsnprintf(st->err + n, st->errlen - (size_t)n, fmt, ap);
+		va_end(ap);
+	}
+	return 0;
+}
+
+#define fail(st, ...)  fail_at((st), -EINVAL, (st)->lineno, __VA_ARGS__)
+#define fail_nomem(st) fail_at((st), -ENOMEM, (st)->lineno, "out of memory")
+
+static char *trim(char *s)
+{
+	char *end;
+
+	while (isspace((unsigned char)*s))
+		s++;
+	end = s + strlen(s);
+	while (end > s && isspace((unsigned char)end[-1]))
+		*--end = '\0';
+	return s;
+}
+
+/* inih's find_chars_or_comment: the first of chars, or the start of an
+ * inline comment (';' after whitespace), or the terminating NUL. */
+static char *find_chars_or_comment(char *s, const char *chars)
+{
+	bool was_space = false;
+
+	while (*s && (!chars || !strchr(chars, *s)) && !(was_space && *s == ';')) {
+		was_space = isspace((unsigned char)*s);
+		s++;
+	}
+	return s;
+}
+
+/* ---- values ---------------------------------------------------------------- */
+
+static bool all_digits(const char *s)
+{
+	if (!*s)
+		return false;
+	for (; *s; s++)
+		if (!isdigit((unsigned char)*s))
+			return false;
+	return true;
+}
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+	unsigned long long v;
+	char *end;
+
+	if (!all_digits(s))
+		return -EINVAL;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno || *end)
+		return -EINVAL;
+	*out = v;
+	return 0;
+}
+
+int config_parse_size(const char *s, uint64_t *out)
+{
+	char digits[32];
+	size_t len = strlen(s), ndig = 0;
+	unsigned shift = 0;
+	uint64_t v;
+
+	while (ndig < len && isdigit((unsigned char)s[ndig]))
+		ndig++;
+	if (ndig == 0 || ndig >= sizeof(digits))
+		return -EINVAL;
+	if (len == ndig + 1) {
+		const char *units = "KMGT";
+		const char *u = strchr(units, toupper((unsigned char)s[ndig]));
+
+		if (!u || !*u)
+			return -EINVAL;
+		shift = 10 * (unsigned)(u - units + 1);
+	} else if (len != ndig) {
+		return -EINVAL;
+	}
+	memcpy(digits, s, ndig);
+	digits[ndig] = '\0';
+	if (parse_u64(digits, &v))
+		return -EINVAL;
+	if (shift && v > (UINT64_MAX >> shift))
+		return -EINVAL;
+	*out = v << shift;
+	return 0;
+}
+
+static int key_uint(struct parse *st, const char *key, const char *value, uint64_t min,
+		    uint64_t max, unsigned *out)
+{
+	uint64_t v;
+
+	if (parse_u64(value, &v))
+		return fail(st, "%s: '%s' is not a number", key, value);
+	if (v < min || v > max)
+		return fail(st, "%s: %s is out of range (%llu..%llu)", key, value,
+			    (unsigned long long)min, (unsigned long long)max);
+	*out = (unsigned)v;
+	return 1;
+}
+
+static int key_size(struct parse *st, const char *key, const char *value, uint64_t min,
+		    uint64_t max, uint64_t *out)
+{
+	uint64_t v;
+
+	if (config_parse_size(value, &v))
+		return fail(st, "%s: '%s' is not a size (bytes, or a number with K, M, G or T)",
+			    key, value);
+	if (v < min || v > max)
+		return fail(st, "%s: %s is out of range (%llu..%llu bytes)", key, value,
+			    (unsigned long long)min, (unsigned long long)max);
+	*out = v;
+	return 1;
+}
+
+static int key_double(struct parse *st, const char *key, const char *value, double *out)
+{
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(value, &end);
+	if (errno || end == value || *end || !isfinite(v))
+		return fail(st, "%s: '%s' is not a number", key, value);
+	*out = v;
+	return 1;
+}
+
+/* Resolves a path from the file against the config file's directory. */
+static char *resolve_path(struct parse *st, const char *p)
+{
+	char *out;
+
+	if (p[0] == '/')
+		return strdup(p);
+	if (asprintf(&out, "%s/%s", st->base_dir, p) < 0)
+		return NULL;
+	return out;
+}
+
+static int replace_str(struct parse *st, char **slot, char *fresh)
+{
+	if (!fresh)
+		return fail_nomem(st);
+	free(*slot);
+	*slot = fresh;
+	return 1;
+}
+
+static int push_uid(struct parse *st, uid_t uid)
+{
+	struct config *cfg = st->cfg;
+	uid_t *grown;
+	size_t i;
+
+	for (i = 0; i < cfg->n_allow_uids; i++)
+		if (cfg->allow_uids[i] == uid)
+			return 1;
+	grown = realloc(cfg->allow_uids, (cfg->n_allow_uids + 1) * sizeof(*grown));
+	if (!grown)
+		return fail_nomem(st);
+	grown[cfg->n_allow_uids++] = uid;
+	cfg->allow_uids = grown;
+	return 1;
+}
+
+static int push_gid(struct parse *st, gid_t gid)
+{
+	struct config *cfg = st->cfg;
+	gid_t *grown;
+	size_t i;
+
+	for (i = 0; i < cfg->n_allow_gids; i++)
+		if (cfg->allow_gids[i] == gid)
+			return 1;
+	grown = realloc(cfg->allow_gids, (cfg->n_allow_gids + 1) * sizeof(*grown));
+	if (!grown)
+		return fail_nomem(st);
+	grown[cfg->n_allow_gids++] = gid;
+	cfg->allow_gids = grown;
+	return 1;
+}
+
+/* The first allow_users or allow_groups key replaces the implicit "the
+ * daemon's uid and root" rule with exactly what the file lists. */
+static void drop_implicit_allow(struct parse *st)
+{
+	struct config *cfg = st->cfg;
+
+	if (st->key_line[K_ALLOW_USERS] || st->key_line[K_ALLOW_GROUPS])
+		return;
+	free(cfg->allow_uids);
+	cfg->allow_uids = NULL;
+	cfg->n_allow_uids = 0;
+	free(cfg->allow_gids);
+	cfg->allow_gids = NULL;
+	cfg->n_allow_gids = 0;
+}
+
+/* allow_users / allow_groups: "name, 1001, *". */
+static int key_allow(struct parse *st, const char *key, const char *value, bool users)
+{
+	char *list, *item, *next;
+	int ok = 1;
+
+	list = strdup(value);
+	if (!list)
+		return fail_nomem(st);
+	for (item = list; item && ok; item = next) {
+		uint64_t id;
+
+		next = strchr(item, ',');
+		if (next)
+			*next++ = '\0';
+		item = trim(item);
+		if (!*item) {
+			ok = fail(st, "%s: empty entry in list", key);
+		} else if (strcmp(item, "*") == 0) {
+			st->cfg->allow_any = true;
+		} else if (all_digits(item)) {
+			/* uid_t and gid_t are 32 bits; -1 means "no id" to chown. */
+			if (parse_u64(item, &id) || id >= UINT32_MAX)
+				ok = fail(st, "%s: id %s is out of range", key, item);
+			else
+				ok = users ? push_uid(st, (uid_t)id) : push_gid(st, (gid_t)id);
+		} else if (users) {
+			struct passwd *pw = getpwnam(item);
+
+			ok = pw ? push_uid(st, pw->pw_uid)
+				: fail(st, "%s: no such user '%s'", key, item);
+		} else {
+			struct group *gr = getgrnam(item);
+
+			ok = gr ? push_gid(st, gr->gr_gid)
+				: fail(st, "%s: no such group '%s'", key, item);
+		}
+	}
+	free(list);
+	return ok;
+}
+
+static int key_reserve(struct parse *st, const char *value)
+{
+	struct config *cfg = st->cfg;
+	size_t len = strlen(value);
+
+	if (len > 1 && value[len - 1] == '%') {
+		char num[32];
+		double pct;
+
+		if (len - 1 >= sizeof(num))
+			return fail(st, "reserve: '%s' is not a percentage", value);
+		memcpy(num, value, len - 1);
+		num[len - 1] = '\0';
+		if (!key_double(st, "reserve", num, &pct))
+			return 0;
+		if (pct < 0 || pct >= 100)
+			return fail(st, "reserve: %s is out of range (0%%..<100%%)", value);
+		cfg->reserve_frac = pct / 100;
+		st->reserve_is_size = false;
+		return 1;
+	}
+	if (!key_size(st, "reserve", value, 0, UINT64_MAX, &cfg->reserve_min))
+		return 0;
+	cfg->reserve_frac = 0;
+	st->reserve_is_size = true;
+	return 1;
+}
+
+static int daemon_key(struct parse *st, const char *name, const char *value)
+{
+	struct config *cfg = st->cfg;
+	unsigned mode_bits;
+	int k;
+
+	for (k = 0; k < K_COUNT; k++)
+		if (strcmp(name, daemon_keys[k]) == 0)
+			break;
+	if (k == K_COUNT)
+		return fail(st, "unknown key '%s' in [daemon]", name);
+	if (st->continuation)
+		return fail(st,
+			    "%s: a continuation line (leading whitespace) is only allowed "
+			    "for field.NAME",
+			    name);
+	if (st->key_line[k])
+		return fail(st, "%s: duplicate key (first set on line %d)", name, st->key_line[k]);
+	if (!*value)
+		return fail(st, "%s: empty value", name);
+	if (k == K_ALLOW_USERS || k == K_ALLOW_GROUPS)
+		drop_implicit_allow(st);
+	st->key_line[k] = st->lineno;
+
+	switch ((enum daemon_key)k) {
+	case K_SOCKET: {
+		char *p = resolve_path(st, value);
+
+		if (p && strlen(p) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+			free(p);
+			return fail(st, "socket: path is longer than %zu bytes",
+				    sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+		}
+		return replace_str(st, &cfg->socket_path, p);
+	}
+	case K_SOCKET_MODE:
+		if (strspn(value, "01234567") != strlen(value) ||
+		    sscanf(value, "%o", &mode_bits) != 1 || mode_bits > 0777)
+			return fail(st, "socket_mode: '%s' is not an octal mode (0000..0777)",
+				    value);
+		cfg->socket_mode = (mode_t)mode_bits;
+		return 1;
+	case K_SOCKET_GROUP:
+		if (!all_digits(value) && !getgrnam(value))
+			return fail(st, "socket_group: no such group '%s'", value);
+		return replace_str(st, &cfg->socket_group, strdup(value));
+	case K_READERS: return key_uint(st, name, value, 1, 256, &cfg->readers);
+	case K_RING_BYTES: return key_size(st, name, value, 4096, UINT64_MAX, &cfg->ring_bytes);
+	case K_ARENA_BYTES: return key_size(st, name, value, 4096, UINT64_MAX, &cfg->arena_bytes);
+	case K_SESSION_BYTES:
+		return key_size(st, name, value, 4096, UINT64_MAX, &cfg->session_bytes);
+	case K_MAX_SESSIONS: return key_uint(st, name, value, 1, 65536, &cfg->max_sessions);
+	case K_MAX_FRAME:
+		/* The wire length prefix is 32 bits; 1G is far above any sane
+		 * frame and keeps a hostile length from reserving 4G. */
+		return key_size(st, name, value, 4096, 1ULL << 30, &cfg->max_frame);
+	case K_ALLOW_USERS: return key_allow(st, name, value, true);
+	case K_ALLOW_GROUPS: return key_allow(st, name, value, false);
+	case K_DEPTH: return key_uint(st, name, value, 1, 4096, &cfg->depth);
+	case K_MAX_DEPTH: return key_uint(st, name, value, 1, 4096, &cfg->max_depth);
+	case K_IPC:
+		if (strcmp(value, "fd") != 0 && strcmp(value, "legacy") != 0)
+			return fail(st, "ipc: '%s' is not fd or legacy", value);
+		return replace_str(st, &cfg->ipc, strdup(value));
+	case K_RESERVE:
+		if (st->key_line[K_RESERVE_MIN] && config_parse_size(value, &(uint64_t){0}) == 0)
+			return fail(st,
+				    "reserve: a size conflicts with reserve_min on line %d "
+				    "(a size is the minimum itself)",
+				    st->key_line[K_RESERVE_MIN]);
+		return key_reserve(st, value);
+	case K_RESERVE_MIN:
+		if (st->reserve_is_size)
+			return fail(st,
+				    "reserve_min: conflicts with reserve = SIZE on line %d "
+				    "(a size is the minimum itself)",
+				    st->key_line[K_RESERVE]);
+		return key_size(st, name, value, 0, UINT64_MAX, &cfg->reserve_min);
+	case K_PROBE_INTERVAL:
+		if (!key_double(st, name, value, &cfg->probe_interval))
+			return 0;
+		if (cfg->probe_interval <= 0 || cfg->probe_interval > 86400)
+			return fail(st, "probe_interval: %s is out of range (0 < seconds <= 86400)",
+				    value);
+		return 1;
+	case K_COUNT: break;
+	}
+	return fail(st, "%s: unhandled key", name);
+}
+
+/* ---- datasets ---------------------------------------------------------------- */
+
+/* Dataset and field names travel in protocol messages and status output:
+ * keep them to characters that need no quoting anywhere. */
+static bool valid_name(const char *s)
+{
+	if (!*s)
+		return false;
+	for (; *s; s++)
+		if (!isalnum((unsigned char)*s) && !strchr("_-.", *s))
+			return false;
+	return true;
+}
+
+/* Appends the comma-separated shard paths in value to field f.  A trailing
+ * comma is allowed so that a list can continue on the next line. */
+static int add_shards(struct parse *st, struct config_field *f, const char *key, const char *value)
+{
+	char *list, *item, *next;
+	int ok = 1;
+
+	list = strdup(value);
+	if (!list)
+		return fail_nomem(st);
+	for (item = list; item && ok; item = next) {
+		char **grown, *path;
+
+		next = strchr(item, ',');
+		if (next)
+			*next++ = '\0';
+		item = trim(item);
+		if (!*item) {
+			if (!next && item != list)
+				break;
+			ok = fail(st, "%s: empty shard path in list", key);
+			break;
+		}
+		grown = realloc(f->paths, (f->npaths + 1) * sizeof(*f->paths));
+		if (!grown) {
+			ok = fail_nomem(st);
+			break;
+		}
+		f->paths = grown;
+		path = resolve_path(st, item);
+		if (!path) {
+			ok = fail_nomem(st);
+			break;
+		}
+		f->paths[f->npaths++] = path;
+	}
+	free(list);
+	return ok;
+}
+
+static int dataset_key(struct parse *st, const char *name, const char *value)
+{
+	struct config *cfg = st->cfg;
+	struct config_dataset *ds = &cfg->datasets[cfg->ndatasets - 1];
+	struct config_field *f;
+	size_t i;
+
+	if (strcmp(name, "format") == 0) {
+		if (st->continuation)
+			return fail(st, "format: a continuation line is only allowed "
+					"for field.NAME");
+		if (st->dataset_format_seen)
+			return fail(st, "format: duplicate key");
+		st->dataset_format_seen = true;
+		if (strcmp(value, "npy") != 0 && strcmp(value, "tokens") != 0)
+			return fail(st, "format: '%s' is not npy or tokens", value);
+		return replace_str(st, &ds->format, strdup(value));
+	}
+	if (strncmp(name, "field.", 6) != 0)
+		return fail(st, "unknown key '%s' in [dataset.%s] (expected format or field.NAME)",
+			    name, ds->name);
+	if (!valid_name(name + 6))
+		return fail(st, "%s: field names use letters, digits, '_', '-' and '.'", name);
+
+	if (st->continuation) {
+		/* inih passes the key of the line being continued, which is
+		 * necessarily the last field added. */
+		if (ds->nfields == 0 || strcmp(ds->fields[ds->nfields - 1].name, name + 6) != 0)
+			return fail(st, "%s: continuation of an unknown field", name);
+		return add_shards(st, &ds->fields[ds->nfields - 1], name, value);
+	}
+	for (i = 0; i < ds->nfields; i++)
+		if (strcmp(ds->fields[i].name, name + 6) == 0)
+			return fail(st, "%s: duplicate field", name);
+	if (!*value)
+		return fail(st, "%s: empty value (expected shard paths)", name);
+	f = realloc(ds->fields, (ds->nfields + 1) * sizeof(*ds->fields));
+	if (!f)
+		return fail_nomem(st);
+	ds->fields = f;
+	f = &ds->fields[ds->nfields];
+	memset(f, 0, sizeof(*f));
+	f->name = strdup(name + 6);
+	if (!f->name)
+		return fail_nomem(st);
+	ds->nfields++;
+	return add_shards(st, f, name, value);
+}
+
+/* Checks the section that just ended; runs at each header and at EOF. */
+static int finish_section(struct parse *st)
+{
+	struct config *cfg = st->cfg;
+
+	if (st->section == SEC_DATASET && cfg->datasets[cfg->ndatasets - 1].nfields == 0)
+		return fail_at(st, -EINVAL, st->section_line,
+			       "[%s] declares no fields (add field.NAME = PATH)", st->section_name);
+	return 1;
+}
+
+static int enter_section(struct parse *st, const char *name)
+{
+	struct config *cfg = st->cfg;
+	struct config_dataset *ds;
+	size_t i;
+
+	if (!finish_section(st))
+		return 0;
+	if (strlen(name) >= INIH_MAX_NAME)
+		return fail(st, "section name '%s' is longer than %d characters", name,
+			    INIH_MAX_NAME - 1);
+	strcpy(st->section_name, name);
+	st->section_line = st->lineno;
+	if (strcmp(name, "daemon") == 0) {
+		st->section = SEC_DAEMON;
+		return 1;
+	}
+	if (strncmp(name, "dataset.", 8) != 0)
+		return fail(st, "unknown section [%s] (expected [daemon] or [dataset.NAME])", name);
+	name += 8;
+	if (!valid_name(name))
+		return fail(st, "[dataset.%s]: dataset names use letters, digits, '_', '-' and '.'",
+			    name);
+	for (i = 0; i < cfg->ndatasets; i++)
+		if (strcmp(cfg->datasets[i].name, name) == 0)
+			return fail(st, "[dataset.%s]: duplicate dataset", name);
+	ds = realloc(cfg->datasets, (cfg->ndatasets + 1) * sizeof(*ds));
+	if (!ds)
+		return fail_nomem(st);
+	cfg->datasets = ds;
+	ds = &cfg->datasets[cfg->ndatasets];
+	memset(ds, 0, sizeof(*ds));
+	ds->name = strdup(name);
+	ds->format = strdup("npy");
+	cfg->ndatasets++;
+	if (!ds->name || !ds->format)
+		return fail_nomem(st);
+	st->section = SEC_DATASET;
+	st->dataset_format_seen = false;
+	return 1;
+}
+
+/* ---- inih glue ---------------------------------------------------------------- */
+
+/* Classifies a line the way ini_parse_stream will, so that sections are seen
+ * even when they hold no keys and malformed lines get a real message. */
+static int classify(struct parse *st, char *line)
+{
+	char *start = line, *end;
+
+	st->continuation = false;
+	if (st->lineno == 1 && strncmp(start, "\xEF\xBB\xBF", 3) == 0)
+		start += 3;
+	end = start + strlen(start);
+	while (end > start && isspace((unsigned char)end[-1]))
+		*--end = '\0';
+	while (isspace((unsigned char)*start))
+		start++;
+
+	if (!*start || *start == ';' || *start == '#')
+		return 1;
+	if (st->prev_key && start > line) {
+		st->continuation = true;
+		return 1;
+	}
+	if (*start == '[') {
+		end = find_chars_or_comment(start + 1, "]");
+		if (*end != ']')
+			return fail(st, "section header without ']'");
+		*end = '\0';
+		st->prev_key = false;
+		return enter_section(st, start + 1);
+	}
+	end = find_chars_or_comment(start, "=:");
+	if (*end != '=' && *end != ':')
+		return fail(st, "expected 'key = value'");
+	*end = '\0';
+	start = trim(start);
+	if (!*start)
+		return fail(st, "missing key before '='");
+	if (strlen(start) >= INIH_MAX_NAME)
+		return fail(st, "key '%s' is longer than %d characters", start, INIH_MAX_NAME - 1);
+	if (st->section == SEC_NONE)
+		return fail(st, "%s: key outside any section (start with [daemon])", start);
+	st->prev_key = true;
+	return 1;
+}
+
+/* An ini_reader: fgets semantics on top of getline, counting lines. */
+static char *read_line(char *str, int num, void *stream)
+{
+	struct parse *st = stream;
+	ssize_t n;
+
+	if (st->rc)
+		return NULL;
+	errno = 0;
+	n = getline(&st->buf, &st->buf_cap, st->file);
+	if (n < 0) {
+		if (ferror(st->file))
+			fail_at(st, errno ? -errno : -EIO, st->lineno, "read error: %s",
+				strerror(errno ? errno : EIO));
+		return NULL;
+	}
+	st->lineno++;
+	if (memchr(st->buf, '\0', (size_t)n)) {
+		fail(st, "NUL byte in line");
+		return NULL;
+	}
+	if (n >= num - 1) {
+		fail(st, "line is longer than %d bytes", num - 2);
+		return NULL;
+	}
+	memcpy(str, st->buf, (size_t)n + 1);
+	if (!classify(st, st->buf))
+		return NULL;
+	return str;
+}
+
+static int handler(void *user, const char *section, const char *name, const char *value)
+{
+	struct parse *st = user;
+
+	if (st->rc)
+		return 0;
+	/* read_line and inih must agree on the section; they always should,
+	 * since classify mirrors inih, but a mismatch must not misfile keys. */
+	if (strcmp(section, st->section_name) != 0)
+		return fail(st, "%s: internal error: section '%s' vs '%s'", name, section,
+			    st->section_name);
+	if (st->section == SEC_DAEMON)
+		return daemon_key(st, name, value);
+	return dataset_key(st, name, value);
+}
+
+static int parse_file(struct parse *st)
+{
+	int saved_max_line = 0;
+	int ret;
+
+	/* Debian's libinih exports ini_max_line (the size of its stack line
+	 * buffer); inih's default of 200 bytes is short for a list of shard
+	 * paths.  Elsewhere the symbol is absent (weak: NULL) and the default
+	 * stays, which read_line reports on an over-long line. */
+	if (&ini_max_line) {
+		saved_max_line = ini_max_line;
+		ini_max_line = CONFIG_MAX_LINE;
+	}
+	ret = ini_parse_stream(read_line, st, handler, st);
+	if (&ini_max_line)
+		ini_max_line = saved_max_line;
+
+	if (st->rc)
+		return st->rc;
+	if (ret == -2)
+		fail_nomem(st);
+	else if (ret != 0)
+		fail_at(st, -EINVAL, ret, "syntax error");
+	else
+		finish_section(st);
+	return st->rc;
+}
+
+/* ---- public ---------------------------------------------------------------- */
+
+static int set_implicit_allow(struct config *cfg)
+{
+	cfg->allow_uids = malloc(2 * sizeof(*cfg->allow_uids));
+	if (!cfg->allow_uids)
+		return -ENOMEM;
+	cfg->allow_uids[0] = getuid();
+	cfg->n_allow_uids = 1;
+	if (getuid() != 0)
+		cfg->allow_uids[cfg->n_allow_uids++] = 0;
+	return 0;
+}
+
+void config_defaults(struct config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	/* Allocation failures leave these NULL; config_load reports them. */
+	cfg->socket_path = strdup("/run/prefetchd/prefetchd.sock");
+	cfg->socket_mode = 0660;
+	cfg->readers = 4;
+	cfg->ring_bytes = 256ULL << 20;
+	cfg->arena_bytes = 256ULL << 20;
+	cfg->session_bytes = 2ULL << 30;
+	cfg->max_sessions = 64;
+	cfg->max_frame = 16ULL << 20;
+	cfg->depth = 4;
+	cfg->max_depth = 16;
+	cfg->ipc = strdup("fd");
+	cfg->reserve_frac = 0.10;
+	cfg->reserve_min = 2ULL << 30;
+	cfg->probe_interval = 5;
+	set_implicit_allow(cfg);
+}
+
+void config_free(struct config *cfg)
+{
+	size_t d, f, p;
+
+	free(cfg->socket_path);
+	free(cfg->socket_group);
+	free(cfg->allow_uids);
+	free(cfg->allow_gids);
+	free(cfg->ipc);
+	for (d = 0; d < cfg->ndatasets; d++) {
+		struct config_dataset *ds = &cfg->datasets[d];
+
+		for (f = 0; f < ds->nfields; f++) {
+			for (p = 0; p < ds->fields[f].npaths; p++)
+				free(ds->fields[f].paths[p]);
+			free(ds->fields[f].paths);
+			free(ds->fields[f].name);
+		}
+		free(ds->fields);
+		free(ds->name);
+		free(ds->format);
+	}
+	free(cfg->datasets);
+	memset(cfg, 0, sizeof(*cfg));
+}
+
+/* The absolute directory holding path, so relative paths in the file mean
+ * the same whatever the daemon's working directory. */
+static char *config_dir(const char *path)
+{
+	char *copy, *slash, *dir;
+
+	copy = strdup(path);
+	if (!copy)
+		return NULL;
+	slash = strrchr(copy, '/');
+	if (!slash)
+		dir = realpath(".", NULL);
+	else if (slash == copy)
+		dir = strdup("/");
+	else {
+		*slash = '\0';
+		dir = realpath(copy, NULL);
+	}
+	free(copy);
+	return dir;
+}
+
+int config_load(const char *path, struct config *cfg, char *err, size_t errlen)
+{
+	struct parse st = {.cfg = cfg, .path = path, .err = err, .errlen = errlen};
+	int rc;
+
+	if (err && errlen)
+		err[0] = '\0';
+	config_defaults(cfg);
+	if (!cfg->socket_path || !cfg->ipc || !cfg->allow_uids) {
+		fail_at(&st, -ENOMEM, 0, "out of memory");
+		rc = st.rc;
+		goto out;
+	}
+	st.file = fopen(path, "re");
+	if (!st.file) {
+		rc = -errno;
+		if (err && errlen)
+			snprintf(err, errlen, "cannot open %s: %s", path, strerror(-rc));
+		goto out;
+	}
+	st.base_dir = config_dir(path);
+	if (!st.base_dir) {
+		rc = -errno;
+		if (err && errlen)
+			snprintf(err, errlen, "cannot resolve the directory of %s: %s", path,
+				 strerror(-rc));
+		goto out;
+	}
+	rc = parse_file(&st);
+	if (rc)
+		goto out;
+
+	if (cfg->max_depth < cfg->depth) {
+		if (st.key_line[K_MAX_DEPTH])
+			fail_at(&st, -EINVAL, st.key_line[K_MAX_DEPTH],
+				"max_depth: %u is below depth = %u", cfg->max_depth, cfg->depth);
+		else
+			fail_at(&st, -EINVAL, st.key_line[K_DEPTH],
+				"depth: %u is above max_depth = %u (the default; set max_depth)",
+				cfg->depth, cfg->max_depth);
+		rc = st.rc;
+		goto out;
+	}
+out:
+	if (st.file)
+		fclose(st.file);
+	free(st.buf);
+	free(st.base_dir);
+	if (rc)
+		config_free(cfg);
+	return rc;
+}

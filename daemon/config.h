@@ -1,0 +1,89 @@
+/*
+ * config.h — the daemon's INI configuration file, parsed with inih.
+ *
+ *   [daemon]
+ *   socket = /run/prefetchd/prefetchd.sock
+ *   socket_mode = 0660
+ *   socket_group = prefetch         ; group owning the socket (optional)
+ *   readers = 4                     ; reader threads
+ *   ring_bytes = 256M               ; pinned reader ring (CUDA sessions)
+ *   arena_bytes = 256M              ; largest single arena
+ *   session_bytes = 2G              ; most slot memory one session may hold
+ *   max_sessions = 64
+ *   max_frame = 16M
+ *   allow_users = root, alice, 1001 ; names or uids; * = anyone
+ *   allow_groups = prefetch         ; names or gids
+ *   depth = 4                       ; default target when not sized by a probe
+ *   max_depth = 16                  ; default upper bound of a session's target
+ *   ipc = fd                        ; fd | legacy (CUDA arenas)
+ *   reserve = 10%                   ; device memory left free (at least reserve_min)
+ *   reserve_min = 2G
+ *   probe_interval = 5              ; seconds between honest-depth probes
+ *
+ *   [dataset.NAME]
+ *   format = npy
+ *   field.x = /data/x.npy
+ *   field.y = /data/y-0.npy, /data/y-1.npy   ; shards, in order
+ *
+ * Sizes take K/M/G/T suffixes (powers of 1024).  Unknown keys and sections
+ * are errors that name the line, so a typo never silently falls back to a
+ * default.
+ *
+ * DESIGN: parsed once by the main thread before the loop starts.
+ */
+#ifndef PF_CONFIG_H
+#define PF_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+struct config_field {
+	char *name;   /* owned */
+	char **paths; /* owned: shards in order */
+	size_t npaths;
+};
+
+struct config_dataset {
+	char *name;   /* owned */
+	char *format; /* owned */
+	struct config_field *fields; /* owned, in file order */
+	size_t nfields;
+};
+
+struct config {
+	char *socket_path;  /* owned */
+	mode_t socket_mode;
+	char *socket_group; /* owned, NULL: leave the group alone */
+	unsigned readers;
+	uint64_t ring_bytes;
+	uint64_t arena_bytes;
+	uint64_t session_bytes;
+	unsigned max_sessions;
+	uint64_t max_frame;
+	bool allow_any;     /* allow_users = * */
+	uid_t *allow_uids;  /* owned */
+	size_t n_allow_uids;
+	gid_t *allow_gids;  /* owned */
+	size_t n_allow_gids;
+	unsigned depth;
+	unsigned max_depth;
+	char *ipc;          /* owned: "fd" or "legacy" */
+	double reserve_frac;
+	uint64_t reserve_min;
+	double probe_interval;
+	struct config_dataset *datasets; /* owned, in file order */
+	size_t ndatasets;
+};
+
+/* Fills cfg with defaults, then reads path.  When allow_users and
+ * allow_groups are both absent, the daemon's own uid and root are allowed.
+ * Returns 0 or -errno with err naming the file, line and key. */
+int config_load(const char *path, struct config *cfg, char *err, size_t errlen);
+void config_defaults(struct config *cfg);
+void config_free(struct config *cfg);
+/* "256M" -> 268435456.  0 or -EINVAL. */
+int config_parse_size(const char *s, uint64_t *out);
+
+#endif

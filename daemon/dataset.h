@@ -1,0 +1,73 @@
+/*
+ * dataset.h — a named dataset as the daemon serves it.
+ *
+ * Format `npy`: one or more fields, each one .npy file or an ordered list of
+ * shards concatenated on axis 0.  All fields have the same number of rows N;
+ * sample i is row i of every field.  Shards of a field must agree on dtype
+ * and row shape.
+ *
+ * DESIGN: loaded once by the loop thread at startup; afterwards immutable,
+ * so reader threads read it with no lock.  Reads use pread on fds opened at
+ * load time: a file truncated later gives -EIO with a message (an error
+ * batch), never SIGBUS as an mmap would.
+ */
+#ifndef PF_DATASET_H
+#define PF_DATASET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "npy.h"
+
+struct config_dataset;
+
+struct ds_shard {
+	char *path;           /* owned */
+	int fd;               /* owned, -1 when not open */
+	uint64_t first_row;   /* row of the field where this shard begins */
+	uint64_t rows;
+	uint64_t data_offset; /* of row 0 within the file */
+};
+
+struct ds_field {
+	char *name; /* owned */
+	enum npy_dtype dtype;
+	size_t itemsize;
+	int sample_ndim; /* ndim - 1 */
+	uint64_t sample_shape[NPY_MAX_DIMS];
+	uint64_t sample_bytes; /* row_bytes */
+	struct ds_shard *shards; /* owned */
+	size_t nshards;
+};
+
+struct dataset {
+	char *name;   /* owned */
+	char *format; /* owned: "npy" */
+	uint64_t num_samples;
+	struct ds_field *fields; /* owned */
+	size_t nfields;
+	uint64_t sample_bytes; /* sum of the fields' sample_bytes */
+	/* Non-empty when the dataset could not be loaded: the daemon keeps
+	 * serving the others, and opening this one returns this message. */
+	char error[512];
+};
+
+/* Builds and opens a dataset from its config declaration.  Always fills
+ * *ds (so that status can list it); returns 0 or -errno, with ds->error
+ * set to a message naming the file and the problem. */
+int ds_load(struct dataset *ds, const struct config_dataset *decl);
+void ds_close(struct dataset *ds);
+/* The invariants of a dataset after ds_load, for asserts and tests: true
+ * when shards tile each field from row 0, every field has num_samples rows
+ * and sample_bytes is their sum (or, after a failed load, no fields). */
+bool ds_check(const struct dataset *ds);
+
+/* Reads field `field` of samples[0..n) into dst, packed: sample k lands at
+ * dst + k * sample_bytes.  Consecutive sample numbers within one shard are
+ * read with one pread.  Returns 0, or -EIO/-errno with err naming the file
+ * (e.g. "x.npy: short read at row 17 (file truncated?)").  Thread-safe. */
+int ds_read_field(const struct dataset *ds, size_t field, const uint64_t *samples, size_t n,
+		  uint8_t *dst, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,700 @@
+/*
+ * gpu_fake.c — the GPU back end of the unit tests: host memory stands in for
+ * device memory, so the daemon's transfer stage, arenas, governor and OOM
+ * handling run on a machine with no GPU.
+ *
+ * What it keeps faithful, so that a test passing here means something:
+ *  - device pointers are host addresses (as uint64_t) inside live arenas,
+ *    and a copy touching bytes outside every live arena of its stream's
+ *    device fails with -EFAULT instead of scribbling;
+ *  - copies are asynchronous: they are queued on their stream and run only
+ *    when an event recorded after them completes (gpu_event_query returning
+ *    0, gpu_event_sync) or the stream is synchronised or destroyed.  A
+ *    caller that rewrites a host source before its copy has retired, or
+ *    reads an arena before the event fired, sees wrong bytes here as it
+ *    would on a GPU;
+ *  - FD arenas are memfds, so the SCM_RIGHTS path and a client's mmap of the
+ *    fd see the very bytes the daemon copied;
+ *  - allocations draw from a settable free-memory figure per device and can
+ *    be made to fail (-ENOMEM), for the governor's OOM path;
+ *  - nothing works before gpu_init, as with the real back end.
+ *
+ * DESIGN: one mutex (fake_lock) guards all state, so loop, reader and
+ * transfer threads of a test daemon may call in at once.  Queued copies run
+ * under the lock.
+ */
+#include "gpu.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "log.h"
+
+#define FAKE_MAX_DEV	 16
+#define FAKE_MAX_REGIONS 64
+/* A test that queues this many copies without ever waiting is broken. */
+#define FAKE_MAX_OPS	 (1u << 20)
+#define FAKE_DEFAULT_MEM (80ull << 30) /* an 80 GiB card */
+
+struct fake_arena {
+	struct fake_arena *next;
+	int dev;
+	void *base; /* owned: mmap of bytes */
+	uint64_t bytes;
+};
+
+struct fake_op {
+	uint64_t dst;
+	const void *src; /* borrowed: the caller keeps it intact until the op runs */
+	size_t bytes;
+};
+
+struct gpu_stream {
+	struct gpu_stream *next; /* in fake.streams */
+	int dev;
+	struct fake_op *ops; /* owned: queued, not yet run */
+	size_t nops, cap;
+	uint64_t queued; /* ops ever queued */
+	uint64_t done;	 /* ops ever run; ops[0] is op number done */
+};
+
+struct gpu_event {
+	struct gpu_event *next; /* in fake.events */
+	int dev;
+	struct gpu_stream *stream; /* borrowed: cleared when the stream goes */
+	uint64_t mark;		   /* ops of stream before the record */
+	int pending;		   /* queries left that report -EAGAIN */
+};
+
+static pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static struct {
+	bool defaults_set;
+	int ndev;   /* what gpu_init will report */
+	int inited; /* devices since the last successful gpu_init, else 0 */
+	int fail_allocs;
+	int event_delay;
+	uint64_t free_bytes[FAKE_MAX_DEV];
+	uint64_t total_bytes[FAKE_MAX_DEV];
+	struct fake_arena *arenas; /* owned: live arenas */
+	int live_arenas;
+	uint64_t serial;
+	struct {
+		char *p;
+		size_t bytes;
+	} regions[FAKE_MAX_REGIONS];
+	int nregions;
+	struct gpu_stream *streams; /* borrowed: every live stream */
+	struct gpu_event *events;   /* borrowed: every live event */
+} fake;
+
+static void set_defaults(void)
+{
+	int i;
+
+	fake.defaults_set = true;
+	fake.ndev = 1;
+	fake.inited = 0;
+	fake.fail_allocs = 0;
+	fake.event_delay = 0;
+	for (i = 0; i < FAKE_MAX_DEV; i++) {
+		fake.free_bytes[i] = FAKE_DEFAULT_MEM;
+		fake.total_bytes[i] = FAKE_DEFAULT_MEM;
+	}
+}
+
+/* Locks and applies the defaults on first use. */
+static void lock(void)
+{
+	pthread_mutex_lock(&fake_lock);
+	if (!fake.defaults_set)
+		set_defaults();
+}
+
+static void unlock(void)
+{
+	pthread_mutex_unlock(&fake_lock);
+}
+
+static bool dev_ok(int dev)
+{
+	return dev >= 0 && dev < fake.inited;
+}
+
+/* ---- test hooks ----------------------------------------------------------- */
+
+void gpu_fake_reset(void)
+{
+	lock();
+	set_defaults();
+	unlock();
+}
+
+void gpu_fake_set_devices(int n)
+{
+	lock();
+	fake.ndev = n < 0 ? 0 : n > FAKE_MAX_DEV ? FAKE_MAX_DEV : n;
+	unlock();
+}
+
+void gpu_fake_fail_next_allocs(int n)
+{
+	lock();
+	fake.fail_allocs = n < 0 ? 0 : n;
+	unlock();
+}
+
+void gpu_fake_set_mem(uint64_t free_bytes, uint64_t total_bytes)
+{
+	int i;
+
+	lock();
+	for (i = 0; i < FAKE_MAX_DEV; i++) {
+		fake.free_bytes[i] = free_bytes;
+		fake.total_bytes[i] = total_bytes;
+	}
+	unlock();
+}
+
+void gpu_fake_set_event_delay(int queries)
+{
+	lock();
+	fake.event_delay = queries < 0 ? 0 : queries;
+	unlock();
+}
+
+int gpu_fake_live_arenas(void)
+{
+	int n;
+
+	lock();
+	n = fake.live_arenas;
+	unlock();
+	return n;
+}
+
+int gpu_fake_host_registrations(void)
+{
+	int n;
+
+	lock();
+	n = fake.nregions;
+	unlock();
+	return n;
+}
+
+/* ---- devices ------------------------------------------------------------- */
+
+int gpu_init(char *desc, size_t len)
+{
+	int n;
+
+	lock();
+	n = fake.ndev;
+	fake.inited = n;
+	unlock();
+	if (n <= 0) {
+		snprintf(desc, len, "no CUDA device (fake)");
+		return -ENODEV;
+	}
+	snprintf(desc, len, "%d fake CUDA device%s (host memory)", n, n == 1 ? "" : "s");
+	return n;
+}
+
+int gpu_device_count(void)
+{
+	int n;
+
+	lock();
+	n = fake.inited;
+	unlock();
+	return n;
+}
+
+int gpu_device_name(int dev, char *buf, size_t len)
+{
+	int rc = 0;
+
+	if (len == 0)
+		return -EINVAL;
+	lock();
+	if (!dev_ok(dev)) {
+		buf[0] = '\0';
+		rc = -ENODEV;
+	} else {
+		snprintf(buf, len, "Fake GPU %d", dev);
+	}
+	unlock();
+	return rc;
+}
+
+/* Fake device i sits on bus 0x10 + i. */
+int gpu_device_pci_bus_id(int dev, char *buf, size_t len)
+{
+	int rc = 0;
+
+	if (len == 0)
+		return -EINVAL;
+	lock();
+	if (!dev_ok(dev)) {
+		buf[0] = '\0';
+		rc = -ENODEV;
+	} else {
+		snprintf(buf, len, "0000:%02x:00.0", 0x10 + dev);
+	}
+	unlock();
+	return rc;
+}
+
+int gpu_device_by_pci_bus_id(const char *bus_id)
+{
+	unsigned int domain, bus, slot, fn;
+	int dev = -ENODEV;
+	char end;
+
+	if (sscanf(bus_id, "%x:%x:%x.%x%c", &domain, &bus, &slot, &fn, &end) != 4)
+		return -ENODEV;
+	lock();
+	if (domain == 0 && slot == 0 && fn == 0 && bus >= 0x10 && dev_ok((int)bus - 0x10))
+		dev = (int)bus - 0x10;
+	unlock();
+	return dev;
+}
+
+int gpu_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+	int rc = 0;
+
+	lock();
+	if (!dev_ok(dev)) {
+		rc = -ENODEV;
+	} else {
+		*free_bytes = fake.free_bytes[dev];
+		*total_bytes = fake.total_bytes[dev];
+	}
+	unlock();
+	return rc;
+}
+
+int gpu_host_register(void *p, size_t bytes)
+{
+	char *c = p;
+	int i, rc = 0;
+
+	lock();
+	if (!fake.inited) {
+		rc = -ENODEV;
+		goto out;
+	}
+	if (!p || bytes == 0) {
+		rc = -EINVAL;
+		goto out;
+	}
+	for (i = 0; i < fake.nregions; i++) {
+		if (c < fake.regions[i].p + fake.regions[i].bytes &&
+		    fake.regions[i].p < c + bytes) {
+			rc = -EEXIST; /* overlaps, as cudaErrorHostMemoryAlreadyRegistered */
+			goto out;
+		}
+	}
+	if (fake.nregions == FAKE_MAX_REGIONS) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	fake.regions[fake.nregions].p = c;
+	fake.regions[fake.nregions].bytes = bytes;
+	fake.nregions++;
+out:
+	unlock();
+	return rc;
+}
+
+int gpu_host_unregister(void *p)
+{
+	int i, rc = -ENOENT;
+
+	lock();
+	if (!fake.inited) {
+		rc = -ENODEV;
+		goto out;
+	}
+	for (i = 0; i < fake.nregions; i++) {
+		if (fake.regions[i].p == p) {
+			fake.regions[i] = fake.regions[--fake.nregions];
+			rc = 0;
+			break;
+		}
+	}
+out:
+	unlock();
+	return rc;
+}
+
+/* ---- streams and copies -------------------------------------------------- */
+
+/* Runs the queued ops of s up to op number mark (exclusive). */
+static void run_ops(struct gpu_stream *s, uint64_t mark)
+{
+	size_t n = 0, i;
+
+	while (s->done < mark && n < s->nops) {
+		struct fake_op *op = &s->ops[n++];
+
+		memmove((void *)(uintptr_t)op->dst, op->src, op->bytes);
+		s->done++;
+	}
+	for (i = n; i < s->nops; i++)
+		s->ops[i - n] = s->ops[i];
+	s->nops -= n;
+}
+
+/* True when [p, p + bytes) lies inside one live arena of dev. */
+static bool in_arena(int dev, uint64_t p, size_t bytes)
+{
+	struct fake_arena *a;
+
+	for (a = fake.arenas; a; a = a->next) {
+		uint64_t base = (uint64_t)(uintptr_t)a->base;
+
+		if (a->dev == dev && p >= base && bytes <= a->bytes && p - base <= a->bytes - bytes)
+			return true;
+	}
+	return false;
+}
+
+static int queue_op(struct gpu_stream *s, uint64_t dst, const void *src, size_t bytes)
+{
+	struct fake_op *ops;
+	size_t cap;
+
+	if (s->nops == s->cap) {
+		if (s->cap >= FAKE_MAX_OPS)
+			return -ENOMEM;
+		cap = s->cap ? s->cap * 2 : 16;
+		ops = realloc(s->ops, cap * sizeof(*ops));
+		if (!ops)
+			return -ENOMEM;
+		s->ops = ops;
+		s->cap = cap;
+	}
+	s->ops[s->nops].dst = dst;
+	s->ops[s->nops].src = src;
+	s->ops[s->nops].bytes = bytes;
+	s->nops++;
+	s->queued++;
+	return 0;
+}
+
+int gpu_stream_create(int dev, struct gpu_stream **out)
+{
+	struct gpu_stream *s = NULL;
+	int rc = 0;
+
+	*out = NULL;
+	lock();
+	if (!dev_ok(dev)) {
+		rc = -ENODEV;
+		goto out;
+	}
+	s = calloc(1, sizeof(*s));
+	if (!s) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	s->dev = dev;
+	s->next = fake.streams;
+	fake.streams = s;
+	*out = s;
+out:
+	unlock();
+	return rc;
+}
+
+int gpu_stream_sync(struct gpu_stream *s)
+{
+	lock();
+	run_ops(s, s->queued);
+	unlock();
+	return 0;
+}
+
+void gpu_stream_destroy(struct gpu_stream *s)
+{
+	struct gpu_stream **pp;
+	struct gpu_event *e;
+
+	if (!s)
+		return;
+	lock();
+	run_ops(s, s->queued);
+	for (pp = &fake.streams; *pp; pp = &(*pp)->next) {
+		if (*pp == s) {
+			*pp = s->next;
+			break;
+		}
+	}
+	for (e = fake.events; e; e = e->next)
+		if (e->stream == s)
+			e->stream = NULL;
+	unlock();
+	free(s->ops);
+	free(s);
+}
+
+int gpu_copy_h2d(struct gpu_stream *s, uint64_t dst, const void *src, size_t bytes)
+{
+	int rc;
+
+	lock();
+	if (!dev_ok(s->dev)) {
+		rc = -ENODEV;
+	} else if (!in_arena(s->dev, dst, bytes)) {
+		log_err("gpu_fake: H2D of %zu bytes to %#llx is outside every arena of device %d",
+			bytes, (unsigned long long)dst, s->dev);
+		rc = -EFAULT;
+	} else {
+		rc = queue_op(s, dst, src, bytes);
+	}
+	unlock();
+	return rc;
+}
+
+int gpu_copy_d2d(struct gpu_stream *s, uint64_t dst, uint64_t src, size_t bytes)
+{
+	int rc;
+
+	lock();
+	if (!dev_ok(s->dev)) {
+		rc = -ENODEV;
+	} else if (!in_arena(s->dev, dst, bytes) || !in_arena(s->dev, src, bytes)) {
+		log_err("gpu_fake: D2D of %zu bytes %#llx -> %#llx leaves the arenas of device %d",
+			bytes, (unsigned long long)src, (unsigned long long)dst, s->dev);
+		rc = -EFAULT;
+	} else {
+		rc = queue_op(s, dst, (const void *)(uintptr_t)src, bytes);
+	}
+	unlock();
+	return rc;
+}
+
+/* ---- events -------------------------------------------------------------- */
+
+int gpu_event_create(int dev, struct gpu_event **out)
+{
+	struct gpu_event *e = NULL;
+	int rc = 0;
+
+	*out = NULL;
+	lock();
+	if (!dev_ok(dev)) {
+		rc = -ENODEV;
+		goto out;
+	}
+	e = calloc(1, sizeof(*e));
+	if (!e) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	e->dev = dev;
+	e->next = fake.events;
+	fake.events = e;
+	*out = e;
+out:
+	unlock();
+	return rc;
+}
+
+int gpu_event_record(struct gpu_event *e, struct gpu_stream *s)
+{
+	if (e->dev != s->dev)
+		return -EINVAL;
+	lock();
+	e->stream = s;
+	e->mark = s->queued;
+	e->pending = fake.event_delay;
+	unlock();
+	return 0;
+}
+
+/* Completes e: the copies before its mark run now. */
+static void complete(struct gpu_event *e)
+{
+	e->pending = 0;
+	if (e->stream)
+		run_ops(e->stream, e->mark);
+}
+
+int gpu_event_query(struct gpu_event *e)
+{
+	int rc = 0;
+
+	lock();
+	if (e->pending > 0) {
+		e->pending--;
+		rc = -EAGAIN;
+	} else {
+		complete(e);
+	}
+	unlock();
+	return rc;
+}
+
+int gpu_event_sync(struct gpu_event *e)
+{
+	lock();
+	complete(e);
+	unlock();
+	return 0;
+}
+
+void gpu_event_destroy(struct gpu_event *e)
+{
+	struct gpu_event **pp;
+
+	if (!e)
+		return;
+	lock();
+	for (pp = &fake.events; *pp; pp = &(*pp)->next) {
+		if (*pp == e) {
+			*pp = e->next;
+			break;
+		}
+	}
+	unlock();
+	free(e);
+}
+
+/* ---- arenas -------------------------------------------------------------- */
+
+static void arena_reset(struct gpu_arena *a)
+{
+	memset(a, 0, sizeof(*a));
+	a->export_fd = -1;
+}
+
+int gpu_arena_alloc(int dev, uint64_t bytes, enum gpu_ipc kind, struct gpu_arena *out)
+{
+	struct fake_arena *fa = NULL;
+	uint64_t size;
+	void *p = MAP_FAILED;
+	int fd = -1, rc = 0;
+
+	arena_reset(out);
+	lock();
+	if (!dev_ok(dev)) {
+		rc = -ENODEV;
+		goto fail;
+	}
+	if (kind != GPU_IPC_FD && kind != GPU_IPC_LEGACY) {
+		rc = -EINVAL;
+		goto fail;
+	}
+	if (bytes == 0 || bytes > UINT64_MAX - GPU_ARENA_ALIGN) {
+		rc = -EINVAL;
+		goto fail;
+	}
+	size = (bytes + GPU_ARENA_ALIGN - 1) / GPU_ARENA_ALIGN * GPU_ARENA_ALIGN;
+	if (fake.fail_allocs > 0) {
+		fake.fail_allocs--;
+		rc = -ENOMEM;
+		goto fail;
+	}
+	if (size > fake.free_bytes[dev]) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	fa = calloc(1, sizeof(*fa));
+	if (!fa) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	if (kind == GPU_IPC_FD) {
+		fd = memfd_create("prefetchd-fake-arena", MFD_CLOEXEC);
+		if (fd < 0 || ftruncate(fd, (off_t)size) < 0) {
+			rc = -errno;
+			goto fail;
+		}
+		p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	} else {
+		p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	}
+	if (p == MAP_FAILED) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+
+	fa->dev = dev;
+	fa->base = p;
+	fa->bytes = size;
+	fa->next = fake.arenas;
+	fake.arenas = fa;
+	fake.live_arenas++;
+	fake.free_bytes[dev] -= size;
+	fake.serial++;
+
+	out->dev = dev;
+	out->bytes = size;
+	out->kind = kind;
+	out->base = (uint64_t)(uintptr_t)p;
+	out->export_fd = fd;
+	out->handle = (uint64_t)(uintptr_t)fa;
+	if (kind == GPU_IPC_LEGACY) {
+		/* Unique and recognisable; no client can open it. */
+		memcpy(out->legacy_handle, "FAKEIPC", 8);
+		memcpy(out->legacy_handle + 8, &fake.serial, sizeof(fake.serial));
+		memcpy(out->legacy_handle + 16, &out->base, sizeof(out->base));
+	}
+	unlock();
+	return 0;
+fail:
+	unlock();
+	if (fd >= 0)
+		close(fd);
+	free(fa);
+	return rc;
+}
+
+void gpu_arena_free(struct gpu_arena *a)
+{
+	struct fake_arena **pp, *fa = NULL;
+	struct gpu_stream *s;
+
+	if (a->export_fd >= 0)
+		close(a->export_fd);
+	if (!a->handle) {
+		arena_reset(a);
+		return;
+	}
+	lock();
+	for (pp = &fake.arenas; *pp; pp = &(*pp)->next) {
+		if ((uint64_t)(uintptr_t)*pp == a->handle) {
+			fa = *pp;
+			*pp = fa->next;
+			break;
+		}
+	}
+	if (fa) {
+		/* cudaFree and cuMemUnmap wait for the device; likewise every
+		 * queued copy runs before the memory goes. */
+		for (s = fake.streams; s; s = s->next)
+			run_ops(s, s->queued);
+		fake.live_arenas--;
+		fake.free_bytes[fa->dev] += fa->bytes;
+		if (fake.free_bytes[fa->dev] > fake.total_bytes[fa->dev])
+			fake.free_bytes[fa->dev] = fake.total_bytes[fa->dev];
+	} else {
+		log_err("gpu_fake: free of an arena that is not live (double free?)");
+	}
+	unlock();
+	if (fa) {
+		munmap(fa->base, fa->bytes);
+		free(fa);
+	}
+	arena_reset(a);
+}

@@ -1,0 +1,186 @@
+/*
+ * main.c — prefetchd's entry point: options, configuration, datasets, the
+ * GPU layer, the reader pool, the listener, signals, systemd notification.
+ *
+ * DESIGN: the main thread becomes the loop thread.  Shutdown (SIGTERM or
+ * SIGINT) closes the listener and every connection without waiting for any
+ * peer to read, stops the readers, and lets the loop run out: a consumer
+ * that stopped draining cannot hold the daemon up.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <systemd/sd-daemon.h>
+#include <time.h>
+
+#include "daemon.h"
+#include "gpu.h"
+#include "log.h"
+#include "reader.h"
+#include "server.h"
+#include "sess.h"
+
+#define DEFAULT_CONFIG "/etc/prefetchd/prefetchd.conf"
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: prefetchd [-c CONFIG] [-s SOCKET] [-v] [--check]\n"
+		"  -c, --config FILE   configuration (default " DEFAULT_CONFIG ")\n"
+		"  -s, --socket PATH   listen here instead of the configured socket\n"
+		"  -v, --verbose       log debug messages too\n"
+		"      --check         load the configuration and datasets, report, exit\n"
+		"  -V, --version\n");
+}
+
+static void load_datasets(struct daemon *d)
+{
+	d->ndatasets = d->cfg.ndatasets;
+	d->datasets = calloc(d->ndatasets ? d->ndatasets : 1, sizeof(*d->datasets));
+	if (!d->datasets)
+		fatal("out of memory");
+	for (size_t i = 0; i < d->ndatasets; i++) {
+		struct dataset *ds = &d->datasets[i];
+
+		if (ds_load(ds, &d->cfg.datasets[i]) == 0)
+			log_info("dataset %s: %" PRIu64 " samples of %" PRIu64 " bytes in %zu field(s)",
+				 ds->name, ds->num_samples, ds->sample_bytes, ds->nfields);
+		else
+			log_err("dataset %s is not available: %s", ds->name, ds->error);
+	}
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+	struct daemon *d = h->data;
+
+	if (d->stopping)
+		return;
+	d->stopping = true;
+	log_info("%s: shutting down (%u connection(s), %u session(s))", strsignal(signum),
+		 d->nconns, d->nsessions);
+	sd_notify(0, "STOPPING=1");
+	server_stop(d);
+	reader_pool_stop(d->readers);
+	d->readers = NULL;
+	uv_timer_stop(&d->tick);
+	uv_close((uv_handle_t *)&d->tick, NULL);
+	uv_close((uv_handle_t *)&d->sig_term, NULL);
+	uv_close((uv_handle_t *)&d->sig_int, NULL);
+}
+
+static void on_tick(uv_timer_t *t)
+{
+	struct daemon *d = t->data;
+	char status[128];
+
+	snprintf(status, sizeof(status), "STATUS=%u session(s), %u connection(s)", d->nsessions,
+		 d->nconns);
+	sd_notify(0, status);
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "config", required_argument, NULL, 'c' },
+		{ "socket", required_argument, NULL, 's' },
+		{ "verbose", no_argument, NULL, 'v' },
+		{ "check", no_argument, NULL, 'C' },
+		{ "version", no_argument, NULL, 'V' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	struct daemon d = { .listen_fd = -1 };
+	const char *config_path = DEFAULT_CONFIG, *socket_path = NULL;
+	int verbose = 0, check = 0, opt, rc;
+	char err[512];
+
+	while ((opt = getopt_long(argc, argv, "c:s:vVh", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'c': config_path = optarg; break;
+		case 's': socket_path = optarg; break;
+		case 'v': verbose = 1; break;
+		case 'C': check = 1; break;
+		case 'V': printf("prefetchd %s\n", PF_VERSION); return 0;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (optind != argc) {
+		usage(stderr);
+		return 2;
+	}
+	log_init("prefetchd", verbose);
+	signal(SIGPIPE, SIG_IGN);
+
+	d.config_path = config_path;
+	if (config_load(config_path, &d.cfg, err, sizeof(err)) < 0)
+		fatal("%s", err);
+	if (socket_path) {
+		free(d.cfg.socket_path);
+		d.cfg.socket_path = strdup(socket_path);
+	}
+	load_datasets(&d);
+	if (check) {
+		int bad = 0;
+
+		for (size_t i = 0; i < d.ndatasets; i++) {
+			const struct dataset *ds = &d.datasets[i];
+
+			if (ds->error[0])
+				printf("dataset %s: ERROR %s\n", ds->name, ds->error), bad = 1;
+			else
+				printf("dataset %s: %" PRIu64 " samples, %zu field(s), %.1f MiB\n",
+				       ds->name, ds->num_samples, ds->nfields,
+				       ds->num_samples * ds->sample_bytes / 1048576.0);
+		}
+		printf("config %s: %s\n", config_path, bad ? "has unusable datasets" : "ok");
+		return bad;
+	}
+
+	d.ngpus = gpu_init(d.gpu_desc, sizeof(d.gpu_desc));
+	if (d.ngpus > 0)
+		log_info("GPU: %s", d.gpu_desc);
+	else
+		log_info("serving host sessions only: %s", d.gpu_desc);
+
+	d.loop = uv_default_loop();
+	d.started_ns = now_ns();
+	rc = reader_pool_start(&d.readers, d.cfg.readers, d.loop, sess_job_done, &d);
+	if (rc)
+		fatal("cannot start %u reader threads: %s", d.cfg.readers, strerror(-rc));
+	rc = server_listen(&d);
+	if (rc)
+		fatal("cannot listen: %s", strerror(-rc));
+	uv_signal_init(d.loop, &d.sig_term);
+	uv_signal_init(d.loop, &d.sig_int);
+	d.sig_term.data = d.sig_int.data = &d;
+	uv_signal_start(&d.sig_term, on_signal, SIGTERM);
+	uv_signal_start(&d.sig_int, on_signal, SIGINT);
+	uv_timer_init(d.loop, &d.tick);
+	d.tick.data = &d;
+	uv_timer_start(&d.tick, on_tick, 1000, 1000);
+
+	/* READY only now: the listener exists, so a client started after
+	 * systemd reports us up can connect at once. */
+	sd_notifyf(0, "READY=1\nSTATUS=serving %zu dataset(s)\nMAINPID=%d", d.ndatasets,
+		   (int)getpid());
+	log_info("prefetchd %s ready: %zu dataset(s), %u reader(s)", PF_VERSION, d.ndatasets,
+		 d.cfg.readers);
+
+	uv_run(d.loop, UV_RUN_DEFAULT);
+
+	rc = uv_loop_close(d.loop);
+	if (rc)
+		log_warn("loop closed with handles still open: %s", uv_strerror(rc));
+	for (size_t i = 0; i < d.ndatasets; i++)
+		ds_close(&d.datasets[i]);
+	free(d.datasets);
+	config_free(&d.cfg);
+	log_info("stopped");
+	return 0;
+}

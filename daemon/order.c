@@ -1,0 +1,188 @@
+/*
+ * order.c — the picks one rank receives in one epoch, and their order.
+ *
+ * The shuffle is a published algorithm (docs/SHUFFLE.md, folded into the
+ * README) rather than "whatever libc's rand does", because trainers on other
+ * nodes and in other languages must be able to recompute the permutation to
+ * resume, to audit, or to key per-sample transforms.  Every step below is
+ * therefore spelled out exactly: splitmix64, rejection sampling for an
+ * unbiased bounded draw, and Fisher–Yates from the top index down.
+ *
+ * DESIGN: pure functions with no shared state; the loop thread calls
+ * order_build at StartEpoch and owns the array it returns.  No locks.
+ */
+#include "order.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+uint64_t order_splitmix64(uint64_t *state)
+{
+	uint64_t z;
+
+	*state += 0x9E3779B97F4A7C15ULL;
+	z = *state;
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+	return z ^ (z >> 31);
+}
+
+uint64_t order_bounded(uint64_t *state, uint64_t m)
+{
+	/* (2^64 - m) mod m, computed in 64 bits: the draws below threshold are
+	 * the ones that would make r mod m favour small values, so they are
+	 * redrawn.  For m = 1 the threshold is 0 and one draw is consumed. */
+	uint64_t threshold = (0 - m) % m;
+	uint64_t r;
+
+	do
+		r = order_splitmix64(state);
+	while (r < threshold);
+	return r % m;
+}
+
+void order_shuffle(uint64_t *perm, uint64_t n, uint64_t seed)
+{
+	uint64_t state = seed;
+	uint64_t i, j, t;
+
+	for (i = 0; i < n; i++)
+		perm[i] = i;
+	/* i counts down to 1 (not 0): a swap of perm[0] with itself would
+	 * still consume a draw and change every later permutation. */
+	for (i = n; i > 1; i--) {
+		j = order_bounded(&state, i);
+		t = perm[i - 1];
+		perm[i - 1] = perm[j];
+		perm[j] = t;
+	}
+}
+
+uint64_t order_num_batches(uint64_t npicks, uint32_t batch_size, bool drop_last)
+{
+	if (batch_size == 0)
+		return 0;
+	if (drop_last)
+		return npicks / batch_size;
+	return npicks / batch_size + (npicks % batch_size != 0);
+}
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!err || errlen == 0)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+int order_build(const struct order_spec *spec, uint64_t space, uint64_t **picks, uint64_t *npicks,
+		char *err, size_t errlen)
+{
+	uint32_t world = spec->world ? spec->world : 1;
+	uint64_t *list = NULL; /* owned: the whole epoch, before sharding */
+	uint64_t *share = NULL;
+	uint64_t len, nshare, k, i;
+	int rc;
+
+	*picks = NULL;
+	*npicks = 0;
+	if (spec->rank >= world) {
+		set_err(err, errlen, "rank %u is out of range (world is %u)", spec->rank, world);
+		rc = -EINVAL;
+		goto out;
+	}
+
+	switch (spec->kind) {
+	case ORDER_SEQ:
+	case ORDER_SHUFFLE:
+		if (space == 0) {
+			set_err(err, errlen, "the schedule is empty (the dataset has no samples)");
+			rc = -EINVAL;
+			goto out;
+		}
+		len = space;
+		break;
+	case ORDER_EXPLICIT:
+		if (spec->nindices == 0 || !spec->indices) {
+			set_err(err, errlen, "explicit order with an empty index list");
+			rc = -EINVAL;
+			goto out;
+		}
+		for (i = 0; i < spec->nindices; i++) {
+			if (spec->indices[i] >= space) {
+				set_err(err, errlen,
+					"index %llu at position %llu is out of range "
+					"(schedule has %llu picks)",
+					(unsigned long long)spec->indices[i], (unsigned long long)i,
+					(unsigned long long)space);
+				rc = -ERANGE;
+				goto out;
+			}
+		}
+		len = spec->nindices;
+		break;
+	default:
+		set_err(err, errlen, "unknown order kind %d", (int)spec->kind);
+		rc = -EINVAL;
+		goto out;
+	}
+
+	/* Every rank gets ceil(len / world) picks: the list is virtually padded
+	 * to a multiple of world by cycling from its head, exactly as
+	 * DistributedSampler(drop_last=False) does, so that all ranks run the
+	 * same number of steps and none waits forever in a collective. */
+	nshare = len / world + (len % world != 0);
+	if (nshare > SIZE_MAX / sizeof(*share)) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	share = malloc((size_t)(nshare ? nshare : 1) * sizeof(*share));
+	if (!share) {
+		rc = -ENOMEM;
+		goto out;
+	}
+
+	if (spec->kind == ORDER_SHUFFLE) {
+		if (len > SIZE_MAX / sizeof(*list)) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		list = malloc((size_t)len * sizeof(*list));
+		if (!list) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		order_shuffle(list, len, spec->seed);
+	}
+
+	/* Position p of the padded list holds list[p mod len]; rank r takes
+	 * positions r, r + world, r + 2 world, ... (all below nshare * world). */
+	for (k = 0; k < nshare; k++) {
+		uint64_t p = ((uint64_t)spec->rank + k * world) % len;
+
+		if (spec->kind == ORDER_SEQ)
+			share[k] = p;
+		else if (spec->kind == ORDER_SHUFFLE)
+			share[k] = list[p];
+		else
+			share[k] = spec->indices[p];
+	}
+
+	*picks = share;
+	*npicks = nshare;
+	share = NULL;
+	rc = 0;
+out:
+	free(list);
+	free(share);
+	return rc;
+}

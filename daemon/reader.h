@@ -1,0 +1,55 @@
+/*
+ * reader.h — the shared pool of reader threads.
+ *
+ * A reader job gathers `count` samples of every field of a dataset into one
+ * slot's memory (fields at their offsets, samples packed).  Jobs run in
+ * submission order on any of N threads, so they may finish out of order;
+ * the session delivers in order.  Finished jobs go back to the loop thread
+ * through a mutex-protected queue and one uv_async_send; the async callback
+ * drains the whole queue (libuv's threadpool pattern).
+ *
+ * DESIGN: threads: the loop thread submits and receives; reader threads
+ * only read files and write slot memory.  Locks: pool->lock guards both
+ * queues and the stop flag; nothing else is shared.  No CUDA here.
+ */
+#ifndef PF_READER_H
+#define PF_READER_H
+
+#include <stdint.h>
+#include <uv.h>
+
+struct dataset;
+
+struct reader_job {
+	struct reader_job *next; /* link of whichever queue holds the job */
+	void *owner;             /* borrowed: the session; it outlives its jobs */
+	const struct dataset *ds; /* borrowed: datasets live as long as the daemon */
+	uint64_t *samples;       /* owned: count sample numbers */
+	uint32_t count;
+	uint8_t *dst;            /* borrowed: the slot, valid while owner lives */
+	const uint64_t *field_offset; /* borrowed: owner's per-field offsets */
+	uint32_t slot;
+	uint64_t epoch, seq;
+	int rc;                  /* 0, or -errno with err set */
+	char err[256];
+	uint64_t read_ns;        /* time the reads took */
+};
+
+struct reader_pool;
+
+typedef void (*reader_done_fn)(struct reader_job *job, void *arg);
+
+/* Starts nthreads readers.  done runs on the loop thread for every job. */
+int reader_pool_start(struct reader_pool **out, unsigned nthreads, uv_loop_t *loop,
+		      reader_done_fn done, void *arg);
+void reader_submit(struct reader_pool *p, struct reader_job *job);
+/* Stops and joins the threads.  Jobs not yet run finish with -ECANCELED;
+ * done is called for every outstanding job before this returns. */
+void reader_pool_stop(struct reader_pool *p);
+/* Jobs waiting for a thread (for status). */
+unsigned reader_pool_queued(struct reader_pool *p);
+
+/* Runs one job on the calling thread (the readers' body; tests use it). */
+void reader_run_job(struct reader_job *job);
+
+#endif

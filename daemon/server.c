@@ -1,0 +1,624 @@
+/*
+ * server.c — the listening socket, peer credentials, connection I/O and the
+ * dispatch of decoded requests (see server.h).
+ *
+ * DESIGN: loop thread only.  A connection is torn down in two steps:
+ * conn_close() marks it closing and stops its poll handle; the uv_close
+ * callback, on a later loop turn, detaches its session and frees it.  So a
+ * session or connection pointer held further up the current call chain
+ * stays valid until that chain returns, whatever failed underneath it.
+ */
+#include "server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <pwd.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "log.h"
+#include "npy.h"
+#include "reader.h"
+#include "sess.h"
+
+static void conn_update_poll(struct conn *c);
+
+/* ---- credentials ---------------------------------------------------------- */
+
+static bool in_list(const unsigned *list, size_t n, unsigned v)
+{
+	for (size_t i = 0; i < n; i++)
+		if (list[i] == v)
+			return true;
+	return false;
+}
+
+/* allow_users / allow_groups: the peer's uid, its primary gid, or any of the
+ * supplementary groups of its user (SO_PEERCRED carries only the primary
+ * one, so those come from the group database). */
+static bool peer_allowed(const struct config *cfg, uid_t uid, gid_t gid)
+{
+	struct passwd pw, *pwp = NULL;
+	char buf[4096];
+	gid_t groups[256];
+	int ngroups = 256;
+
+	if (cfg->allow_any || in_list(cfg->allow_uids, cfg->n_allow_uids, uid))
+		return true;
+	if (!cfg->n_allow_gids)
+		return false;
+	if (in_list(cfg->allow_gids, cfg->n_allow_gids, gid))
+		return true;
+	if (getpwuid_r(uid, &pw, buf, sizeof(buf), &pwp) != 0 || !pwp)
+		return false;
+	if (getgrouplist(pw.pw_name, pw.pw_gid, groups, &ngroups) < 0)
+		ngroups = 256;
+	for (int i = 0; i < ngroups; i++)
+		if (in_list(cfg->allow_gids, cfg->n_allow_gids, groups[i]))
+			return true;
+	return false;
+}
+
+/* ---- output ---------------------------------------------------------------- */
+
+int conn_send(struct conn *c, const Pf__Envelope *env, int pass_fd)
+{
+	struct out_frame *f;
+	int rc;
+
+	if (c->closing) {
+		rc = -EPIPE;
+		goto fail;
+	}
+	f = calloc(1, sizeof(*f));
+	if (!f) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	rc = wire_encode(env, &f->buf, &f->len);
+	if (rc) {
+		free(f);
+		goto fail;
+	}
+	f->fd = pass_fd;
+	if (c->out_bytes + f->len > CONN_MAX_QUEUED) {
+		free(f->buf);
+		free(f);
+		rc = -ENOBUFS;
+		conn_close(c, "peer does not read its replies (output queue full)");
+		goto fail;
+	}
+	if (c->out_tail)
+		c->out_tail->next = f;
+	else
+		c->out_head = f;
+	c->out_tail = f;
+	c->out_bytes += f->len;
+	conn_update_poll(c);
+	return 0;
+fail:
+	if (pass_fd >= 0)
+		close(pass_fd);
+	return rc;
+}
+
+int conn_error(struct conn *c, uint64_t id, int code, const char *fmt, ...)
+{
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__Error err = PF__ERROR__INIT;
+	char msg[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	log_info("%s: error %d: %s", c->peer, code, msg);
+	err.code = code;
+	err.message = msg;
+	env.id = id;
+	env.msg_case = PF__ENVELOPE__MSG_ERROR;
+	env.error = &err;
+	return conn_send(c, &env, -1);
+}
+
+static void flush_out(struct conn *c)
+{
+	while (c->out_head) {
+		struct out_frame *f = c->out_head;
+		long n = wire_send_some(c->fd, f->buf + f->off, f->len - f->off,
+					f->off == 0 ? f->fd : -1);
+
+		if (n == -EAGAIN)
+			break;
+		if (n < 0) {
+			conn_close(c, strerror((int)-n));
+			return;
+		}
+		if (f->fd >= 0) {
+			close(f->fd);
+			f->fd = -1;
+		}
+		f->off += (size_t)n;
+		c->out_bytes -= (size_t)n;
+		if (f->off < f->len)
+			break;
+		c->out_head = f->next;
+		if (!c->out_head)
+			c->out_tail = NULL;
+		free(f->buf);
+		free(f);
+	}
+	conn_update_poll(c);
+}
+
+/* ---- requests -------------------------------------------------------------- */
+
+static int reply(struct conn *c, uint64_t id, Pf__Envelope *env)
+{
+	env->id = id;
+	return conn_send(c, env, -1);
+}
+
+static int on_hello(struct conn *c, uint64_t id, const Pf__Hello *req)
+{
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__HelloReply msg = PF__HELLO_REPLY__INIT;
+
+	if (req->version != WIRE_VERSION) {
+		conn_error(c, id, -EPROTONOSUPPORT,
+			   "protocol version %u is not supported (this daemon speaks %u)",
+			   req->version, WIRE_VERSION);
+		return -EPROTONOSUPPORT;
+	}
+	if (req->client[0]) {
+		char who[48];
+
+		snprintf(who, sizeof(who), "%.47s", req->client);
+		snprintf(c->peer, sizeof(c->peer), "%s (pid %d uid %u)", who, (int)c->pid,
+			 (unsigned)c->uid);
+	}
+	c->hello_done = true;
+	msg.version = WIRE_VERSION;
+	msg.daemon = "prefetchd " PF_VERSION;
+	msg.max_frame = (uint32_t)c->d->cfg.max_frame;
+	env.msg_case = PF__ENVELOPE__MSG_HELLO_REPLY;
+	env.hello_reply = &msg;
+	return reply(c, id, &env);
+}
+
+static void fill_fields(const struct dataset *ds, Pf__Field *fields, Pf__Field **fieldp)
+{
+	for (size_t f = 0; f < ds->nfields; f++) {
+		pf__field__init(&fields[f]);
+		fields[f].name = ds->fields[f].name;
+		fields[f].dtype = (char *)npy_dtype_name(ds->fields[f].dtype);
+		fields[f].n_shape = (size_t)ds->fields[f].sample_ndim;
+		fields[f].shape = (uint64_t *)ds->fields[f].sample_shape;
+		fields[f].sample_bytes = ds->fields[f].sample_bytes;
+		fieldp[f] = &fields[f];
+	}
+}
+
+static int on_status(struct conn *c, uint64_t id)
+{
+	struct daemon *d = c->d;
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__StatusReply msg = PF__STATUS_REPLY__INIT;
+	Pf__SessionStatus *ss = calloc(d->nsessions + 1, sizeof(*ss));
+	Pf__SessionStatus **ssp = calloc(d->nsessions + 1, sizeof(*ssp));
+	Pf__DatasetStatus *ds = calloc(d->ndatasets + 1, sizeof(*ds));
+	Pf__DatasetStatus **dsp = calloc(d->ndatasets + 1, sizeof(*dsp));
+	size_t nfields = 0, k = 0;
+	Pf__Field *fields = NULL, **fieldp = NULL;
+	int rc = -ENOMEM;
+
+	for (size_t i = 0; i < d->ndatasets; i++)
+		nfields += d->datasets[i].nfields;
+	fields = calloc(nfields + 1, sizeof(*fields));
+	fieldp = calloc(nfields + 1, sizeof(*fieldp));
+	if (!ss || !ssp || !ds || !dsp || !fields || !fieldp) {
+		conn_error(c, id, -ENOMEM, "out of memory");
+		goto out;
+	}
+	for (struct sess *s = d->sessions; s; s = s->next, k++) {
+		pf__session_status__init(&ss[k]);
+		sess_status(s, &ss[k]);
+		ssp[k] = &ss[k];
+	}
+	msg.n_sessions = k;
+	msg.sessions = ssp;
+	nfields = 0;
+	for (size_t i = 0; i < d->ndatasets; i++) {
+		const struct dataset *set = &d->datasets[i];
+
+		pf__dataset_status__init(&ds[i]);
+		ds[i].name = set->name;
+		ds[i].format = set->format ? set->format : "";
+		ds[i].samples = set->num_samples;
+		ds[i].error = (char *)set->error;
+		ds[i].bytes = set->num_samples * set->sample_bytes;
+		fill_fields(set, fields + nfields, fieldp + nfields);
+		ds[i].fields = fieldp + nfields;
+		ds[i].n_fields = set->nfields;
+		nfields += set->nfields;
+		dsp[i] = &ds[i];
+	}
+	msg.n_datasets = d->ndatasets;
+	msg.datasets = dsp;
+	msg.daemon = "prefetchd " PF_VERSION;
+	msg.uptime_s = (now_ns() - d->started_ns) / 1e9;
+	msg.readers = d->cfg.readers;
+	msg.ring_bytes = d->cfg.ring_bytes;
+	msg.gpu = d->gpu_desc;
+	env.msg_case = PF__ENVELOPE__MSG_STATUS_REPLY;
+	env.status_reply = &msg;
+	rc = reply(c, id, &env);
+out:
+	free(ss);
+	free(ssp);
+	free(ds);
+	free(dsp);
+	free(fields);
+	free(fieldp);
+	return rc;
+}
+
+static int on_set_depth(struct conn *c, uint64_t id, const Pf__SetDepth *req)
+{
+	struct daemon *d = c->d;
+	struct sess *s = req->session ? sess_find(d, req->session) : c->sess;
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__Ok ok = PF__OK__INIT;
+
+	if (!s)
+		return conn_error(c, id, -ENOENT, "no session %" PRIu64, req->session);
+	if (s->uid != c->uid && c->uid != 0 && c->uid != getuid())
+		return conn_error(c, id, -EPERM,
+				  "session %" PRIu64 " belongs to uid %u; only that user, root or the daemon's user may change it",
+				  s->id, (unsigned)s->uid);
+	if (req->automatic || req->target == 0)
+		gov_set_auto(&s->gov, d->cfg.depth);
+	else
+		gov_set_manual(&s->gov, req->target);
+	log_info("session %" PRIu64 ": target %u (%s), by %s", s->id, s->gov.target, s->gov.reason,
+		 c->peer);
+	sess_kick(s);
+	env.msg_case = PF__ENVELOPE__MSG_OK;
+	env.ok = &ok;
+	return reply(c, id, &env);
+}
+
+/* Returns < 0 when the connection must close. */
+static int dispatch(struct conn *c, Pf__Envelope *env)
+{
+	uint64_t id = env->id;
+
+	if (!c->hello_done) {
+		if (env->msg_case != PF__ENVELOPE__MSG_HELLO) {
+			conn_error(c, id, -EPROTO, "the first message must be hello, not %s",
+				   wire_msg_name(env->msg_case));
+			return -EPROTO;
+		}
+		return on_hello(c, id, env->hello);
+	}
+	switch (env->msg_case) {
+	case PF__ENVELOPE__MSG_STATUS:
+		return on_status(c, id);
+	case PF__ENVELOPE__MSG_SET_DEPTH:
+		return on_set_depth(c, id, env->set_depth);
+	case PF__ENVELOPE__MSG_OPEN:
+		return sess_open(c, id, env->open);
+	default:
+		break;
+	}
+	if (!c->sess)
+		return conn_error(c, id, -ENOTCONN, "%s needs an open session",
+				  wire_msg_name(env->msg_case));
+	switch (env->msg_case) {
+	case PF__ENVELOPE__MSG_START:
+		return sess_start_epoch(c->sess, id, env->start);
+	case PF__ENVELOPE__MSG_ACK:
+		sess_ack(c->sess, env->ack);
+		return 0;
+	case PF__ENVELOPE__MSG_RELEASE:
+		sess_release(c->sess, env->release);
+		return 0;
+	case PF__ENVELOPE__MSG_ABANDON:
+		return sess_abandon(c->sess, id, env->abandon);
+	case PF__ENVELOPE__MSG_PROBE:
+		sess_probe(c->sess, env->probe);
+		return 0;
+	default:
+		return conn_error(c, id, -EPROTO, "unexpected message %s from a client",
+				  wire_msg_name(env->msg_case));
+	}
+}
+
+static void on_readable(struct conn *c)
+{
+	for (;;) {
+		Pf__Envelope *env;
+		long n = wire_rx_fill(&c->rx, c->fd);
+		int rc;
+
+		if (n == -EAGAIN)
+			return;
+		if (n == 0) {
+			conn_close(c, NULL);
+			return;
+		}
+		if (n < 0) {
+			conn_close(c, n == -EMFILE || n == -EPROTO ? "peer sent descriptors"
+								  : strerror((int)-n));
+			return;
+		}
+		while (!c->closing && (rc = wire_rx_next(&c->rx, &env)) != 0) {
+			char why[96];
+
+			if (rc == -EMSGSIZE) {
+				snprintf(why, sizeof(why),
+					 "oversized frame (announced length over max_frame %" PRIu64 ")",
+					 c->d->cfg.max_frame);
+				conn_close(c, why);
+				return;
+			}
+			if (rc < 0) {
+				conn_close(c, "malformed frame (does not decode as a request)");
+				return;
+			}
+			rc = dispatch(c, env);
+			pf__envelope__free_unpacked(env, NULL);
+			if (rc < 0 && !c->closing) {
+				/* Replies went out; protocol violations end the
+				 * connection once they are flushed. */
+				if (rc == -EPROTO || rc == -EPROTONOSUPPORT) {
+					flush_out(c);
+					conn_close(c, "protocol violation");
+					return;
+				}
+			}
+		}
+		if (c->closing)
+			return;
+	}
+}
+
+static void on_poll(uv_poll_t *h, int status, int events)
+{
+	struct conn *c = h->data;
+
+	if (c->closing)
+		return;
+	if (status < 0) {
+		conn_close(c, uv_strerror(status));
+		return;
+	}
+	if (events & UV_WRITABLE)
+		flush_out(c);
+	if (!c->closing && (events & (UV_READABLE | UV_DISCONNECT)))
+		on_readable(c);
+}
+
+static void conn_update_poll(struct conn *c)
+{
+	int want = UV_READABLE | UV_DISCONNECT | (c->out_head ? UV_WRITABLE : 0);
+
+	if (c->closing || want == c->poll_events)
+		return;
+	c->poll_events = want;
+	uv_poll_start(&c->poll, want, on_poll);
+}
+
+static void conn_free(uv_handle_t *h)
+{
+	struct conn *c = h->data;
+	struct daemon *d = c->d;
+
+	if (c->sess)
+		sess_detach(c->sess);
+	while (c->out_head) {
+		struct out_frame *f = c->out_head;
+
+		c->out_head = f->next;
+		if (f->fd >= 0)
+			close(f->fd);
+		free(f->buf);
+		free(f);
+	}
+	wire_rx_free(&c->rx);
+	close(c->fd);
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		d->conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	d->nconns--;
+	free(c);
+}
+
+void conn_close(struct conn *c, const char *why)
+{
+	if (c->closing)
+		return;
+	c->closing = true;
+	if (why)
+		log_warn("closing connection of %s: %s", c->peer, why);
+	else
+		log_debug("%s disconnected", c->peer);
+	/* Stop reading now: the descriptor is closed in conn_free, after the
+	 * session has let go of everything it shared through it. */
+	uv_poll_stop(&c->poll);
+	shutdown(c->fd, SHUT_RDWR);
+	uv_close((uv_handle_t *)&c->poll, conn_free);
+}
+
+/* ---- accept ---------------------------------------------------------------- */
+
+static void on_accept(uv_poll_t *h, int status, int events)
+{
+	struct daemon *d = h->data;
+
+	for (;;) {
+		struct ucred cred;
+		socklen_t len = sizeof(cred);
+		struct conn *c;
+		int fd = accept4(d->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+		if (fd < 0) {
+			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+				log_warn("accept: %s", strerror(errno));
+			return;
+		}
+		c = calloc(1, sizeof(*c));
+		if (!c || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+			log_err("cannot take a connection: %s", c ? strerror(errno) : "out of memory");
+			free(c);
+			close(fd);
+			continue;
+		}
+		c->d = d;
+		c->fd = fd;
+		c->uid = cred.uid;
+		c->gid = cred.gid;
+		c->pid = cred.pid;
+		snprintf(c->peer, sizeof(c->peer), "pid %d uid %u", (int)cred.pid, (unsigned)cred.uid);
+		wire_rx_init(&c->rx, d->cfg.max_frame);
+		uv_poll_init(d->loop, &c->poll, fd);
+		c->poll.data = c;
+		c->next = d->conns;
+		if (d->conns)
+			d->conns->prev = c;
+		d->conns = c;
+		d->nconns++;
+		if (!peer_allowed(&d->cfg, cred.uid, cred.gid)) {
+			conn_error(c, 0, -EACCES,
+				   "uid %u gid %u is not allowed by this daemon's allow_users/allow_groups",
+				   (unsigned)cred.uid, (unsigned)cred.gid);
+			flush_out(c);
+			conn_close(c, "peer not allowed");
+			continue;
+		}
+		conn_update_poll(c);
+		log_debug("connection from %s", c->peer);
+	}
+}
+
+static int make_listener(struct daemon *d)
+{
+	const struct config *cfg = &d->cfg;
+	struct sockaddr_un addr = { .sun_family = AF_UNIX };
+	char dir[sizeof(addr.sun_path)];
+	char *slash;
+	int fd, rc;
+
+	if (strlen(cfg->socket_path) >= sizeof(addr.sun_path)) {
+		log_err("socket path %s is longer than %zu bytes", cfg->socket_path,
+			sizeof(addr.sun_path) - 1);
+		return -ENAMETOOLONG;
+	}
+	strcpy(addr.sun_path, cfg->socket_path);
+	/* The runtime directory: created 0750 when missing, left alone when
+	 * it exists (systemd's RuntimeDirectory= made it, or the admin did). */
+	snprintf(dir, sizeof(dir), "%s", cfg->socket_path);
+	slash = strrchr(dir, '/');
+	if (slash && slash != dir) {
+		*slash = '\0';
+		if (mkdir(dir, 0750) < 0 && errno != EEXIST) {
+			log_err("cannot create %s: %s", dir, strerror(errno));
+			return -errno;
+		}
+	}
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	/* A socket file left by a daemon that died: remove it only when nobody
+	 * answers on it, so two daemons never steal each other's socket. */
+	if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) == 0) {
+		log_err("another daemon is already serving %s", cfg->socket_path);
+		close(fd);
+		return -EADDRINUSE;
+	}
+	close(fd);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	unlink(cfg->socket_path);
+	if (bind(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 ||
+	    chmod(cfg->socket_path, cfg->socket_mode) < 0) {
+		rc = -errno;
+		log_err("cannot bind %s: %s", cfg->socket_path, strerror(errno));
+		close(fd);
+		return rc;
+	}
+	if (cfg->socket_group) {
+		struct group *gr = getgrnam(cfg->socket_group);
+
+		if (!gr || chown(cfg->socket_path, (uid_t)-1, gr->gr_gid) < 0)
+			log_warn("cannot give %s to group %s: %s", cfg->socket_path,
+				 cfg->socket_group, gr ? strerror(errno) : "no such group");
+	}
+	if (listen(fd, 128) < 0) {
+		rc = -errno;
+		close(fd);
+		return rc;
+	}
+	return fd;
+}
+
+int server_listen(struct daemon *d)
+{
+	int n = sd_listen_fds(1);
+	int rc;
+
+	if (n > 1) {
+		log_err("systemd passed %d sockets; prefetchd takes exactly one", n);
+		return -EINVAL;
+	}
+	if (n == 1) {
+		d->listen_fd = SD_LISTEN_FDS_START;
+		d->socket_activated = true;
+		if (sd_is_socket_unix(d->listen_fd, SOCK_STREAM, 1, NULL, 0) <= 0) {
+			log_err("the socket systemd passed is not a listening Unix stream socket");
+			return -EINVAL;
+		}
+		fcntl(d->listen_fd, F_SETFL, fcntl(d->listen_fd, F_GETFL) | O_NONBLOCK);
+		fcntl(d->listen_fd, F_SETFD, FD_CLOEXEC);
+		log_info("listening on the socket systemd passed (socket activation)");
+	} else {
+		d->listen_fd = make_listener(d);
+		if (d->listen_fd < 0)
+			return d->listen_fd;
+		log_info("listening on %s (mode %04o)", d->cfg.socket_path,
+			 (unsigned)d->cfg.socket_mode);
+	}
+	rc = uv_poll_init(d->loop, &d->listen_poll, d->listen_fd);
+	if (rc)
+		return rc;
+	d->listen_poll.data = d;
+	return uv_poll_start(&d->listen_poll, UV_READABLE, on_accept);
+}
+
+void server_stop(struct daemon *d)
+{
+	if (d->listen_fd >= 0) {
+		uv_poll_stop(&d->listen_poll);
+		uv_close((uv_handle_t *)&d->listen_poll, NULL);
+		close(d->listen_fd);
+		if (!d->socket_activated)
+			unlink(d->cfg.socket_path);
+		d->listen_fd = -1;
+	}
+	for (struct conn *c = d->conns; c; c = c->next)
+		conn_close(c, NULL);
+}

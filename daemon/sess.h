@@ -1,0 +1,108 @@
+/*
+ * sess.h — a consumer's session: its slots, its arenas, its epochs.
+ *
+ * A slot moves FREE -> FILLING (a reader job writes it) -> READY (complete,
+ * waiting for its turn: delivery is in seq order) -> SENT (the client holds
+ * it) -> FREE (the client released it).  A slot whose epoch was abandoned
+ * while a reader still writes it is ORPHAN and becomes FREE when the job
+ * comes back.  The governor (gov.h) decides when a FREE slot may be filled.
+ *
+ * DESIGN: loop thread only.  A session lives while its connection lives and
+ * until its last reader job has come back (`jobs`), so a job's slot memory
+ * is never freed under a reader; a dead session leaves status at once.
+ */
+#ifndef PF_SESS_H
+#define PF_SESS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "arena.h"
+#include "gov.h"
+#include "prefetch.pb-c.h"
+
+struct conn;
+struct daemon;
+struct dataset;
+struct reader_job;
+
+enum slot_state { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_SENT, SLOT_ORPHAN };
+
+struct slot {
+	enum slot_state state;
+	uint64_t epoch, seq; /* the batch it holds (FILLING..SENT) */
+	uint32_t arena;      /* index into sess->arenas */
+	uint64_t offset;     /* within the arena */
+	uint8_t *host;       /* the daemon's mapping of the slot */
+	int error;           /* READY: 0, or the batch's read error */
+	char *errmsg;        /* owned, READY with error only */
+};
+
+/* Slots beyond max_depth: what the trainer may hold (taken, not yet
+ * released) while the pipeline keeps `target` batches in flight.  Two
+ * covers the usual "current step + the batch being moved" pattern. */
+#define SESS_HOLD_SLOTS 2
+
+struct sess {
+	struct sess *next, *prev; /* daemon->sessions while alive */
+	struct daemon *d;         /* borrowed */
+	struct conn *conn;        /* borrowed: NULL once the socket is gone */
+	uint64_t id;
+	char name[64];
+	char device[16];
+	int gpu;                  /* -1: host session */
+	uid_t uid;
+	pid_t pid;
+	const struct dataset *ds; /* borrowed: lives as long as the daemon */
+	uint32_t batch_size;
+	uint32_t augment;
+	bool drop_last;
+	uint64_t *field_offset;   /* owned: ds->nfields offsets within a slot */
+	uint64_t slot_bytes, slot_stride;
+	struct slot *slots;       /* owned */
+	uint32_t nslots;
+	struct arena *arenas;     /* owned */
+	uint32_t narenas;
+	struct gov gov;
+
+	/* The current epoch. */
+	uint64_t epoch;
+	bool running;             /* batches remain to be sent */
+	uint64_t *picks;          /* owned: this rank's picks */
+	uint64_t npicks;
+	uint64_t nbatches;
+	uint64_t start_batch;
+	uint64_t next_fill;       /* next seq to hand to a reader */
+	uint64_t next_send;       /* next seq to send */
+
+	unsigned jobs;            /* reader jobs not yet back */
+	bool dead;                /* connection gone, waiting for jobs */
+
+	/* Figures for status. */
+	uint64_t sent, bytes_sent, errors, read_ns;
+	double wait_s, busy_s;
+	uint64_t opened_ns, epoch_started_ns;
+};
+
+/* OpenSession on connection c: creates c->sess, replies SessionOpened and
+ * pushes the arenas.  Errors are replied to `id` and leave c as it was. */
+int sess_open(struct conn *c, uint64_t id, const Pf__OpenSession *req);
+int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req);
+void sess_ack(struct sess *s, const Pf__Ack *req);
+void sess_release(struct sess *s, const Pf__Release *req);
+int sess_abandon(struct sess *s, uint64_t id, const Pf__Abandon *req);
+void sess_probe(struct sess *s, const Pf__Probe *req);
+/* Something outside changed (target): fill and send what is now allowed. */
+void sess_kick(struct sess *s);
+/* The connection is gone: leave status now, free once jobs are back. */
+void sess_detach(struct sess *s);
+/* A reader job came back (loop thread). */
+void sess_job_done(struct reader_job *job, void *arg);
+/* Fills one SessionStatus; strings borrow from s. */
+void sess_status(const struct sess *s, Pf__SessionStatus *st);
+struct sess *sess_find(struct daemon *d, uint64_t id);
+/* Invariants, for asserts and tests. */
+bool sess_check(const struct sess *s);
+
+#endif
