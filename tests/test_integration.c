@@ -350,7 +350,7 @@ static int session_memfds(pid_t daemon, uint64_t session)
 	int n = 0;
 
 	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)daemon);
-	snprintf(want, sizeof(want), "memfd:prefetchd-s%llu-", (unsigned long long)session);
+	snprintf(want, sizeof(want), "/memfd:prefetchd-s%llu-", (unsigned long long)session);
 	d = opendir(dir);
 	if (!d)
 		return -1;
