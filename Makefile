@@ -84,6 +84,7 @@ TOOLS       := $(patsubst tools/%.c,$(B)/%,$(wildcard tools/*.c))
 PROGS := $(B)/prefetchd $(B)/prefetchctl $(B)/libprefetch.so $(B)/libprefetch.a \
          $(B)/libprefetch.pc $(TOOLS)
 
+.SECONDARY:
 .PHONY: all run check check-unit check-integration check-cuda bench-host bench-cuda \
         install clean deps format
 all: $(PROGS) $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(BENCHES)
