@@ -57,19 +57,19 @@ struct pf_open_opts {
 	const char *dataset; /* a name from the daemon's config */
 	const char *device;  /* NULL or "host": host memory; "cuda:N": GPU N */
 	uint32_t batch_size;
-	bool drop_last;      /* drop the last, partial batch of each epoch */
-	uint32_t augment;    /* 0/1: plain; k: picks range over k*N, sample = pick % N */
-	uint32_t min_depth;  /* 0: daemon default */
-	uint32_t max_depth;  /* 0: daemon default */
-	enum pf_ipc ipc;     /* CUDA sessions: how device arenas are shared */
-	const char *name;    /* shown by prefetchctl status; NULL: program name */
+	bool drop_last;	    /* drop the last, partial batch of each epoch */
+	uint32_t augment;   /* 0/1: plain; k: picks range over k*N, sample = pick % N */
+	uint32_t min_depth; /* 0: daemon default */
+	uint32_t max_depth; /* 0: daemon default */
+	enum pf_ipc ipc;    /* CUDA sessions: how device arenas are shared */
+	const char *name;   /* shown by prefetchctl status; NULL: program name */
 };
 
 struct pf_epoch_opts {
 	enum pf_order order;
-	uint64_t seed;           /* PF_ORDER_SHUFFLE: README's shuffle, this seed */
-	uint32_t rank, world;    /* DistributedSampler-style share; world 0 = 1 */
-	uint64_t start_batch;    /* resume: skip this many batches of the share */
+	uint64_t seed;		 /* PF_ORDER_SHUFFLE: README's shuffle, this seed */
+	uint32_t rank, world;	 /* DistributedSampler-style share; world 0 = 1 */
+	uint64_t start_batch;	 /* resume: skip this many batches of the share */
 	const uint64_t *indices; /* PF_ORDER_EXPLICIT: the picks, in order */
 	size_t nindices;
 };
@@ -77,16 +77,16 @@ struct pf_epoch_opts {
 struct pf_field {
 	const char *name;
 	const char *dtype; /* numpy type string: "f4", "u1", ... */
-	int ndim;          /* dimensions of one sample */
+	int ndim;	   /* dimensions of one sample */
 	const uint64_t *shape;
 	uint64_t sample_bytes;
 };
 
 struct pf_batch {
 	uint64_t epoch;
-	uint64_t seq;           /* batch number within the epoch's share */
-	uint32_t count;         /* samples in this batch */
-	const uint64_t *picks;  /* count picks (schedule-space indices) */
+	uint64_t seq;	       /* batch number within the epoch's share */
+	uint32_t count;	       /* samples in this batch */
+	const uint64_t *picks; /* count picks (schedule-space indices) */
 	uint32_t nfields;
 	/* Per field, `count` samples packed back to back.  Host sessions: a
 	 * read-only host pointer.  CUDA sessions: a device pointer in this
@@ -96,12 +96,12 @@ struct pf_batch {
 };
 
 struct pf_stats {
-	uint64_t session;     /* the daemon's id for this session */
-	uint64_t batches;     /* taken by pf_next */
-	uint64_t bytes;       /* sample bytes taken */
-	uint64_t held;        /* taken and not yet released */
-	double wait_s;        /* time blocked inside pf_next */
-	double busy_s;        /* time between pf_next calls */
+	uint64_t session;      /* the daemon's id for this session */
+	uint64_t batches;      /* taken by pf_next */
+	uint64_t bytes;	       /* sample bytes taken */
+	uint64_t held;	       /* taken and not yet released */
+	double wait_s;	       /* time blocked inside pf_next */
+	double busy_s;	       /* time between pf_next calls */
 	double stall_fraction; /* wait / (wait + busy) */
 };
 
@@ -115,8 +115,7 @@ PF_API uint32_t pf_num_fields(const struct pf_client *c);
 PF_API int pf_field_info(const struct pf_client *c, uint32_t i, struct pf_field *out);
 /* Starts an epoch (abandoning an unfinished one).  *batches (may be NULL)
  * receives the number of batches this share will deliver from start_batch. */
-PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts,
-			  uint64_t *batches);
+PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts, uint64_t *batches);
 /* Takes the next batch.  timeout_ms < 0 waits for ever.  Returns 0 with
  * *batch set, 0 with *batch NULL at the end of the epoch, -ETIMEDOUT, or
  * the error of an error batch (e.g. -EIO; pf_errmsg says which file and

@@ -19,7 +19,7 @@ int arena_host_create(struct arena *a, uint32_t id, uint64_t bytes, const char *
 	long page = sysconf(_SC_PAGESIZE);
 	int rc;
 
-	*a = (struct arena){ .id = id, .kind = ARENA_HOST, .fd = -1 };
+	*a = (struct arena){.id = id, .kind = ARENA_HOST, .fd = -1};
 	bytes = (bytes + (uint64_t)page - 1) / (uint64_t)page * (uint64_t)page;
 	a->fd = memfd_create(label, MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (a->fd < 0)

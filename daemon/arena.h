@@ -22,7 +22,7 @@ struct arena {
 	uint32_t id;
 	enum arena_kind kind;
 	uint64_t bytes;
-	int fd;        /* owned: the memfd (host), -1 otherwise */
+	int fd;	       /* owned: the memfd (host), -1 otherwise */
 	uint8_t *host; /* owned: the daemon's read-write mapping (host) */
 };
 

@@ -46,14 +46,14 @@ struct config_field {
 };
 
 struct config_dataset {
-	char *name;   /* owned */
-	char *format; /* owned */
+	char *name;		     /* owned */
+	char *format;		     /* owned */
 	struct config_field *fields; /* owned, in file order */
 	size_t nfields;
 };
 
 struct config {
-	char *socket_path;  /* owned */
+	char *socket_path; /* owned */
 	mode_t socket_mode;
 	char *socket_group; /* owned, NULL: leave the group alone */
 	unsigned readers;
@@ -62,14 +62,14 @@ struct config {
 	uint64_t session_bytes;
 	unsigned max_sessions;
 	uint64_t max_frame;
-	bool allow_any;     /* allow_users = * */
-	uid_t *allow_uids;  /* owned */
+	bool allow_any;	   /* allow_users = * */
+	uid_t *allow_uids; /* owned */
 	size_t n_allow_uids;
-	gid_t *allow_gids;  /* owned */
+	gid_t *allow_gids; /* owned */
 	size_t n_allow_gids;
 	unsigned depth;
 	unsigned max_depth;
-	char *ipc;          /* owned: "fd" or "legacy" */
+	char *ipc; /* owned: "fd" or "legacy" */
 	double reserve_frac;
 	uint64_t reserve_min;
 	double probe_interval;

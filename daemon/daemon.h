@@ -19,24 +19,24 @@ struct sess;
 struct reader_pool;
 
 struct daemon {
-	uv_loop_t *loop;                /* borrowed: the default loop */
-	struct config cfg;              /* owned */
-	const char *config_path;        /* borrowed: argv */
-	struct dataset *datasets;       /* owned, cfg.ndatasets of them */
+	uv_loop_t *loop;	  /* borrowed: the default loop */
+	struct config cfg;	  /* owned */
+	const char *config_path;  /* borrowed: argv */
+	struct dataset *datasets; /* owned, cfg.ndatasets of them */
 	size_t ndatasets;
-	struct reader_pool *readers;    /* owned */
-	struct conn *conns;             /* owned: every open connection */
+	struct reader_pool *readers; /* owned */
+	struct conn *conns;	     /* owned: every open connection */
 	unsigned nconns;
-	struct sess *sessions;          /* borrowed from conns: live sessions */
+	struct sess *sessions; /* borrowed from conns: live sessions */
 	unsigned nsessions;
 	uint64_t next_session_id;
 	uint64_t started_ns;
 	int listen_fd;
-	bool socket_activated;          /* listen_fd came from systemd */
+	bool socket_activated; /* listen_fd came from systemd */
 	uv_poll_t listen_poll;
 	uv_signal_t sig_term, sig_int;
-	uv_timer_t tick;                /* periodic housekeeping (probes) */
-	int ngpus;                      /* < 0: host sessions only */
+	uv_timer_t tick; /* periodic housekeeping (probes) */
+	int ngpus;	 /* < 0: host sessions only */
 	char gpu_desc[256];
 	bool stopping;
 };

@@ -23,9 +23,9 @@
 struct config_dataset;
 
 struct ds_shard {
-	char *path;           /* owned */
-	int fd;               /* owned, -1 when not open */
-	uint64_t first_row;   /* row of the field where this shard begins */
+	char *path;	    /* owned */
+	int fd;		    /* owned, -1 when not open */
+	uint64_t first_row; /* row of the field where this shard begins */
 	uint64_t rows;
 	uint64_t data_offset; /* of row 0 within the file */
 };
@@ -36,7 +36,7 @@ struct ds_field {
 	size_t itemsize;
 	int sample_ndim; /* ndim - 1 */
 	uint64_t sample_shape[NPY_MAX_DIMS];
-	uint64_t sample_bytes; /* row_bytes */
+	uint64_t sample_bytes;	 /* row_bytes */
 	struct ds_shard *shards; /* owned */
 	size_t nshards;
 };

@@ -19,7 +19,7 @@ static uint32_t clamp_depth(const struct gov *g, uint64_t t)
 
 void gov_init(struct gov *g, uint32_t min_depth, uint32_t max_depth, uint32_t default_depth)
 {
-	*g = (struct gov){ 0 };
+	*g = (struct gov){0};
 	g->min_depth = min_depth ? min_depth : 1;
 	g->max_depth = max_depth >= g->min_depth ? max_depth : g->min_depth;
 	gov_set_auto(g, default_depth);

@@ -23,13 +23,13 @@
 struct gov {
 	uint32_t target;
 	uint32_t min_depth, max_depth; /* bounds of target, 1 <= min <= max */
-	bool manual;                   /* set by hand: probes leave it alone */
+	bool manual;		       /* set by hand: probes leave it alone */
 	char reason[128];
-	uint64_t prepared; /* batches started this epoch */
-	uint64_t consumed; /* acks of this epoch */
+	uint64_t prepared;		  /* batches started this epoch */
+	uint64_t consumed;		  /* acks of this epoch */
 	uint64_t probe_free, probe_total; /* last honest figure, 0 if none */
-	uint64_t probe_budget;            /* bytes the last sizing allowed */
-	unsigned halvings;                /* OOM back-offs so far */
+	uint64_t probe_budget;		  /* bytes the last sizing allowed */
+	unsigned halvings;		  /* OOM back-offs so far */
 };
 
 void gov_init(struct gov *g, uint32_t min_depth, uint32_t max_depth, uint32_t default_depth);

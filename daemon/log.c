@@ -34,13 +34,13 @@ static void vlog(int prio, const char *fmt, va_list ap)
 	fprintf(stderr, "%s\n", line);
 }
 
-#define LOG_AT(name, prio)                                                     \
-	void name(const char *fmt, ...)                                        \
-	{                                                                      \
-		va_list ap;                                                    \
-		va_start(ap, fmt);                                             \
-		vlog(prio, fmt, ap);                                           \
-		va_end(ap);                                                    \
+#define LOG_AT(name, prio)                                                                         \
+	void name(const char *fmt, ...)                                                            \
+	{                                                                                          \
+		va_list ap;                                                                        \
+		va_start(ap, fmt);                                                                 \
+		vlog(prio, fmt, ap);                                                               \
+		va_end(ap);                                                                        \
 	}
 
 LOG_AT(log_err, 3)

@@ -28,13 +28,12 @@
 
 static void usage(FILE *f)
 {
-	fprintf(f,
-		"usage: prefetchd [-c CONFIG] [-s SOCKET] [-v] [--check]\n"
-		"  -c, --config FILE   configuration (default " DEFAULT_CONFIG ")\n"
-		"  -s, --socket PATH   listen here instead of the configured socket\n"
-		"  -v, --verbose       log debug messages too\n"
-		"      --check         load the configuration and datasets, report, exit\n"
-		"  -V, --version\n");
+	fprintf(f, "usage: prefetchd [-c CONFIG] [-s SOCKET] [-v] [--check]\n"
+		   "  -c, --config FILE   configuration (default " DEFAULT_CONFIG ")\n"
+		   "  -s, --socket PATH   listen here instead of the configured socket\n"
+		   "  -v, --verbose       log debug messages too\n"
+		   "      --check         load the configuration and datasets, report, exit\n"
+		   "  -V, --version\n");
 }
 
 static void load_datasets(struct daemon *d)
@@ -47,7 +46,8 @@ static void load_datasets(struct daemon *d)
 		struct dataset *ds = &d->datasets[i];
 
 		if (ds_load(ds, &d->cfg.datasets[i]) == 0)
-			log_info("dataset %s: %" PRIu64 " samples of %" PRIu64 " bytes in %zu field(s)",
+			log_info("dataset %s: %" PRIu64 " samples of %" PRIu64
+				 " bytes in %zu field(s)",
 				 ds->name, ds->num_samples, ds->sample_bytes, ds->nfields);
 		else
 			log_err("dataset %s is not available: %s", ds->name, ds->error);
@@ -86,15 +86,15 @@ static void on_tick(uv_timer_t *t)
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
-		{ "config", required_argument, NULL, 'c' },
-		{ "socket", required_argument, NULL, 's' },
-		{ "verbose", no_argument, NULL, 'v' },
-		{ "check", no_argument, NULL, 'C' },
-		{ "version", no_argument, NULL, 'V' },
-		{ "help", no_argument, NULL, 'h' },
-		{ 0 },
+		{"config", required_argument, NULL, 'c'},
+		{"socket", required_argument, NULL, 's'},
+		{"verbose", no_argument, NULL, 'v'},
+		{"check", no_argument, NULL, 'C'},
+		{"version", no_argument, NULL, 'V'},
+		{"help", no_argument, NULL, 'h'},
+		{0},
 	};
-	struct daemon d = { .listen_fd = -1 };
+	struct daemon d = {.listen_fd = -1};
 	const char *config_path = DEFAULT_CONFIG, *socket_path = NULL;
 	int verbose = 0, check = 0, opt, rc;
 	char err[512];

@@ -21,8 +21,18 @@
 #define NPY_MAX_HEADER (1u << 20)
 
 enum npy_dtype {
-	NPY_B1, NPY_I1, NPY_U1, NPY_I2, NPY_U2, NPY_I4,
-	NPY_U4, NPY_I8, NPY_U8, NPY_F2, NPY_F4, NPY_F8,
+	NPY_B1,
+	NPY_I1,
+	NPY_U1,
+	NPY_I2,
+	NPY_U2,
+	NPY_I4,
+	NPY_U4,
+	NPY_I8,
+	NPY_U8,
+	NPY_F2,
+	NPY_F4,
+	NPY_F8,
 	NPY_NTYPES
 };
 
@@ -30,10 +40,10 @@ struct npy_info {
 	enum npy_dtype dtype;
 	size_t itemsize;
 	unsigned version; /* 1, 2 or 3 */
-	int ndim;         /* >= 1 */
+	int ndim;	  /* >= 1 */
 	uint64_t shape[NPY_MAX_DIMS];
 	uint64_t data_offset; /* where the array bytes start in the file */
-	uint64_t rows;        /* shape[0] */
+	uint64_t rows;	      /* shape[0] */
 	uint64_t row_bytes;   /* itemsize * product(shape[1:]) */
 };
 

@@ -44,8 +44,8 @@ void order_shuffle(uint64_t *perm, uint64_t n, uint64_t seed);
  * (augment * N).  *picks is malloc'd (caller frees).  Returns 0, -EINVAL
  * (rank >= world, empty space) or -ERANGE (an explicit index >= space; err
  * names the index and its position), -ENOMEM. */
-int order_build(const struct order_spec *spec, uint64_t space, uint64_t **picks,
-		uint64_t *npicks, char *err, size_t errlen);
+int order_build(const struct order_spec *spec, uint64_t space, uint64_t **picks, uint64_t *npicks,
+		char *err, size_t errlen);
 
 /* Batches in a share of npicks: ceil, or floor when drop_last. */
 uint64_t order_num_batches(uint64_t npicks, uint32_t batch_size, bool drop_last);

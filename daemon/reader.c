@@ -23,7 +23,7 @@ struct reader_pool {
 	pthread_mutex_t lock;
 	pthread_cond_t more;
 	struct reader_job *pending_head, *pending_tail; /* FIFO, under lock */
-	struct reader_job *done_head, *done_tail;       /* FIFO, under lock */
+	struct reader_job *done_head, *done_tail;	/* FIFO, under lock */
 	unsigned npending;
 	bool stop;
 	uv_async_t async; /* wakes the loop to drain done */
@@ -49,9 +49,9 @@ void reader_run_job(struct reader_job *job)
 	job->rc = 0;
 	job->err[0] = '\0';
 	for (size_t f = 0; f < ds->nfields && job->rc == 0; f++)
-		job->rc = ds_read_field(ds, f, job->samples, job->count,
-					job->dst + job->field_offset[f], job->err,
-					sizeof(job->err));
+		job->rc =
+			ds_read_field(ds, f, job->samples, job->count,
+				      job->dst + job->field_offset[f], job->err, sizeof(job->err));
 	job->read_ns = mono_ns() - t0;
 }
 

@@ -21,18 +21,18 @@
 struct dataset;
 
 struct reader_job {
-	struct reader_job *next; /* link of whichever queue holds the job */
-	void *owner;             /* borrowed: the session; it outlives its jobs */
+	struct reader_job *next;  /* link of whichever queue holds the job */
+	void *owner;		  /* borrowed: the session; it outlives its jobs */
 	const struct dataset *ds; /* borrowed: datasets live as long as the daemon */
-	uint64_t *samples;       /* owned: count sample numbers */
+	uint64_t *samples;	  /* owned: count sample numbers */
 	uint32_t count;
-	uint8_t *dst;            /* borrowed: the slot, valid while owner lives */
+	uint8_t *dst;		      /* borrowed: the slot, valid while owner lives */
 	const uint64_t *field_offset; /* borrowed: owner's per-field offsets */
 	uint32_t slot;
 	uint64_t epoch, seq;
-	int rc;                  /* 0, or -errno with err set */
+	int rc; /* 0, or -errno with err set */
 	char err[256];
-	uint64_t read_ns;        /* time the reads took */
+	uint64_t read_ns; /* time the reads took */
 };
 
 struct reader_pool;

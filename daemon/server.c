@@ -284,7 +284,8 @@ static int on_set_depth(struct conn *c, uint64_t id, const Pf__SetDepth *req)
 		return conn_error(c, id, -ENOENT, "no session %" PRIu64, req->session);
 	if (s->uid != c->uid && c->uid != 0 && c->uid != getuid())
 		return conn_error(c, id, -EPERM,
-				  "session %" PRIu64 " belongs to uid %u; only that user, root or the daemon's user may change it",
+				  "session %" PRIu64 " belongs to uid %u; only that user, root or "
+						     "the daemon's user may change it",
 				  s->id, (unsigned)s->uid);
 	if (req->automatic || req->target == 0)
 		gov_set_auto(&s->gov, d->cfg.depth);
@@ -312,32 +313,20 @@ static int dispatch(struct conn *c, Pf__Envelope *env)
 		return on_hello(c, id, env->hello);
 	}
 	switch (env->msg_case) {
-	case PF__ENVELOPE__MSG_STATUS:
-		return on_status(c, id);
-	case PF__ENVELOPE__MSG_SET_DEPTH:
-		return on_set_depth(c, id, env->set_depth);
-	case PF__ENVELOPE__MSG_OPEN:
-		return sess_open(c, id, env->open);
-	default:
-		break;
+	case PF__ENVELOPE__MSG_STATUS: return on_status(c, id);
+	case PF__ENVELOPE__MSG_SET_DEPTH: return on_set_depth(c, id, env->set_depth);
+	case PF__ENVELOPE__MSG_OPEN: return sess_open(c, id, env->open);
+	default: break;
 	}
 	if (!c->sess)
 		return conn_error(c, id, -ENOTCONN, "%s needs an open session",
 				  wire_msg_name(env->msg_case));
 	switch (env->msg_case) {
-	case PF__ENVELOPE__MSG_START:
-		return sess_start_epoch(c->sess, id, env->start);
-	case PF__ENVELOPE__MSG_ACK:
-		sess_ack(c->sess, env->ack);
-		return 0;
-	case PF__ENVELOPE__MSG_RELEASE:
-		sess_release(c->sess, env->release);
-		return 0;
-	case PF__ENVELOPE__MSG_ABANDON:
-		return sess_abandon(c->sess, id, env->abandon);
-	case PF__ENVELOPE__MSG_PROBE:
-		sess_probe(c->sess, env->probe);
-		return 0;
+	case PF__ENVELOPE__MSG_START: return sess_start_epoch(c->sess, id, env->start);
+	case PF__ENVELOPE__MSG_ACK: sess_ack(c->sess, env->ack); return 0;
+	case PF__ENVELOPE__MSG_RELEASE: sess_release(c->sess, env->release); return 0;
+	case PF__ENVELOPE__MSG_ABANDON: return sess_abandon(c->sess, id, env->abandon);
+	case PF__ENVELOPE__MSG_PROBE: sess_probe(c->sess, env->probe); return 0;
 	default:
 		return conn_error(c, id, -EPROTO, "unexpected message %s from a client",
 				  wire_msg_name(env->msg_case));
@@ -359,7 +348,7 @@ static void on_readable(struct conn *c)
 		}
 		if (n < 0) {
 			conn_close(c, n == -EMFILE || n == -EPROTO ? "peer sent descriptors"
-								  : strerror((int)-n));
+								   : strerror((int)-n));
 			return;
 		}
 		while (!c->closing && (rc = wire_rx_next(&c->rx, &env)) != 0) {
@@ -367,7 +356,8 @@ static void on_readable(struct conn *c)
 
 			if (rc == -EMSGSIZE) {
 				snprintf(why, sizeof(why),
-					 "oversized frame (announced length over max_frame %" PRIu64 ")",
+					 "oversized frame (announced length over max_frame %" PRIu64
+					 ")",
 					 c->d->cfg.max_frame);
 				conn_close(c, why);
 				return;
@@ -482,7 +472,8 @@ static void on_accept(uv_poll_t *h, int status, int events)
 		}
 		c = calloc(1, sizeof(*c));
 		if (!c || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
-			log_err("cannot take a connection: %s", c ? strerror(errno) : "out of memory");
+			log_err("cannot take a connection: %s",
+				c ? strerror(errno) : "out of memory");
 			free(c);
 			close(fd);
 			continue;
@@ -492,7 +483,8 @@ static void on_accept(uv_poll_t *h, int status, int events)
 		c->uid = cred.uid;
 		c->gid = cred.gid;
 		c->pid = cred.pid;
-		snprintf(c->peer, sizeof(c->peer), "pid %d uid %u", (int)cred.pid, (unsigned)cred.uid);
+		snprintf(c->peer, sizeof(c->peer), "pid %d uid %u", (int)cred.pid,
+			 (unsigned)cred.uid);
 		wire_rx_init(&c->rx, d->cfg.max_frame);
 		uv_poll_init(d->loop, &c->poll, fd);
 		c->poll.data = c;
@@ -503,7 +495,8 @@ static void on_accept(uv_poll_t *h, int status, int events)
 		d->nconns++;
 		if (!peer_allowed(&d->cfg, cred.uid, cred.gid)) {
 			conn_error(c, 0, -EACCES,
-				   "uid %u gid %u is not allowed by this daemon's allow_users/allow_groups",
+				   "uid %u gid %u is not allowed by this daemon's "
+				   "allow_users/allow_groups",
 				   (unsigned)cred.uid, (unsigned)cred.gid);
 			flush_out(c);
 			conn_close(c, "peer not allowed");
@@ -517,7 +510,7 @@ static void on_accept(uv_poll_t *h, int status, int events)
 static int make_listener(struct daemon *d)
 {
 	const struct config *cfg = &d->cfg;
-	struct sockaddr_un addr = { .sun_family = AF_UNIX };
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
 	char dir[sizeof(addr.sun_path)];
 	char *slash;
 	int fd, rc;

@@ -25,7 +25,7 @@ struct out_frame {
 	struct out_frame *next;
 	uint8_t *buf; /* owned */
 	size_t len, off;
-	int fd;       /* owned: passed with the first byte, closed once sent */
+	int fd; /* owned: passed with the first byte, closed once sent */
 };
 
 /* Most bytes waiting to be sent to one peer.  The governor bounds pushes,
@@ -34,8 +34,8 @@ struct out_frame {
 
 struct conn {
 	struct conn *next, *prev; /* daemon->conns */
-	struct daemon *d;         /* borrowed */
-	int fd;                   /* owned */
+	struct daemon *d;	  /* borrowed */
+	int fd;			  /* owned */
 	uv_poll_t poll;
 	int poll_events;
 	struct wire_rx rx;
@@ -46,8 +46,8 @@ struct conn {
 	pid_t pid;
 	bool hello_done;
 	bool closing;
-	char peer[96];      /* "pid 123 uid 0 (name)" for logs */
-	struct sess *sess;  /* owned: at most one session per connection */
+	char peer[96];	   /* "pid 123 uid 0 (name)" for logs */
+	struct sess *sess; /* owned: at most one session per connection */
 };
 
 int server_listen(struct daemon *d);

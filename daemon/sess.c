@@ -28,7 +28,7 @@
 /* Fields start at this alignment inside a slot: enough for any dtype, for
  * vectorised copies and for CUDA's 256-byte allocation alignment. */
 #define FIELD_ALIGN 256u
-#define SLOT_ALIGN 4096u
+#define SLOT_ALIGN  4096u
 
 static uint64_t align_up(uint64_t v, uint64_t a)
 {
@@ -210,14 +210,17 @@ int sess_open(struct conn *c, uint64_t id, const Pf__OpenSession *req)
 	int rc;
 
 	if (c->sess)
-		return conn_error(c, id, -EBUSY, "this connection already has session %" PRIu64
-				  "; open another connection for another session", c->sess->id);
+		return conn_error(c, id, -EBUSY,
+				  "this connection already has session %" PRIu64
+				  "; open another connection for another session",
+				  c->sess->id);
 	if (d->nsessions >= cfg->max_sessions)
 		return conn_error(c, id, -EMFILE, "too many sessions (max_sessions = %u)",
 				  cfg->max_sessions);
 	ds = daemon_dataset(d, req->dataset);
 	if (!ds)
-		return conn_error(c, id, -ENOENT, "unknown dataset '%s' (prefetchctl datasets lists them)",
+		return conn_error(c, id, -ENOENT,
+				  "unknown dataset '%s' (prefetchctl datasets lists them)",
 				  req->dataset);
 	if (ds->error[0])
 		return conn_error(c, id, -EIO, "dataset '%s' is not available: %s", ds->name,
@@ -229,7 +232,8 @@ int sess_open(struct conn *c, uint64_t id, const Pf__OpenSession *req)
 			return conn_error(c, id, -EINVAL,
 					  "unknown device '%s' (use \"host\" or \"cuda:N\")",
 					  req->device);
-		return conn_error(c, id, -ENODEV, "device %s: this daemon serves host sessions only (%s)",
+		return conn_error(c, id, -ENODEV,
+				  "device %s: this daemon serves host sessions only (%s)",
 				  req->device, d->gpu_desc);
 	}
 	min_depth = req->min_depth ? req->min_depth : 1;
@@ -265,7 +269,8 @@ int sess_open(struct conn *c, uint64_t id, const Pf__OpenSession *req)
 	if (fit < s->nslots) {
 		if (fit < (uint64_t)min_depth + 1) {
 			snprintf(err, sizeof(err),
-				 "a batch takes %.1f MiB; %u slots (min_depth %u + 1) exceed session_bytes (%.1f MiB)",
+				 "a batch takes %.1f MiB; %u slots (min_depth %u + 1) exceed "
+				 "session_bytes (%.1f MiB)",
 				 s->slot_stride / 1048576.0, min_depth + 1, min_depth,
 				 cfg->session_bytes / 1048576.0);
 			rc = -E2BIG;
@@ -293,7 +298,8 @@ int sess_open(struct conn *c, uint64_t id, const Pf__OpenSession *req)
 		rc = push_arenas(s);
 	if (rc)
 		return rc; /* the connection is closing; sess_detach frees s */
-	log_info("session %" PRIu64 " opened by %s: dataset %s, device %s, batch %u, %u slots of %.2f MiB in %u arena(s), target %u",
+	log_info("session %" PRIu64 " opened by %s: dataset %s, device %s, batch %u, %u slots of "
+				    "%.2f MiB in %u arena(s), target %u",
 		 s->id, c->peer, ds->name, s->device, s->batch_size, s->nslots,
 		 s->slot_bytes / 1048576.0, s->narenas, s->gov.target);
 	return 0;
@@ -429,8 +435,8 @@ static void pump(struct sess *s)
 	}
 	if (s->next_send == s->nbatches) {
 		s->running = false;
-		log_debug("session %" PRIu64 ": epoch %" PRIu64 " done, %" PRIu64 " batches",
-			  s->id, s->epoch, s->nbatches - s->start_batch);
+		log_debug("session %" PRIu64 ": epoch %" PRIu64 " done, %" PRIu64 " batches", s->id,
+			  s->epoch, s->nbatches - s->start_batch);
 		send_end(s);
 		return;
 	}
@@ -505,7 +511,7 @@ static void stop_epoch(struct sess *s)
 int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 {
 	struct conn *c = s->conn;
-	struct order_spec spec = { 0 };
+	struct order_spec spec = {0};
 	uint64_t *picks = NULL, npicks = 0, nbatches;
 	char err[256] = "";
 	int rc;
@@ -517,8 +523,7 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 	case PF__ORDER__ORDER_SEQUENTIAL: spec.kind = ORDER_SEQ; break;
 	case PF__ORDER__ORDER_SHUFFLE: spec.kind = ORDER_SHUFFLE; break;
 	case PF__ORDER__ORDER_EXPLICIT: spec.kind = ORDER_EXPLICIT; break;
-	default:
-		return conn_error(c, id, -EINVAL, "unknown order %d", req->order);
+	default: return conn_error(c, id, -EINVAL, "unknown order %d", req->order);
 	}
 	spec.seed = req->seed;
 	spec.indices = req->indices;
@@ -637,7 +642,8 @@ void sess_detach(struct sess *s)
 
 	for (uint32_t i = 0; i < s->nslots; i++)
 		held += s->slots[i].state == SLOT_SENT;
-	log_info("session %" PRIu64 " closed: %" PRIu64 " bytes sent, %u slot(s) were held, %u read(s) in flight",
+	log_info("session %" PRIu64 " closed: %" PRIu64
+		 " bytes sent, %u slot(s) were held, %u read(s) in flight",
 		 s->id, s->bytes_sent, held, s->jobs);
 	sess_unlink(s);
 	s->conn = NULL;

@@ -32,11 +32,11 @@ enum slot_state { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_SENT, SLOT_ORPHAN };
 struct slot {
 	enum slot_state state;
 	uint64_t epoch, seq; /* the batch it holds (FILLING..SENT) */
-	uint32_t arena;      /* index into sess->arenas */
+	uint32_t arena;	     /* index into sess->arenas */
 	uint64_t offset;     /* within the arena */
-	uint8_t *host;       /* the daemon's mapping of the slot */
-	int error;           /* READY: 0, or the batch's read error */
-	char *errmsg;        /* owned, READY with error only */
+	uint8_t *host;	     /* the daemon's mapping of the slot */
+	int error;	     /* READY: 0, or the batch's read error */
+	char *errmsg;	     /* owned, READY with error only */
 };
 
 /* Slots beyond max_depth: what the trainer may hold (taken, not yet
@@ -46,38 +46,38 @@ struct slot {
 
 struct sess {
 	struct sess *next, *prev; /* daemon->sessions while alive */
-	struct daemon *d;         /* borrowed */
-	struct conn *conn;        /* borrowed: NULL once the socket is gone */
+	struct daemon *d;	  /* borrowed */
+	struct conn *conn;	  /* borrowed: NULL once the socket is gone */
 	uint64_t id;
 	char name[64];
 	char device[16];
-	int gpu;                  /* -1: host session */
+	int gpu; /* -1: host session */
 	uid_t uid;
 	pid_t pid;
 	const struct dataset *ds; /* borrowed: lives as long as the daemon */
 	uint32_t batch_size;
 	uint32_t augment;
 	bool drop_last;
-	uint64_t *field_offset;   /* owned: ds->nfields offsets within a slot */
+	uint64_t *field_offset; /* owned: ds->nfields offsets within a slot */
 	uint64_t slot_bytes, slot_stride;
-	struct slot *slots;       /* owned */
+	struct slot *slots; /* owned */
 	uint32_t nslots;
-	struct arena *arenas;     /* owned */
+	struct arena *arenas; /* owned */
 	uint32_t narenas;
 	struct gov gov;
 
 	/* The current epoch. */
 	uint64_t epoch;
-	bool running;             /* batches remain to be sent */
-	uint64_t *picks;          /* owned: this rank's picks */
+	bool running;	 /* batches remain to be sent */
+	uint64_t *picks; /* owned: this rank's picks */
 	uint64_t npicks;
 	uint64_t nbatches;
 	uint64_t start_batch;
-	uint64_t next_fill;       /* next seq to hand to a reader */
-	uint64_t next_send;       /* next seq to send */
+	uint64_t next_fill; /* next seq to hand to a reader */
+	uint64_t next_send; /* next seq to send */
 
-	unsigned jobs;            /* reader jobs not yet back */
-	bool dead;                /* connection gone, waiting for jobs */
+	unsigned jobs; /* reader jobs not yet back */
+	bool dead;     /* connection gone, waiting for jobs */
 
 	/* Figures for status. */
 	uint64_t sent, bytes_sent, errors, read_ns;

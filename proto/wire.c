@@ -36,12 +36,12 @@ int wire_encode(const Pf__Envelope *env, uint8_t **frame, size_t *len)
 
 long wire_send_some(int sock, const uint8_t *buf, size_t len, int pass_fd)
 {
-	struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
+	struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
 	union {
 		struct cmsghdr hdr;
 		char space[CMSG_SPACE(sizeof(int))];
 	} ctl;
-	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+	struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
 	ssize_t n;
 
 	if (pass_fd >= 0) {
@@ -124,7 +124,7 @@ long wire_rx_fill(struct wire_rx *rx, int sock)
 		char space[CMSG_SPACE(sizeof(int) * 8)];
 	} ctl;
 	struct iovec iov;
-	struct msghdr msg = { 0 };
+	struct msghdr msg = {0};
 	size_t want = 64 * 1024;
 	ssize_t n;
 	int rc;

@@ -23,7 +23,7 @@
 #include "prefetch.pb-c.h"
 
 #define WIRE_VERSION 1
-#define WIRE_HDR 4
+#define WIRE_HDR     4
 /* 16 MiB: an explicit index list of about two million picks fits in one
  * StartEpoch; everything else is far smaller. */
 #define WIRE_MAX_FRAME_DEFAULT (16u << 20)

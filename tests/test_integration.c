@@ -38,7 +38,10 @@ static struct tdaemon td;
 
 /* README "Shuffle specification", computed there by the Python reference
  * implementation: the shuffle of 10 picks under seed 42. */
-#define SHUFFLE_VECTOR_SEED42_N10 { 0, 9, 5, 8, 6, 4, 7, 2, 1, 3 }
+#define SHUFFLE_VECTOR_SEED42_N10                                                                  \
+	{                                                                                          \
+		0, 9, 5, 8, 6, 4, 7, 2, 1, 3                                                       \
+	}
 
 static uint64_t field_seed(const char *name)
 {
@@ -63,7 +66,8 @@ static void verify_batch(struct pf_client *c, const struct pf_batch *b, uint64_t
 
 			if (!td_row_ok(base + k * fi.sample_bytes, fi.sample_bytes,
 				       field_seed(fi.name), sample))
-				fail_msg("field %s of pick %llu (batch %llu, position %u) has wrong bytes",
+				fail_msg("field %s of pick %llu (batch %llu, position %u) has "
+					 "wrong bytes",
 					 fi.name, (unsigned long long)b->picks[k],
 					 (unsigned long long)b->seq, k);
 		}
@@ -126,19 +130,18 @@ static void assert_each_once(const uint64_t *picks, size_t n, uint64_t space)
 	free(seen);
 }
 
-static const char *MAIN_DATASETS =
-	"[dataset.main]\n"
-	"format = npy\n"
-	"field.x = x0.npy, x1.npy, x2.npy\n"
-	"field.y = y.npy\n"
-	"field.z = z.npy\n"
-	"[dataset.tiny]\n"
-	"field.x = tx.npy\n";
+static const char *MAIN_DATASETS = "[dataset.main]\n"
+				   "format = npy\n"
+				   "field.x = x0.npy, x1.npy, x2.npy\n"
+				   "field.y = y.npy\n"
+				   "field.z = z.npy\n"
+				   "[dataset.tiny]\n"
+				   "field.x = tx.npy\n";
 
 static int setup_main(void **state)
 {
 	char p[400];
-	uint64_t xs[2] = { 3, 5 }, zs[1] = { 7 };
+	uint64_t xs[2] = {3, 5}, zs[1] = {7};
 
 	if (td_init(&td, "integ"))
 		return -1;
@@ -173,8 +176,8 @@ static int teardown_main(void **state)
 
 static void sequential_epoch_delivers_every_sample_once(void **state)
 {
-	struct pf_open_opts oo = { .dataset = "main", .batch_size = 64 };
-	struct pf_epoch_opts eo = { .order = PF_ORDER_SEQUENTIAL };
+	struct pf_open_opts oo = {.dataset = "main", .batch_size = 64};
+	struct pf_epoch_opts eo = {.order = PF_ORDER_SEQUENTIAL};
 	struct run r;
 
 	run_epoch(&oo, &eo, UINT64_MAX, &r);
@@ -188,8 +191,8 @@ static void sequential_epoch_delivers_every_sample_once(void **state)
 
 static void drop_last_drops_only_the_partial_batch(void **state)
 {
-	struct pf_open_opts oo = { .dataset = "main", .batch_size = 64, .drop_last = true };
-	struct pf_epoch_opts eo = { .order = PF_ORDER_SHUFFLE, .seed = 5 };
+	struct pf_open_opts oo = {.dataset = "main", .batch_size = 64, .drop_last = true};
+	struct pf_epoch_opts eo = {.order = PF_ORDER_SHUFFLE, .seed = 5};
 	struct run r, full;
 
 	run_epoch(&oo, &eo, UINT64_MAX, &r);
@@ -210,8 +213,8 @@ static void shuffled_order_is_the_documented_vector(void **state)
 {
 	/* README "Shuffle specification": seed 42 over 10 picks. */
 	static const uint64_t want[10] = SHUFFLE_VECTOR_SEED42_N10;
-	struct pf_open_opts oo = { .dataset = "tiny", .batch_size = 3 };
-	struct pf_epoch_opts eo = { .order = PF_ORDER_SHUFFLE, .seed = 42 };
+	struct pf_open_opts oo = {.dataset = "tiny", .batch_size = 3};
+	struct pf_epoch_opts eo = {.order = PF_ORDER_SHUFFLE, .seed = 42};
 	struct run r;
 
 	run_epoch(&oo, &eo, UINT64_MAX, &r);
@@ -222,8 +225,8 @@ static void shuffled_order_is_the_documented_vector(void **state)
 
 static void shuffled_epoch_delivers_every_sample_once(void **state)
 {
-	struct pf_open_opts oo = { .dataset = "main", .batch_size = 50 };
-	struct pf_epoch_opts eo = { .order = PF_ORDER_SHUFFLE, .seed = 1234 };
+	struct pf_open_opts oo = {.dataset = "main", .batch_size = 50};
+	struct pf_epoch_opts eo = {.order = PF_ORDER_SHUFFLE, .seed = 1234};
 	struct run r, again;
 	size_t in_place = 0;
 
@@ -243,8 +246,8 @@ static void shuffled_epoch_delivers_every_sample_once(void **state)
 static void explicit_order_is_followed_exactly(void **state)
 {
 	uint64_t idx[300];
-	struct pf_open_opts oo = { .dataset = "main", .batch_size = 32 };
-	struct pf_epoch_opts eo = { .order = PF_ORDER_EXPLICIT, .indices = idx, .nindices = 300 };
+	struct pf_open_opts oo = {.dataset = "main", .batch_size = 32};
+	struct pf_epoch_opts eo = {.order = PF_ORDER_EXPLICIT, .indices = idx, .nindices = 300};
 	struct run r;
 
 	for (int i = 0; i < 300; i++)
@@ -258,10 +261,10 @@ static void explicit_order_is_followed_exactly(void **state)
 
 static void augment_covers_k_times_n_picks(void **state)
 {
-	struct pf_open_opts oo = { .dataset = "main", .batch_size = 100, .augment = 3 };
-	struct pf_epoch_opts eo = { .order = PF_ORDER_SHUFFLE, .seed = 9 };
+	struct pf_open_opts oo = {.dataset = "main", .batch_size = 100, .augment = 3};
+	struct pf_epoch_opts eo = {.order = PF_ORDER_SHUFFLE, .seed = 9};
 	struct run r;
-	unsigned per_sample[N_MAIN] = { 0 };
+	unsigned per_sample[N_MAIN] = {0};
 
 	run_epoch(&oo, &eo, UINT64_MAX, &r);
 	assert_int_equal(r.npicks, 3 * N_MAIN);
@@ -275,17 +278,17 @@ static void augment_covers_k_times_n_picks(void **state)
 
 static void four_ranks_cover_one_epoch_without_repeats(void **state)
 {
-	struct pf_client *c[4] = { 0 };
+	struct pf_client *c[4] = {0};
 	uint64_t *all = calloc(N_MAIN, sizeof(uint64_t));
 	size_t n = 0;
-	bool done[4] = { 0 };
+	bool done[4] = {0};
 	int live = 4;
 
 	/* Four consumers at once on one daemon, interleaved. */
 	for (int r = 0; r < 4; r++) {
-		struct pf_open_opts oo = { .dataset = "main", .batch_size = 16 };
-		struct pf_epoch_opts eo = { .order = PF_ORDER_SHUFFLE, .seed = 77, .rank = (uint32_t)r,
-					    .world = 4 };
+		struct pf_open_opts oo = {.dataset = "main", .batch_size = 16};
+		struct pf_epoch_opts eo = {
+			.order = PF_ORDER_SHUFFLE, .seed = 77, .rank = (uint32_t)r, .world = 4};
 		uint64_t batches;
 
 		assert_int_equal(pf_connect(td.sock, &c[r]), 0);
@@ -321,8 +324,8 @@ static void four_ranks_cover_one_epoch_without_repeats(void **state)
 
 static void resume_at_start_batch_receives_exactly_the_rest(void **state)
 {
-	struct pf_open_opts oo = { .dataset = "main", .batch_size = 30 };
-	struct pf_epoch_opts eo = { .order = PF_ORDER_SHUFFLE, .seed = 31337, .rank = 1, .world = 2 };
+	struct pf_open_opts oo = {.dataset = "main", .batch_size = 30};
+	struct pf_epoch_opts eo = {.order = PF_ORDER_SHUFFLE, .seed = 31337, .rank = 1, .world = 2};
 	struct run full, head, rest;
 	const uint64_t k = 6;
 
@@ -374,8 +377,8 @@ static void killed_consumer_is_reclaimed_within_100ms(void **state)
 	pid_t child;
 	uint64_t victim = 0;
 	struct pf_client *c = NULL;
-	struct pf_open_opts oo = { .dataset = "main", .batch_size = 20 };
-	struct pf_epoch_opts eo = { .order = PF_ORDER_SHUFFLE, .seed = 3 };
+	struct pf_open_opts oo = {.dataset = "main", .batch_size = 20};
+	struct pf_epoch_opts eo = {.order = PF_ORDER_SHUFFLE, .seed = 3};
 	uint64_t *picks = calloc(N_MAIN, sizeof(uint64_t));
 	size_t n = 0;
 	struct pf_batch *b;
@@ -478,9 +481,9 @@ static double json_number(const char *json, const char *key)
 static void status_json_matches_what_the_consumer_did(void **state)
 {
 	struct pf_client *c = NULL;
-	struct pf_open_opts oo = { .dataset = "main", .batch_size = 10, .max_depth = 6,
-				   .name = "status-probe" };
-	struct pf_epoch_opts eo = { .order = PF_ORDER_SEQUENTIAL };
+	struct pf_open_opts oo = {
+		.dataset = "main", .batch_size = 10, .max_depth = 6, .name = "status-probe"};
+	struct pf_epoch_opts eo = {.order = PF_ORDER_SEQUENTIAL};
 	struct pf_batch *held[2], *b;
 	struct pf_stats s;
 	char cmd[512], json[16384];

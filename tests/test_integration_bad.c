@@ -60,7 +60,7 @@ static void write_npy_raw(const char *name, const char *dict, size_t data_bytes)
 static int setup(void **state)
 {
 	char p[400];
-	uint64_t shape[1] = { 16 };
+	uint64_t shape[1] = {16};
 
 	if (td_init(&td, "bad"))
 		return -1;
@@ -71,13 +71,13 @@ static int setup(void **state)
 	td_path(&td, "short9.npy", p, sizeof(p));
 	td_write_npy(p, 1, "<f4", 4, N_OK - 1, shape, 1, SEED, 0);
 	/* Claims 100 rows of 64 bytes, holds 50. */
-	write_npy_raw("truncated.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (100, 16), }",
-		      50 * 64);
+	write_npy_raw("truncated.npy",
+		      "{'descr': '<f4', 'fortran_order': False, 'shape': (100, 16), }", 50 * 64);
 	write_file("badmagic.npy", "\x93NUMPZ\x01\x00\x10\x00{'descr': '<f4'}", 26);
 	write_npy_raw("fortran.npy", "{'descr': '<f4', 'fortran_order': True, 'shape': (10, 4), }",
 		      160);
-	write_npy_raw("bigendian.npy", "{'descr': '>f4', 'fortran_order': False, 'shape': (10, 4), }",
-		      160);
+	write_npy_raw("bigendian.npy",
+		      "{'descr': '>f4', 'fortran_order': False, 'shape': (10, 4), }", 160);
 	write_npy_raw("complex.npy", "{'descr': '<c8', 'fortran_order': False, 'shape': (10, 4), }",
 		      320);
 	if (td_start(&td, "max_frame = 1M",
@@ -108,14 +108,15 @@ static void assert_still_serving(void)
 {
 	struct pf_client *c = NULL;
 	struct pf_batch *b;
-	uint8_t seen[N_OK] = { 0 };
+	uint8_t seen[N_OK] = {0};
 	int n = 0;
 
 	assert_int_equal(pf_connect(td.sock, &c), 0);
-	assert_int_equal(pf_open(c, &(struct pf_open_opts){ .dataset = "ok", .batch_size = 32 }), 0);
-	assert_int_equal(pf_start_epoch(c, &(struct pf_epoch_opts){ .order = PF_ORDER_SHUFFLE, .seed = 2 },
-					NULL),
-			 0);
+	assert_int_equal(pf_open(c, &(struct pf_open_opts){.dataset = "ok", .batch_size = 32}), 0);
+	assert_int_equal(
+		pf_start_epoch(c, &(struct pf_epoch_opts){.order = PF_ORDER_SHUFFLE, .seed = 2},
+			       NULL),
+		0);
 	while (pf_next(c, 10000, &b) == 0 && b) {
 		for (uint32_t k = 0; k < b->count; k++) {
 			assert_false(seen[b->picks[k]]);
@@ -136,7 +137,7 @@ static void assert_open_refused(const char *dataset, int code, const char *w1, c
 	int rc;
 
 	assert_int_equal(pf_connect(td.sock, &c), 0);
-	rc = pf_open(c, &(struct pf_open_opts){ .dataset = dataset, .batch_size = 4 });
+	rc = pf_open(c, &(struct pf_open_opts){.dataset = dataset, .batch_size = 4});
 	print_message("open %s: %d %s\n", dataset, rc, pf_errmsg(c));
 	assert_int_equal(rc, code);
 	if (!strstr(pf_errmsg(c), w1) || (w2 && !strstr(pf_errmsg(c), w2)))
@@ -184,22 +185,25 @@ static void unknown_dataset_is_refused(void **state)
 static void out_of_range_explicit_index_is_refused(void **state)
 {
 	struct pf_client *c = NULL;
-	uint64_t idx[3] = { 1, N_OK, 2 };
+	uint64_t idx[3] = {1, N_OK, 2};
 	struct pf_batch *b;
 	int rc;
 
 	assert_int_equal(pf_connect(td.sock, &c), 0);
-	assert_int_equal(pf_open(c, &(struct pf_open_opts){ .dataset = "ok", .batch_size = 2 }), 0);
-	rc = pf_start_epoch(c, &(struct pf_epoch_opts){ .order = PF_ORDER_EXPLICIT, .indices = idx,
-						       .nindices = 3 },
-			    NULL);
+	assert_int_equal(pf_open(c, &(struct pf_open_opts){.dataset = "ok", .batch_size = 2}), 0);
+	rc = pf_start_epoch(
+		c,
+		&(struct pf_epoch_opts){.order = PF_ORDER_EXPLICIT, .indices = idx, .nindices = 3},
+		NULL);
 	assert_int_equal(rc, -ERANGE);
 	assert_non_null(strstr(pf_errmsg(c), "200"));
 	assert_non_null(strstr(pf_errmsg(c), "position 1"));
 	/* The same session goes on with a good list. */
 	idx[1] = 7;
-	assert_int_equal(pf_start_epoch(c, &(struct pf_epoch_opts){ .order = PF_ORDER_EXPLICIT,
-								    .indices = idx, .nindices = 3 },
+	assert_int_equal(pf_start_epoch(c,
+					&(struct pf_epoch_opts){.order = PF_ORDER_EXPLICIT,
+								.indices = idx,
+								.nindices = 3},
 					NULL),
 			 0);
 	assert_int_equal(pf_next(c, 10000, &b), 0);
@@ -213,7 +217,7 @@ static void out_of_range_explicit_index_is_refused(void **state)
 
 static int raw_connect(void)
 {
-	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
 	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
 
 	memcpy(a.sun_path, td.sock, strnlen(td.sock, sizeof(a.sun_path) - 1));
@@ -224,7 +228,7 @@ static int raw_connect(void)
 /* Reads until EOF (the daemon closed us) or 2 s; true on EOF. */
 static bool closed_by_daemon(int fd)
 {
-	struct timeval tv = { .tv_sec = 2 };
+	struct timeval tv = {.tv_sec = 2};
 	char buf[4096];
 
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -254,7 +258,7 @@ static bool log_says(const char *what)
 static void oversized_frame_closes_only_that_connection(void **state)
 {
 	int fd = raw_connect();
-	uint8_t hdr[4] = { 0xff, 0xff, 0xff, 0x7f }; /* 2 GiB announced */
+	uint8_t hdr[4] = {0xff, 0xff, 0xff, 0x7f}; /* 2 GiB announced */
 	struct pf_client *other = NULL;
 
 	/* A second client connected before the bad one stays usable. */
@@ -263,7 +267,8 @@ static void oversized_frame_closes_only_that_connection(void **state)
 	assert_true(closed_by_daemon(fd));
 	close(fd);
 	assert_true(log_says("oversized frame"));
-	assert_int_equal(pf_open(other, &(struct pf_open_opts){ .dataset = "ok", .batch_size = 8 }), 0);
+	assert_int_equal(pf_open(other, &(struct pf_open_opts){.dataset = "ok", .batch_size = 8}),
+			 0);
 	pf_close(other);
 	assert_still_serving();
 }
@@ -271,7 +276,7 @@ static void oversized_frame_closes_only_that_connection(void **state)
 static void garbage_frame_closes_only_that_connection(void **state)
 {
 	int fd = raw_connect();
-	uint8_t junk[4 + 24] = { 24, 0, 0, 0 };
+	uint8_t junk[4 + 24] = {24, 0, 0, 0};
 
 	memset(junk + 4, 0xff, 24);
 	assert_int_equal(send(fd, junk, sizeof(junk), 0), sizeof(junk));
@@ -284,8 +289,8 @@ static void garbage_frame_closes_only_that_connection(void **state)
 static void release_of_foreign_slot_is_refused(void **state)
 {
 	struct pf_client *a = NULL, *b = NULL;
-	struct pf_open_opts oo = { .dataset = "ok", .batch_size = 10, .max_depth = 2 };
-	struct pf_epoch_opts eo = { .order = PF_ORDER_SEQUENTIAL };
+	struct pf_open_opts oo = {.dataset = "ok", .batch_size = 10, .max_depth = 2};
+	struct pf_epoch_opts eo = {.order = PF_ORDER_SEQUENTIAL};
 	Pf__Envelope env = PF__ENVELOPE__INIT;
 	Pf__Release rel = PF__RELEASE__INIT;
 	struct pf_batch *ba, *bb;
@@ -348,12 +353,12 @@ static void file_truncated_after_load_gives_error_batches_in_order(void **state)
 
 	td_path(&td, "late.npy", p, sizeof(p));
 	assert_int_equal(pf_connect(td.sock, &c), 0);
-	assert_int_equal(pf_open(c, &(struct pf_open_opts){ .dataset = "late", .batch_size = 50 }), 0);
+	assert_int_equal(pf_open(c, &(struct pf_open_opts){.dataset = "late", .batch_size = 50}),
+			 0);
 	/* Rows 150.. vanish: the header is 128 bytes, rows are 64. */
 	assert_int_equal(truncate(p, 128 + 150 * 64), 0);
-	assert_int_equal(pf_start_epoch(c, &(struct pf_epoch_opts){ .order = PF_ORDER_SEQUENTIAL },
-					NULL),
-			 0);
+	assert_int_equal(
+		pf_start_epoch(c, &(struct pf_epoch_opts){.order = PF_ORDER_SEQUENTIAL}, NULL), 0);
 	for (;;) {
 		rc = pf_next(c, 10000, &b);
 		if (rc == 0 && !b)
@@ -367,8 +372,8 @@ static void file_truncated_after_load_gives_error_batches_in_order(void **state)
 		} else {
 			assert_int_equal(b->seq, seq);
 			for (uint32_t k = 0; k < b->count; k++)
-				assert_true(td_row_ok((const uint8_t *)b->data[0] + k * 64, 64, SEED,
-						      b->picks[k]));
+				assert_true(td_row_ok((const uint8_t *)b->data[0] + k * 64, 64,
+						      SEED, b->picks[k]));
 			good++;
 			pf_release(c, b, NULL);
 		}

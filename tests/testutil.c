@@ -128,7 +128,8 @@ int td_write_npy(const char *path, unsigned version, const char *descr, size_t i
 {
 	uint8_t hdr[4096];
 	uint64_t row_bytes = itemsize;
-	size_t off = npygen_header(hdr, sizeof(hdr), version, descr, rows, sample_shape, sample_ndim);
+	size_t off =
+		npygen_header(hdr, sizeof(hdr), version, descr, rows, sample_shape, sample_ndim);
 	uint8_t *row;
 	FILE *f;
 	int rc = 0;

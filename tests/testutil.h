@@ -14,7 +14,7 @@
 #include "prefetch.pb-c.h"
 
 struct tdaemon {
-	char dir[256];   /* temporary directory, removed by td_cleanup */
+	char dir[256]; /* temporary directory, removed by td_cleanup */
 	char sock[320];
 	char conf[320];
 	char log[320];
