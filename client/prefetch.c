@@ -17,14 +17,19 @@
  * Taking a batch sends its Ack (the daemon may prepare another: the
  * governor's `consumed`), with the stall accounting of this client: time
  * blocked inside pf_next (wait) and time between calls (busy).  Releasing
- * sends Release; CUDA batches will wait for the trainer's stream first
- * through the pending-release list (struct pfc_release).
+ * sends Release; CUDA batches wait for the trainer's stream first through
+ * the pending-release list (struct pfc_release): an event is recorded on
+ * the stream, and the Release goes out from a later call once the event has
+ * completed.  CUDA sessions also send the honest-depth Probe: free device
+ * memory after the trainer's second batch (its first step has run), then
+ * every probe_interval_s the daemon asked for.
  *
  * DESIGN: no threads, no locks.  A struct pf_client belongs to the thread
  * that calls it, one at a time (prefetch.h says so); its lists, arena
  * mappings and receive buffer have no other owner.
  */
 #include "client_int.h"
+#include "pfcuda.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -57,7 +62,17 @@ struct pfc_arena {
 	bool present;
 	int kind; /* Pf__ArenaKind */
 	uint64_t bytes;
-	void *base; /* owned mapping: munmap'd by pf_close (host arenas) */
+	void *base;		  /* host: owned mapping, munmap'd by pf_close;
+				   * CUDA: the device address of garena */
+	struct pfcuda_arena garena; /* CUDA: owned import, unmapped by pf_close */
+};
+
+/* A release event of a CUDA batch: recorded on the trainer's stream, kept
+ * for reuse once done. */
+struct pfc_event {
+	struct pf_client *c; /* borrowed: its owner */
+	void *ev;	     /* owned CUevent */
+	struct pfc_event *next;
 };
 
 /*
@@ -102,6 +117,10 @@ struct pf_client {
 	 * error rather than two batches aliasing one buffer. */
 	uint8_t *slot_mine;
 	char *device;		  /* owned: what the daemon granted */
+	struct pfcuda_dev *cuda;  /* owned: CUDA sessions' device, else NULL */
+	struct pfc_event *events; /* owned: idle release events */
+	double probe_interval_s;  /* CUDA: 0 = only the first probe */
+	int64_t last_probe_ns;	  /* 0: not probed yet */
 	struct pfc_arena *arenas; /* owned, indexed by arena id */
 	uint32_t narenas;
 
@@ -447,15 +466,47 @@ static int release_queue(struct pf_client *c)
 	return rc;
 }
 
-/* CUDA arenas are imported by client/cuda.c (cuMemImportFromShareableHandle
- * or cudaIpcOpenMemHandle), which is not part of the library yet.  Until it
- * is, every CUDA arena breaks the session with a clear message, so no batch
- * can ever point into device memory. */
+/* A device arena: imported once (its fd arrived with the frame, or its
+ * legacy handle is in it) and cached for the session.  A session that
+ * cannot map its arenas cannot deliver, so a failure breaks it. */
 static int import_cuda_arena(struct pf_client *c, struct pfc_arena *a, const Pf__Arena *msg, int fd)
 {
-	if (fd >= 0)
-		close(fd);
-	return conn_fail(c, -ENOTSUP, "CUDA arenas: not built yet");
+	char why[256];
+	int rc;
+
+	if (!c->cuda) {
+		if (fd >= 0)
+			close(fd);
+		return conn_fail(c, -EPROTO, "device arena %" PRIu32 " pushed to a host session",
+				 msg->id);
+	}
+	if (msg->bytes == 0) {
+		if (fd >= 0)
+			close(fd);
+		return conn_fail(c, -EPROTO, "device arena %" PRIu32 " has no bytes", msg->id);
+	}
+	if (msg->kind == PF__ARENA_KIND__ARENA_CUDA_FD) {
+		if (fd < 0)
+			return conn_fail(c, -EPROTO,
+					 "device arena %" PRIu32 " arrived without its descriptor",
+					 msg->id);
+		rc = pfcuda_import_fd(c->cuda, fd, msg->bytes, &a->garena, why, sizeof(why));
+	} else {
+		if (msg->legacy_handle.len != PFCUDA_IPC_HANDLE_BYTES)
+			return conn_fail(c, -EPROTO,
+					 "device arena %" PRIu32 " has a %zu-byte IPC handle", msg->id,
+					 msg->legacy_handle.len);
+		rc = pfcuda_import_legacy(c->cuda, msg->legacy_handle.data, msg->bytes, &a->garena,
+					  why, sizeof(why));
+	}
+	if (rc)
+		return conn_fail(c, rc, "cannot map device arena %" PRIu32 " (%.1f MiB) of %s: %s",
+				 msg->id, msg->bytes / 1048576.0, c->where, why);
+	a->base = (void *)(uintptr_t)a->garena.base;
+	a->bytes = msg->bytes;
+	a->kind = (int)msg->kind;
+	a->present = true;
+	return 0;
 }
 
 static int map_host_arena(struct pf_client *c, struct pfc_arena *a, const Pf__Arena *msg)
@@ -959,6 +1010,7 @@ PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
 	Pf__Envelope env = PF__ENVELOPE__INIT;
 	Pf__OpenSession msg = PF__OPEN_SESSION__INIT;
 	Pf__Envelope *reply;
+	char why[256], bus_id[32];
 	int rc;
 
 	if (!c)
@@ -970,6 +1022,23 @@ PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
 	if (c->opened)
 		return pfc_set_err(c, -EBUSY, "pf_open: this client already has session %" PRIu64,
 				   c->session);
+	if (opts->device && strncmp(opts->device, "cuda:", 5) == 0) {
+		char *end;
+		long n;
+
+		errno = 0;
+		n = strtol(opts->device + 5, &end, 10);
+		if (end == opts->device + 5 || *end || n < 0 || n > INT_MAX || errno)
+			return pfc_set_err(c, -EINVAL,
+					   "pf_open: unknown device '%s' (use \"host\" or \"cuda:N\")",
+					   opts->device);
+		/* The driver is loaded here, on the first CUDA session. */
+		rc = pfcuda_open((int)n, &c->cuda, why, sizeof(why));
+		if (rc)
+			return pfc_set_err(c, rc, "pf_open: %s: %s", opts->device, why);
+		if (pfcuda_pci_bus_id(c->cuda, bus_id, sizeof(bus_id), NULL, 0) == 0)
+			msg.pci_bus_id = bus_id;
+	}
 	msg.dataset = (char *)opts->dataset;
 	msg.device = (char *)(opts->device ? opts->device : "host");
 	msg.batch_size = opts->batch_size;
@@ -982,8 +1051,12 @@ PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
 	env.msg_case = PF__ENVELOPE__MSG_OPEN;
 	env.open = &msg;
 	rc = pfc_call(c, &env, PF__ENVELOPE__MSG_OPENED, &reply);
-	if (rc)
+	if (rc) {
+		pfcuda_close(c->cuda);
+		c->cuda = NULL;
 		return rc;
+	}
+	c->probe_interval_s = reply->opened->probe_interval_s;
 	rc = keep_session(c, reply->opened);
 	pf__envelope__free_unpacked(reply, NULL);
 	return rc;
@@ -1077,6 +1150,92 @@ PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts,
 	return rc;
 }
 
+/* The honest-depth probe: free device memory now, as the trainer sees it.
+ * Best effort: a failed read only skips this probe. */
+static void maybe_probe(struct pf_client *c)
+{
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__Probe msg = PF__PROBE__INIT;
+	int64_t now;
+	uint64_t free_b, total_b;
+
+	if (!c->cuda || c->batches < 2)
+		return;
+	now = now_ns();
+	if (c->last_probe_ns &&
+	    (c->probe_interval_s <= 0 || now - c->last_probe_ns < c->probe_interval_s * 1e9))
+		return;
+	c->last_probe_ns = now;
+	if (pfcuda_mem_info(c->cuda, &free_b, &total_b, NULL, 0))
+		return;
+	msg.free_bytes = free_b;
+	msg.total_bytes = total_b;
+	env.msg_case = PF__ENVELOPE__MSG_PROBE;
+	env.probe = &msg;
+	pfc_send(c, &env);
+}
+
+static int event_done(void *event)
+{
+	struct pfc_event *e = event;
+	int rc = pfcuda_event_query(e->c->cuda, e->ev, NULL, 0);
+
+	return rc == 0 ? 1 : rc == -EAGAIN ? 0 : rc;
+}
+
+static void event_put(void *event)
+{
+	struct pfc_event *e = event;
+
+	e->next = e->c->events;
+	e->c->events = e;
+}
+
+/* Queues the release of a device batch behind the work queued on stream so
+ * far.  0, or -errno with the batch still held by the caller. */
+static int release_after(struct pf_client *c, struct pfc_batch *b, void *stream)
+{
+	struct pfc_release *r = calloc(1, sizeof(*r));
+	struct pfc_event *e = c->events;
+	char why[256];
+	int rc;
+
+	if (!r)
+		return pfc_set_err(c, -ENOMEM, "out of memory");
+	if (e) {
+		c->events = e->next;
+	} else {
+		e = calloc(1, sizeof(*e));
+		if (!e) {
+			free(r);
+			return pfc_set_err(c, -ENOMEM, "out of memory");
+		}
+		e->c = c;
+		rc = pfcuda_event_create(c->cuda, &e->ev, why, sizeof(why));
+		if (rc) {
+			free(e);
+			free(r);
+			return pfc_set_err(c, rc, "pf_release: %s", why);
+		}
+	}
+	rc = pfcuda_event_record(c->cuda, e->ev, stream, why, sizeof(why));
+	if (rc) {
+		event_put(e);
+		free(r);
+		return pfc_set_err(c, rc, "pf_release: cannot record on stream %p: %s", stream,
+				   why);
+	}
+	r->epoch = b->pub.epoch;
+	r->seq = b->pub.seq;
+	r->slot = b->slot;
+	r->event = e;
+	r->done = event_done;
+	r->free_event = event_put;
+	r->next = c->releases;
+	c->releases = r;
+	return 0;
+}
+
 /* Takes the head of the queue: acks it and hands it to the trainer. */
 static int take(struct pf_client *c, struct pf_batch **batch)
 {
@@ -1116,6 +1275,7 @@ static int take(struct pf_client *c, struct pf_batch **batch)
 	c->batches++;
 	c->bytes += b->bytes;
 	*batch = &b->pub;
+	maybe_probe(c);
 	return 0;
 }
 
@@ -1201,16 +1361,27 @@ PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream)
 				   "pf_release: this batch is not held by this client "
 				   "(released twice?)");
 	b = *pp;
-	*pp = b->next;
-	c->nheld--;
 	if (c->dead) {
+		*pp = b->next;
+		c->nheld--;
 		c->slot_mine[b->slot] = 0;
 		free_batch(b);
 		return fail_dead(c);
 	}
-	/* Device batches go through c->releases once client/cuda.c records
-	 * the trainer's stream; host memory is read synchronously by the
-	 * trainer, so its release is immediate. */
+	/* Device batches wait for the work queued on the trainer's stream;
+	 * host memory is read synchronously by the trainer, so its release is
+	 * immediate. */
+	if (b->pub.on_device) {
+		rc = release_after(c, b, stream);
+		if (rc)
+			return rc; /* still held: the caller may retry */
+		*pp = b->next;
+		c->nheld--;
+		free_batch(b);
+		return flush_releases(c, 0);
+	}
+	*pp = b->next;
+	c->nheld--;
 	rc = send_release(c, b->pub.epoch, b->pub.seq, b->slot);
 	free_batch(b);
 	if (rc)
@@ -1295,15 +1466,38 @@ PF_API void pf_close(struct pf_client *c)
 	while (c->held) {
 		struct pfc_batch *b = c->held;
 
+		/* A device batch still held may be read by queued work on a
+		 * stream we do not know: wait for the legacy default stream,
+		 * which waits for every blocking stream. */
+		if (b->pub.on_device && !c->dead && release_after(c, b, NULL) == 0) {
+			c->held = b->next;
+			free_batch(b);
+			continue;
+		}
 		c->held = b->next;
 		if (!c->dead)
 			send_release(c, b->pub.epoch, b->pub.seq, b->slot);
 		free_batch(b);
 	}
 	flush_releases(c, c->timeout_ms);
-	for (uint32_t a = 0; a < c->narenas; a++)
-		if (c->arenas[a].present && c->arenas[a].kind == PF__ARENA_KIND__ARENA_HOST_MEMFD)
-			munmap(c->arenas[a].base, (size_t)c->arenas[a].bytes);
+	for (uint32_t a = 0; a < c->narenas; a++) {
+		struct pfc_arena *ar = &c->arenas[a];
+
+		if (!ar->present)
+			continue;
+		if (ar->kind == PF__ARENA_KIND__ARENA_HOST_MEMFD)
+			munmap(ar->base, (size_t)ar->bytes);
+		else
+			pfcuda_unmap(c->cuda, &ar->garena, NULL, 0);
+	}
+	while (c->events) {
+		struct pfc_event *e = c->events;
+
+		c->events = e->next;
+		pfcuda_event_destroy(c->cuda, e->ev);
+		free(e);
+	}
+	pfcuda_close(c->cuda);
 	if (c->sock >= 0)
 		close(c->sock);
 	wire_rx_free(&c->rx);

@@ -13,10 +13,12 @@
 
 #include "config.h"
 #include "dataset.h"
+#include "ring.h"
 
 struct conn;
 struct sess;
 struct reader_pool;
+struct xfer;
 
 struct daemon {
 	uv_loop_t *loop;	  /* borrowed: the default loop */
@@ -38,6 +40,10 @@ struct daemon {
 	uv_timer_t tick; /* periodic housekeeping (probes) */
 	int ngpus;	 /* < 0: host sessions only */
 	char gpu_desc[256];
+	struct ring ring;     /* the pinned reader ring (CUDA sessions) */
+	char ring_err[200];   /* why there is none, when ngpus > 0 */
+	struct xfer **xfers;  /* owned, ngpus entries: started on first use */
+	int test_fail_allocs; /* PREFETCHD_TEST_FAIL_ALLOCS: forced OOMs left */
 	bool stopping;
 };
 

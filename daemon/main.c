@@ -23,6 +23,7 @@
 #include "reader.h"
 #include "server.h"
 #include "sess.h"
+#include "xfer.h"
 
 #define DEFAULT_CONFIG "/etc/prefetchd/prefetchd.conf"
 
@@ -67,6 +68,13 @@ static void on_signal(uv_signal_t *h, int signum)
 	server_stop(d);
 	reader_pool_stop(d->readers);
 	d->readers = NULL;
+	/* After the readers: their last completions may still queue copies
+	 * (of dead sessions: none), and sessions freed now release arenas. */
+	for (int g = 0; d->xfers && g < d->ngpus; g++) {
+		if (d->xfers[g])
+			xfer_stop(d->xfers[g]);
+		d->xfers[g] = NULL;
+	}
 	uv_timer_stop(&d->tick);
 	uv_close((uv_handle_t *)&d->tick, NULL);
 	uv_close((uv_handle_t *)&d->sig_term, NULL);
@@ -143,10 +151,25 @@ int main(int argc, char **argv)
 	}
 
 	d.ngpus = gpu_init(d.gpu_desc, sizeof(d.gpu_desc));
-	if (d.ngpus > 0)
+	if (d.ngpus > 0) {
 		log_info("GPU: %s", d.gpu_desc);
-	else
+		d.xfers = calloc((size_t)d.ngpus, sizeof(*d.xfers));
+		if (!d.xfers)
+			fatal("out of memory");
+		/* The ring is page-locked once, here, never per batch. */
+		rc = ring_init(&d.ring, d.cfg.ring_bytes, d.ring_err, sizeof(d.ring_err));
+		if (rc)
+			log_err("CUDA sessions are off: %s", d.ring_err);
+		else
+			log_info("pinned reader ring: %.0f MiB", d.ring.bytes / 1048576.0);
+	} else {
 		log_info("serving host sessions only: %s", d.gpu_desc);
+	}
+	if (getenv("PREFETCHD_TEST_FAIL_ALLOCS")) {
+		d.test_fail_allocs = atoi(getenv("PREFETCHD_TEST_FAIL_ALLOCS"));
+		log_warn("test hook: the next %d device arena allocation(s) will fail",
+			 d.test_fail_allocs);
+	}
 
 	d.loop = uv_default_loop();
 	d.started_ns = now_ns();
@@ -177,6 +200,8 @@ int main(int argc, char **argv)
 	rc = uv_loop_close(d.loop);
 	if (rc)
 		log_warn("loop closed with handles still open: %s", uv_strerror(rc));
+	ring_destroy(&d.ring);
+	free(d.xfers);
 	for (size_t i = 0; i < d.ndatasets; i++)
 		ds_close(&d.datasets[i]);
 	free(d.datasets);

@@ -23,7 +23,9 @@
 #include "log.h"
 #include "order.h"
 #include "reader.h"
+#include "ring.h"
 #include "server.h"
+#include "xfer.h"
 
 /* Fields start at this alignment inside a slot: enough for any dtype, for
  * vectorised copies and for CUDA's 256-byte allocation alignment. */
@@ -59,16 +61,45 @@ static void sess_unlink(struct sess *s)
 	d->nsessions--;
 }
 
+static void free_sess_mem(uv_handle_t *h)
+{
+	free(h->data);
+}
+
+/* Every job is back (s->jobs == 0): nothing reads or writes s's memory. */
 static void sess_free(struct sess *s)
 {
 	for (uint32_t i = 0; i < s->nslots; i++)
 		free(s->slots[i].errmsg);
 	for (uint32_t i = 0; i < s->narenas; i++)
 		arena_destroy(&s->arenas[i]);
+	/* Device arenas are released on their transfer thread (the calls
+	 * block); by now every copy into them has completed. */
+	for (uint32_t i = 0; i < s->ngarenas; i++) {
+		struct xfer_job *job = calloc(1, sizeof(*job));
+
+		if (!job) {
+			log_err("session %" PRIu64 ": out of memory freeing device arena %u", s->id,
+				i);
+			continue;
+		}
+		job->kind = XFER_FREE;
+		job->arena = s->garenas[i];
+		xfer_submit(s->xfer, job);
+	}
+	if (s->ring_bytes)
+		ring_give(&s->d->ring, s->ring_off, s->ring_bytes);
+	free(s->ring_busy);
+	free(s->garenas);
 	free(s->arenas);
 	free(s->slots);
 	free(s->field_offset);
 	free(s->picks);
+	if (s->retry_live) {
+		s->retry.data = s;
+		uv_close((uv_handle_t *)&s->retry, free_sess_mem);
+		return;
+	}
 	free(s);
 }
 
@@ -131,9 +162,139 @@ static int make_host_arenas(struct sess *s, char *err, size_t errlen)
 			s->slots[slot].arena = a;
 			s->slots[slot].offset = k * s->slot_stride;
 			s->slots[slot].host = s->arenas[a].host + k * s->slot_stride;
+			s->slots[slot].present = true;
+			s->slots[slot].ring = -1;
 		}
 	}
 	return 0;
+}
+
+/* The daemon's ordinal of the GPU a CUDA session asks for: by PCI bus id
+ * when the client sent one (its CUDA_VISIBLE_DEVICES may number GPUs
+ * differently), else by the N of "cuda:N". */
+static int pick_gpu(struct daemon *d, const Pf__OpenSession *req, int *gpu, char *err,
+		    size_t errlen)
+{
+	char *end;
+	long n;
+
+	if (strncmp(req->device, "cuda:", 5) != 0) {
+		snprintf(err, errlen, "unknown device '%s' (use \"host\" or \"cuda:N\")",
+			 req->device);
+		return -EINVAL;
+	}
+	errno = 0;
+	n = strtol(req->device + 5, &end, 10);
+	if (end == req->device + 5 || *end || n < 0 || errno) {
+		snprintf(err, errlen, "unknown device '%s' (use \"host\" or \"cuda:N\")",
+			 req->device);
+		return -EINVAL;
+	}
+	if (d->ngpus <= 0) {
+		snprintf(err, errlen, "device %s: this daemon serves host sessions only (%.160s)",
+			 req->device, d->gpu_desc);
+		return -ENODEV;
+	}
+	if (!d->ring.base) {
+		snprintf(err, errlen, "device %s: CUDA sessions are off: %.160s", req->device,
+			 d->ring_err);
+		return -ENODEV;
+	}
+	if (req->pci_bus_id && req->pci_bus_id[0]) {
+		int dev = gpu_device_by_pci_bus_id(req->pci_bus_id);
+
+		if (dev < 0) {
+			snprintf(err, errlen,
+				 "device %s (PCI %s) is not one of the daemon's GPUs (%.120s); check "
+				 "the daemon's CUDA_VISIBLE_DEVICES",
+				 req->device, req->pci_bus_id, d->gpu_desc);
+			return -ENODEV;
+		}
+		*gpu = dev;
+		return 0;
+	}
+	if (n >= d->ngpus) {
+		snprintf(err, errlen, "device %s: the daemon has %d GPU(s) (%.160s)", req->device,
+			 d->ngpus, d->gpu_desc);
+		return -ENODEV;
+	}
+	*gpu = (int)n;
+	return 0;
+}
+
+/* A CUDA session's transfer thread, ring slots and back-off timer.  Device
+ * slots come later, an arena at a time (grow). */
+static int setup_cuda(struct sess *s, const Pf__OpenSession *req, char *err, size_t errlen)
+{
+	struct daemon *d = s->d;
+	const struct config *cfg = &d->cfg;
+	uint32_t want, n;
+	int rc;
+
+	switch (req->ipc) {
+	case PF__IPC__IPC_FD: s->ipc = GPU_IPC_FD; break;
+	case PF__IPC__IPC_LEGACY: s->ipc = GPU_IPC_LEGACY; break;
+	default: s->ipc = cfg->ipc && strcmp(cfg->ipc, "legacy") == 0 ? GPU_IPC_LEGACY : GPU_IPC_FD;
+	}
+	if (!d->xfers[s->gpu]) {
+		rc = xfer_start(&d->xfers[s->gpu], s->gpu, d->loop, sess_xfer_done, d, err, errlen);
+		if (rc)
+			return rc;
+		log_info("GPU %d: transfer thread started", s->gpu);
+	}
+	s->xfer = d->xfers[s->gpu];
+	/* Ring slots: enough for every reader to work on a batch of this
+	 * session plus one being copied, never more than can be in flight. */
+	want = cfg->readers + 2;
+	if (want > s->gov.max_depth + 1)
+		want = s->gov.max_depth + 1;
+	for (n = want; n > 0; n--)
+		if (ring_take(&d->ring, (uint64_t)n * s->slot_stride, &s->ring_off) == 0)
+			break;
+	if (n == 0) {
+		snprintf(err, errlen,
+			 "the pinned ring has no room for one %.1f MiB batch (ring_bytes = %.0f "
+			 "MiB, %.1f MiB free in one piece)",
+			 s->slot_stride / 1048576.0, d->ring.bytes / 1048576.0,
+			 ring_largest_free(&d->ring) / 1048576.0);
+		return -ENOSPC;
+	}
+	s->nring = n;
+	s->ring_bytes = (uint64_t)n * s->slot_stride;
+	s->ring_busy = calloc(n, 1);
+	if (!s->ring_busy)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < s->nslots; i++)
+		s->slots[i].ring = -1;
+	uv_timer_init(d->loop, &s->retry);
+	s->retry.data = s;
+	s->retry_live = true;
+	return 0;
+}
+
+/* Announces device arena a (its fd goes with it, once). */
+static int push_garena(struct sess *s, uint32_t a)
+{
+	struct gpu_arena *ga = &s->garenas[a];
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__Arena msg = PF__ARENA__INIT;
+	int fd = -1;
+
+	msg.id = a;
+	msg.bytes = ga->bytes;
+	msg.device = s->gpu;
+	if (ga->kind == GPU_IPC_FD) {
+		msg.kind = PF__ARENA_KIND__ARENA_CUDA_FD;
+		fd = ga->export_fd; /* the send queue owns it from here */
+		ga->export_fd = -1;
+	} else {
+		msg.kind = PF__ARENA_KIND__ARENA_CUDA_LEGACY;
+		msg.legacy_handle.data = ga->legacy_handle;
+		msg.legacy_handle.len = GPU_IPC_HANDLE_BYTES;
+	}
+	env.msg_case = PF__ENVELOPE__MSG_ARENA;
+	env.arena = &msg;
+	return conn_send(s->conn, &env, fd);
 }
 
 static int push_arenas(struct sess *s)
@@ -188,6 +349,7 @@ static int reply_opened(struct sess *s, uint64_t id)
 	msg.slots = s->nslots;
 	msg.target = s->gov.target;
 	msg.device = s->device;
+	msg.probe_interval_s = s->gpu >= 0 ? s->d->cfg.probe_interval : 0;
 	env.id = id;
 	env.msg_case = PF__ENVELOPE__MSG_OPENED;
 	env.opened = &msg;
@@ -207,6 +369,7 @@ int sess_open(struct conn *c, uint64_t id, const Pf__OpenSession *req)
 	char err[256] = "";
 	uint32_t min_depth, max_depth;
 	uint64_t fit;
+	int gpu = -1;
 	int rc;
 
 	if (c->sess)
@@ -228,13 +391,9 @@ int sess_open(struct conn *c, uint64_t id, const Pf__OpenSession *req)
 	if (req->batch_size == 0)
 		return conn_error(c, id, -EINVAL, "batch_size must be at least 1");
 	if (req->device[0] && strcmp(req->device, "host") != 0) {
-		if (strncmp(req->device, "cuda:", 5) != 0)
-			return conn_error(c, id, -EINVAL,
-					  "unknown device '%s' (use \"host\" or \"cuda:N\")",
-					  req->device);
-		return conn_error(c, id, -ENODEV,
-				  "device %s: this daemon serves host sessions only (%s)",
-				  req->device, d->gpu_desc);
+		rc = pick_gpu(d, req, &gpu, err, sizeof(err));
+		if (rc)
+			return conn_error(c, id, rc, "%s", err);
 	}
 	min_depth = req->min_depth ? req->min_depth : 1;
 	max_depth = req->max_depth ? req->max_depth : cfg->max_depth;
@@ -248,7 +407,7 @@ int sess_open(struct conn *c, uint64_t id, const Pf__OpenSession *req)
 	s->d = d;
 	s->conn = c;
 	s->id = ++d->next_session_id;
-	s->gpu = -1;
+	s->gpu = gpu;
 	s->uid = c->uid;
 	s->pid = c->pid;
 	s->ds = ds;
@@ -257,7 +416,10 @@ int sess_open(struct conn *c, uint64_t id, const Pf__OpenSession *req)
 	s->drop_last = req->drop_last;
 	s->opened_ns = now_ns();
 	snprintf(s->name, sizeof(s->name), "%.63s", req->name[0] ? req->name : c->peer);
-	snprintf(s->device, sizeof(s->device), "host");
+	if (gpu >= 0)
+		snprintf(s->device, sizeof(s->device), "cuda:%d", gpu);
+	else
+		snprintf(s->device, sizeof(s->device), "host");
 	rc = layout(s);
 	if (rc)
 		goto fail;
@@ -287,7 +449,10 @@ int sess_open(struct conn *c, uint64_t id, const Pf__OpenSession *req)
 		goto fail;
 	}
 	gov_init(&s->gov, min_depth, max_depth, cfg->depth);
-	rc = make_host_arenas(s, err, sizeof(err));
+	if (gpu >= 0)
+		rc = setup_cuda(s, req, err, sizeof(err));
+	else
+		rc = make_host_arenas(s, err, sizeof(err));
 	if (rc)
 		goto fail;
 
@@ -298,10 +463,17 @@ int sess_open(struct conn *c, uint64_t id, const Pf__OpenSession *req)
 		rc = push_arenas(s);
 	if (rc)
 		return rc; /* the connection is closing; sess_detach frees s */
-	log_info("session %" PRIu64 " opened by %s: dataset %s, device %s, batch %u, %u slots of "
-				    "%.2f MiB in %u arena(s), target %u",
-		 s->id, c->peer, ds->name, s->device, s->batch_size, s->nslots,
-		 s->slot_bytes / 1048576.0, s->narenas, s->gov.target);
+	if (gpu >= 0)
+		log_info("session %" PRIu64 " opened by %s: dataset %s, device %s (ipc %s), batch %u, "
+			 "up to %u device slots of %.2f MiB, %u ring slot(s), target %u",
+			 s->id, c->peer, ds->name, s->device,
+			 s->ipc == GPU_IPC_FD ? "fd" : "legacy", s->batch_size, s->nslots,
+			 s->slot_bytes / 1048576.0, s->nring, s->gov.target);
+	else
+		log_info("session %" PRIu64 " opened by %s: dataset %s, device %s, batch %u, %u "
+			 "slots of %.2f MiB in %u arena(s), target %u",
+			 s->id, c->peer, ds->name, s->device, s->batch_size, s->nslots,
+			 s->slot_bytes / 1048576.0, s->narenas, s->gov.target);
 	return 0;
 fail:
 	sess_free(s);
@@ -310,6 +482,8 @@ fail:
 }
 
 /* ---- the pump ------------------------------------------------------------ */
+
+static void grow(struct sess *s);
 
 static struct slot *find_slot(struct sess *s, uint64_t epoch, uint64_t seq, enum slot_state st)
 {
@@ -325,9 +499,29 @@ static struct slot *find_slot(struct sess *s, uint64_t epoch, uint64_t seq, enum
 static struct slot *free_slot(struct sess *s)
 {
 	for (uint32_t i = 0; i < s->nslots; i++)
-		if (s->slots[i].state == SLOT_FREE)
+		if (s->slots[i].state == SLOT_FREE && s->slots[i].present)
 			return &s->slots[i];
 	return NULL;
+}
+
+static int32_t free_ring_slot(const struct sess *s)
+{
+	for (uint32_t i = 0; i < s->nring; i++)
+		if (!s->ring_busy[i])
+			return (int32_t)i;
+	return -1;
+}
+
+static uint8_t *ring_slot_mem(const struct sess *s, int32_t r)
+{
+	return s->d->ring.base + s->ring_off + (uint64_t)r * s->slot_stride;
+}
+
+static void ring_slot_put(struct sess *s, struct slot *sl)
+{
+	if (sl->ring >= 0)
+		s->ring_busy[sl->ring] = 0;
+	sl->ring = -1;
 }
 
 static uint32_t batch_count(const struct sess *s, uint64_t seq)
@@ -406,7 +600,13 @@ static int start_fill(struct sess *s, struct slot *sl)
 	job->owner = s;
 	job->ds = s->ds;
 	job->count = count;
-	job->dst = sl->host;
+	if (s->gpu >= 0) {
+		sl->ring = free_ring_slot(s);
+		s->ring_busy[sl->ring] = 1;
+		job->dst = ring_slot_mem(s, sl->ring);
+	} else {
+		job->dst = sl->host;
+	}
 	job->field_offset = s->field_offset;
 	job->slot = (uint32_t)(sl - s->slots);
 	job->epoch = s->epoch;
@@ -440,12 +640,231 @@ static void pump(struct sess *s)
 		send_end(s);
 		return;
 	}
-	while (s->next_fill < s->nbatches && gov_may_fill(&s->gov) && (sl = free_slot(s))) {
+	while (s->next_fill < s->nbatches && gov_may_fill(&s->gov)) {
+		sl = free_slot(s);
+		if (!sl) {
+			if (s->gpu >= 0)
+				grow(s);
+			break;
+		}
+		if (s->gpu >= 0 && free_ring_slot(s) < 0)
+			break;
 		if (start_fill(s, sl)) {
 			log_err("session %" PRIu64 ": out of memory starting a read", s->id);
 			return;
 		}
 	}
+}
+
+static void on_retry(uv_timer_t *t)
+{
+	pump(t->data);
+}
+
+/* Device slots wanted now: the target in flight plus what the trainer may
+ * hold, within the session's slot count. */
+static uint32_t slots_wanted(const struct sess *s)
+{
+	uint64_t want = (uint64_t)s->gov.target + SESS_HOLD_SLOTS;
+
+	return want < s->nslots ? (uint32_t)want : s->nslots;
+}
+
+/* Asks the transfer thread for another device arena when the pump is short
+ * of slots and none is on the way. */
+static void grow(struct sess *s)
+{
+	const struct config *cfg = &s->d->cfg;
+	struct xfer_job *job;
+	uint64_t per_arena, k;
+
+	if (s->alloc_pending || s->grow_blocked || uv_is_active((uv_handle_t *)&s->retry) ||
+	    s->npresent >= slots_wanted(s))
+		return;
+	k = slots_wanted(s) - s->npresent;
+	per_arena = cfg->arena_bytes / s->slot_stride;
+	if (per_arena == 0)
+		per_arena = 1; /* one slot larger than arena_bytes: an arena of its own */
+	if (k > per_arena)
+		k = per_arena;
+	job = calloc(1, sizeof(*job));
+	if (!job) {
+		log_err("session %" PRIu64 ": out of memory asking for a device arena", s->id);
+		return;
+	}
+	job->kind = XFER_ALLOC;
+	job->owner = s;
+	job->bytes = k * s->slot_stride;
+	job->ipc = s->ipc;
+	job->arena_index = s->ngarenas;
+	if (s->d->test_fail_allocs > 0) {
+		s->d->test_fail_allocs--;
+		job->inject_enomem = true;
+	}
+	s->alloc_pending = true;
+	s->jobs++;
+	xfer_submit(s->xfer, job);
+}
+
+/* The allocation's tries ran out.  With no device slot at all the batch
+ * that needed one becomes an error batch (the epoch goes on, and the next
+ * batch tries again); with some, the session goes on with what it has. */
+static void give_up_alloc(struct sess *s, const char *why)
+{
+	struct slot *sl = NULL;
+	char msg[400];
+
+	s->oom_tries = 0;
+	if (s->npresent > 0) {
+		s->grow_blocked = true;
+		log_warn("session %" PRIu64 ": going on with %u device slot(s): %s", s->id,
+			 s->npresent, why);
+		return;
+	}
+	if (!s->running || s->next_fill >= s->nbatches)
+		return;
+	for (uint32_t i = 0; i < s->nslots && !sl; i++)
+		if (!s->slots[i].present && s->slots[i].state == SLOT_FREE)
+			sl = &s->slots[i];
+	if (!sl)
+		return;
+	snprintf(msg, sizeof(msg),
+		 "epoch %" PRIu64 " batch %" PRIu64 ": %s %s: no device slot after %d tries: %s",
+		 s->epoch, s->next_fill, "device out of memory on", s->device, SESS_OOM_TRIES,
+		 why);
+	log_warn("session %" PRIu64 ": %s", s->id, msg);
+	sl->state = SLOT_READY;
+	sl->epoch = s->epoch;
+	sl->seq = s->next_fill;
+	sl->error = -ENOMEM;
+	sl->errmsg = strdup(msg);
+	s->next_fill++;
+	s->gov.prepared++;
+}
+
+static void alloc_done(struct sess *s, struct xfer_job *job)
+{
+	struct gpu_arena *t;
+	uint64_t k;
+
+	s->alloc_pending = false;
+	if (job->rc) {
+		s->oom_tries++;
+		gov_halve(&s->gov);
+		log_warn("session %" PRIu64 ": a %.1f MiB device arena on %s failed (%s), try %u "
+			 "of %d; target halved to %u",
+			 s->id, job->bytes / 1048576.0, s->device, job->err, s->oom_tries,
+			 SESS_OOM_TRIES, s->gov.target);
+		if (s->oom_tries < SESS_OOM_TRIES)
+			uv_timer_start(&s->retry, on_retry, SESS_OOM_PAUSE_MS * s->oom_tries, 0);
+		else
+			give_up_alloc(s, job->err);
+		return;
+	}
+	t = realloc(s->garenas, (s->ngarenas + 1) * sizeof(*t));
+	if (!t) {
+		log_err("session %" PRIu64 ": out of memory keeping a device arena", s->id);
+		job->kind = XFER_FREE;
+		xfer_submit(s->xfer, job);
+		return;
+	}
+	s->garenas = t;
+	s->garenas[s->ngarenas] = job->arena;
+	job->arena.export_fd = -1; /* the session owns it now */
+	s->oom_tries = 0;
+	k = job->arena.bytes / s->slot_stride; /* the rounding may hold more */
+	if (k > s->nslots - s->npresent)
+		k = s->nslots - s->npresent;
+	for (uint64_t i = 0; i < k; i++) {
+		struct slot *sl = &s->slots[s->npresent + i];
+
+		sl->present = true;
+		sl->arena = s->ngarenas;
+		sl->offset = i * s->slot_stride;
+		sl->dev_addr = job->arena.base + sl->offset;
+	}
+	s->npresent += (uint32_t)k;
+	s->ngarenas++;
+	log_debug("session %" PRIu64 ": device arena %u, %.1f MiB, %" PRIu64
+		  " slots (%u in all)",
+		  s->id, s->ngarenas - 1, job->arena.bytes / 1048576.0, k, s->npresent);
+	push_garena(s, s->ngarenas - 1);
+}
+
+/* A transfer job of a live or dead session came back (loop thread). */
+void sess_xfer_done(struct xfer_job *job, void *arg)
+{
+	struct sess *s = job->owner;
+	struct slot *sl;
+
+	s->jobs--;
+	if (job->kind == XFER_ALLOC) {
+		if (s->dead) {
+			s->alloc_pending = false;
+			if (!job->rc) {
+				job->kind = XFER_FREE; /* nobody will use it */
+				xfer_submit(s->xfer, job);
+				job = NULL;
+			}
+		} else {
+			alloc_done(s, job);
+			if (job->kind == XFER_FREE)
+				job = NULL; /* alloc_done handed it back */
+		}
+		goto out;
+	}
+	sl = &s->slots[job->slot];
+	ring_slot_put(s, sl);
+	if (s->dead)
+		goto out;
+	if (sl->state == SLOT_ORPHAN) {
+		sl->state = SLOT_FREE;
+	} else if (job->rc) {
+		char msg[400];
+
+		snprintf(msg, sizeof(msg), "epoch %" PRIu64 " batch %" PRIu64 ": %s", job->epoch,
+			 job->seq, job->err);
+		log_warn("session %" PRIu64 ": %s", s->id, msg);
+		sl->state = SLOT_READY;
+		sl->error = job->rc;
+		sl->errmsg = strdup(msg);
+	} else {
+		sl->state = SLOT_READY;
+		s->copy_bytes += job->bytes;
+		s->copy_ns += job->copy_ns;
+	}
+out:
+	free(job);
+	if (s->dead) {
+		if (s->jobs == 0)
+			sess_free(s);
+		return;
+	}
+	pump(s);
+}
+
+static void start_copy(struct sess *s, struct slot *sl, const struct reader_job *rj)
+{
+	struct xfer_job *job = calloc(1, sizeof(*job));
+
+	if (!job) {
+		ring_slot_put(s, sl);
+		sl->state = SLOT_READY;
+		sl->error = -ENOMEM;
+		sl->errmsg = strdup("out of memory queueing a copy to the device");
+		return;
+	}
+	job->kind = XFER_COPY;
+	job->owner = s;
+	job->slot = rj->slot;
+	job->epoch = rj->epoch;
+	job->seq = rj->seq;
+	job->src = ring_slot_mem(s, sl->ring);
+	job->dst = sl->dev_addr;
+	job->bytes = s->slot_bytes;
+	sl->state = SLOT_COPYING;
+	s->jobs++;
+	xfer_submit(s->xfer, job);
 }
 
 void sess_kick(struct sess *s)
@@ -461,13 +880,18 @@ void sess_job_done(struct reader_job *job, void *arg)
 	s->jobs--;
 	s->read_ns += job->read_ns;
 	if (s->dead) {
+		ring_slot_put(s, sl);
 		if (s->jobs == 0)
 			sess_free(s);
 		goto out;
 	}
 	if (sl->state == SLOT_ORPHAN) {
+		ring_slot_put(s, sl);
 		sl->state = SLOT_FREE;
+	} else if (s->gpu >= 0 && job->rc == 0) {
+		start_copy(s, sl, job);
 	} else {
+		ring_slot_put(s, sl);
 		sl->state = SLOT_READY;
 		sl->error = job->rc;
 		if (job->rc) {
@@ -501,7 +925,7 @@ static void stop_epoch(struct sess *s)
 			sl->errmsg = NULL;
 			sl->error = 0;
 			sl->state = SLOT_FREE;
-		} else if (sl->state == SLOT_FILLING) {
+		} else if (sl->state == SLOT_FILLING || sl->state == SLOT_COPYING) {
 			sl->state = SLOT_ORPHAN;
 		}
 	}
@@ -630,10 +1054,27 @@ int sess_abandon(struct sess *s, uint64_t id, const Pf__Abandon *req)
 
 void sess_probe(struct sess *s, const Pf__Probe *req)
 {
-	/* Host sessions have no device memory to size against; CUDA sessions
-	 * size their target here (gov_size_from_probe). */
-	s->gov.probe_free = req->free_bytes;
-	s->gov.probe_total = req->total_bytes;
+	const struct config *cfg = &s->d->cfg;
+	uint64_t own = 0;
+	uint32_t was = s->gov.target;
+
+	if (s->gpu < 0) {
+		/* Host sessions have no device memory to size against. */
+		s->gov.probe_free = req->free_bytes;
+		s->gov.probe_total = req->total_bytes;
+		return;
+	}
+	/* Our own arenas are not in the trainer's free figure but are ours to
+	 * use, so they count as available to this session. */
+	for (uint32_t i = 0; i < s->ngarenas; i++)
+		own += s->garenas[i].bytes;
+	gov_size_from_probe(&s->gov, req->free_bytes, req->total_bytes, own, s->slot_stride,
+			    cfg->reserve_frac, cfg->reserve_min);
+	s->grow_blocked = false;
+	if (s->gov.target != was)
+		log_info("session %" PRIu64 ": target %u -> %u (%s)", s->id, was, s->gov.target,
+			 s->gov.reason);
+	pump(s);
 }
 
 void sess_detach(struct sess *s)
@@ -685,15 +1126,23 @@ void sess_status(const struct sess *s, Pf__SessionStatus *st)
 	st->slots = s->nslots;
 	st->ring_fill = ready;
 	st->arenas = s->narenas;
+	st->arenas += s->ngarenas;
 	for (uint32_t i = 0; i < s->narenas; i++)
 		st->arena_bytes += s->arenas[i].bytes;
+	for (uint32_t i = 0; i < s->ngarenas; i++)
+		st->arena_bytes += s->garenas[i].bytes;
 	st->bytes_sent = s->bytes_sent;
 	st->wait_s = s->wait_s;
 	st->busy_s = s->busy_s;
 	st->stall_fraction = s->wait_s + s->busy_s > 0 ? s->wait_s / (s->wait_s + s->busy_s) : 0;
 	st->errors = s->errors;
 	st->age_s = age;
-	st->copy_gbps = s->read_ns ? s->bytes_sent / (double)s->read_ns : 0;
+	/* Host sessions: what the readers moved per second of reading; CUDA
+	 * sessions: what the copy stream moved per second of copying. */
+	if (s->gpu >= 0)
+		st->copy_gbps = s->copy_ns ? s->copy_bytes / (double)s->copy_ns : 0;
+	else
+		st->copy_gbps = s->read_ns ? s->bytes_sent / (double)s->read_ns : 0;
 	st->probe_free = s->gov.probe_free;
 	st->probe_total = s->gov.probe_total;
 	st->min_depth = s->gov.min_depth;
@@ -703,13 +1152,14 @@ void sess_status(const struct sess *s, Pf__SessionStatus *st)
 
 bool sess_check(const struct sess *s)
 {
-	uint64_t filling = 0;
+	uint64_t working = s->alloc_pending;
 
 	if (!gov_check(&s->gov))
 		return false;
 	for (uint32_t i = 0; i < s->nslots; i++)
-		filling += s->slots[i].state == SLOT_FILLING || s->slots[i].state == SLOT_ORPHAN;
-	if (filling != s->jobs)
+		working += s->slots[i].state == SLOT_FILLING ||
+			   s->slots[i].state == SLOT_COPYING || s->slots[i].state == SLOT_ORPHAN;
+	if (working != s->jobs)
 		return false;
 	if (s->next_send > s->next_fill || s->next_fill > s->nbatches)
 		return false;

@@ -3,9 +3,18 @@
  *
  * A slot moves FREE -> FILLING (a reader job writes it) -> READY (complete,
  * waiting for its turn: delivery is in seq order) -> SENT (the client holds
- * it) -> FREE (the client released it).  A slot whose epoch was abandoned
- * while a reader still writes it is ORPHAN and becomes FREE when the job
- * comes back.  The governor (gov.h) decides when a FREE slot may be filled.
+ * it) -> FREE (the client released it).  CUDA sessions have one more step:
+ * the reader writes a slot of the pinned ring (ring.h), then the slot is
+ * COPYING while the GPU's transfer thread (xfer.h) moves it into the device
+ * slot; it is READY only once the copy's event has completed.  A slot whose
+ * epoch was abandoned while a job still works on it is ORPHAN and becomes
+ * FREE when the job comes back.  The governor (gov.h) decides when a FREE
+ * slot may be filled.
+ *
+ * CUDA sessions allocate device slots lazily, an arena at a time on the
+ * transfer thread, as the target grows; an allocation that fails halves the
+ * target and is retried a few times with a pause (OOM back-off), after
+ * which the batch that needed it becomes an error batch.
  *
  * DESIGN: loop thread only.  A session lives while its connection lives and
  * until its last reader job has come back (`jobs`), so a job's slot memory
@@ -17,8 +26,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <uv.h>
 
 #include "arena.h"
+#include "gpu.h"
 #include "gov.h"
 #include "prefetch.pb-c.h"
 
@@ -26,18 +37,28 @@ struct conn;
 struct daemon;
 struct dataset;
 struct reader_job;
+struct xfer;
+struct xfer_job;
 
-enum slot_state { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_SENT, SLOT_ORPHAN };
+enum slot_state { SLOT_FREE, SLOT_FILLING, SLOT_COPYING, SLOT_READY, SLOT_SENT, SLOT_ORPHAN };
 
 struct slot {
 	enum slot_state state;
 	uint64_t epoch, seq; /* the batch it holds (FILLING..SENT) */
-	uint32_t arena;	     /* index into sess->arenas */
+	bool present;	     /* has memory (CUDA slots come with their arena) */
+	uint32_t arena;	     /* index into sess->arenas or sess->garenas */
 	uint64_t offset;     /* within the arena */
-	uint8_t *host;	     /* the daemon's mapping of the slot */
+	uint8_t *host;	     /* host sessions: the daemon's mapping of the slot */
+	uint64_t dev_addr;   /* CUDA sessions: device address of the slot */
+	int32_t ring;	     /* CUDA sessions: ring slot while FILLING/COPYING, else -1 */
 	int error;	     /* READY: 0, or the batch's read error */
 	char *errmsg;	     /* owned, READY with error only */
 };
+
+/* Tries of one device allocation before the batch waiting for it becomes an
+ * error batch, and the pause before try k (k * SESS_OOM_PAUSE_MS). */
+#define SESS_OOM_TRIES	  4
+#define SESS_OOM_PAUSE_MS 50
 
 /* Slots beyond max_depth: what the trainer may hold (taken, not yet
  * released) while the pipeline keeps `target` batches in flight.  Two
@@ -66,6 +87,24 @@ struct sess {
 	uint32_t narenas;
 	struct gov gov;
 
+	/* CUDA sessions (gpu >= 0). */
+	struct xfer *xfer; /* borrowed: the daemon's transfer thread of gpu */
+	enum gpu_ipc ipc;
+	struct gpu_arena *garenas; /* owned: device arenas, in id order */
+	uint32_t ngarenas;
+	uint32_t npresent;	 /* slots with device memory: 0 .. npresent-1 */
+	bool alloc_pending;	 /* an XFER_ALLOC is out */
+	bool grow_blocked;	 /* OOM tries ran out while slots exist */
+	unsigned oom_tries;	 /* failed tries of the current allocation */
+	uv_timer_t retry;	 /* OOM back-off pause */
+	bool retry_live;	 /* retry is initialised (closed by sess_free) */
+	uint64_t ring_off;	 /* our range of the daemon's pinned ring */
+	uint64_t ring_bytes;	 /* 0: none */
+	uint32_t nring;		 /* ring slots of slot_stride bytes */
+	uint8_t *ring_busy;	 /* owned, nring flags */
+	uint64_t copy_bytes;	 /* H2D totals, for status */
+	uint64_t copy_ns;
+
 	/* The current epoch. */
 	uint64_t epoch;
 	bool running;	 /* batches remain to be sent */
@@ -76,7 +115,7 @@ struct sess {
 	uint64_t next_fill; /* next seq to hand to a reader */
 	uint64_t next_send; /* next seq to send */
 
-	unsigned jobs; /* reader jobs not yet back */
+	unsigned jobs; /* reader and transfer jobs not yet back */
 	bool dead;     /* connection gone, waiting for jobs */
 
 	/* Figures for status. */
@@ -99,6 +138,8 @@ void sess_kick(struct sess *s);
 void sess_detach(struct sess *s);
 /* A reader job came back (loop thread). */
 void sess_job_done(struct reader_job *job, void *arg);
+/* A transfer job came back (loop thread). */
+void sess_xfer_done(struct xfer_job *job, void *arg);
 /* Fills one SessionStatus; strings borrow from s. */
 void sess_status(const struct sess *s, Pf__SessionStatus *st);
 struct sess *sess_find(struct daemon *d, uint64_t id);

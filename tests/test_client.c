@@ -1222,13 +1222,13 @@ static void more_queued_batches_than_the_cap_is_a_protocol_error(void **unused)
 	fake_finish(f, c);
 }
 
-static void cuda_arena_is_refused_until_cuda_support_is_built(void **unused)
+static void device_arena_pushed_to_a_host_session_breaks_it(void **unused)
 {
 	struct pf_client *c;
 	struct fake *f = fake_session(&(struct script){.error_seq = -1, .cuda_arena = true}, &c);
 
-	assert_int_equal(start(c, NULL), -ENOTSUP);
-	assert_string_equal(pf_errmsg(c), "CUDA arenas: not built yet");
+	assert_int_equal(start(c, NULL), -EPROTO);
+	assert_non_null(strstr(pf_errmsg(c), "pushed to a host session"));
 	fake_finish(f, c);
 }
 
@@ -1316,7 +1316,7 @@ int main(void)
 		cmocka_unit_test(batch_naming_a_foreign_slot_breaks_the_connection),
 		cmocka_unit_test(reply_of_the_wrong_type_breaks_the_connection),
 		cmocka_unit_test(more_queued_batches_than_the_cap_is_a_protocol_error),
-		cmocka_unit_test(cuda_arena_is_refused_until_cuda_support_is_built),
+		cmocka_unit_test(device_arena_pushed_to_a_host_session_breaks_it),
 		cmocka_unit_test(arena_not_sealed_against_shrinking_is_refused),
 		cmocka_unit_test(close_leaves_no_fd_and_no_mapping_behind),
 	};

@@ -52,7 +52,10 @@ int td_start(struct tdaemon *t, const char *daemon_extra, const char *datasets)
 
 	if (!f)
 		return -errno;
-	fprintf(f, "[daemon]\nsocket = %s\nreaders = 2\n%s\n%s\n", t->sock,
+	/* Two readers unless the caller says otherwise: the config refuses a
+	 * key given twice. */
+	fprintf(f, "[daemon]\nsocket = %s\n%s%s\n%s\n", t->sock,
+		daemon_extra && strstr(daemon_extra, "readers") ? "" : "readers = 2\n",
 		daemon_extra ? daemon_extra : "", datasets ? datasets : "");
 	fclose(f);
 	t->pid = fork();

@@ -1,0 +1,351 @@
+/*
+ * xfer.c — the per-GPU transfer thread (see xfer.h).
+ *
+ * The thread's loop: take every queued job; queue each copy on the stream
+ * with an event behind it; run allocations and frees as they come; then
+ * retire copies oldest first: without waiting while more jobs are queued,
+ * blocking on the oldest event when there is nothing else to do.  A retired
+ * copy goes back to the loop thread, and its event to the thread's pool.
+ *
+ * DESIGN: the transfer thread makes every CUDA call of its device; the loop
+ * thread only submits and drains.  x->lock guards the two queues, the stop
+ * flag and the figures.
+ */
+#include "xfer.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+
+struct xfer {
+	int dev;
+	struct gpu_stream *stream; /* owned, transfer thread's */
+	pthread_t thread;
+	pthread_mutex_t lock;
+	pthread_cond_t more;
+	struct xfer_job *pending_head, *pending_tail; /* loop -> thread */
+	struct xfer_job *done_head, *done_tail;	      /* thread -> loop */
+	bool stop;
+	bool stopped; /* joined: submit runs frees inline */
+	uv_async_t async;
+	xfer_done_fn done;
+	void *arg;
+	/* Figures, under lock. */
+	unsigned in_flight;
+	uint64_t bytes, busy_ns;
+	/* Transfer thread only. */
+	struct gpu_event **pool; /* idle events */
+	unsigned npool, cap;
+};
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void push(struct xfer_job **head, struct xfer_job **tail, struct xfer_job *job)
+{
+	job->next = NULL;
+	if (*tail)
+		(*tail)->next = job;
+	else
+		*head = job;
+	*tail = job;
+}
+
+static int get_event(struct xfer *x, struct gpu_event **out)
+{
+	if (x->npool) {
+		*out = x->pool[--x->npool];
+		return 0;
+	}
+	return gpu_event_create(x->dev, out);
+}
+
+static void put_event(struct xfer *x, struct gpu_event *e)
+{
+	if (x->npool == x->cap) {
+		unsigned cap = x->cap ? x->cap * 2 : 16;
+		struct gpu_event **p = realloc(x->pool, cap * sizeof(*p));
+
+		if (!p) {
+			gpu_event_destroy(e);
+			return;
+		}
+		x->pool = p;
+		x->cap = cap;
+	}
+	x->pool[x->npool++] = e;
+}
+
+/* Back to the loop thread (frees are only freed). */
+static void finish(struct xfer *x, struct xfer_job *job)
+{
+	if (job->kind == XFER_FREE) {
+		free(job);
+		return;
+	}
+	pthread_mutex_lock(&x->lock);
+	if (job->kind == XFER_COPY) {
+		x->in_flight--;
+		if (!job->rc) {
+			x->bytes += job->bytes;
+			x->busy_ns += job->copy_ns;
+		}
+	}
+	push(&x->done_head, &x->done_tail, job);
+	pthread_mutex_unlock(&x->lock);
+	uv_async_send(&x->async);
+}
+
+static void run_alloc(struct xfer *x, struct xfer_job *job)
+{
+	if (job->inject_enomem) {
+		job->rc = -ENOMEM;
+		snprintf(job->err, sizeof(job->err), "out of memory (forced by PREFETCHD_TEST_FAIL_ALLOCS)");
+		return;
+	}
+	job->rc = gpu_arena_alloc(x->dev, job->bytes, job->ipc, &job->arena);
+	if (job->rc)
+		snprintf(job->err, sizeof(job->err), "%s", job->rc == -ENOMEM ? "out of memory" : strerror(-job->rc));
+}
+
+/* Queues one copy and its event; on failure the job is finished at once. */
+static void queue_copy(struct xfer *x, struct xfer_job *job, struct xfer_job **fl_head,
+		       struct xfer_job **fl_tail)
+{
+	int rc;
+
+	job->queued_ns = mono_ns();
+	rc = get_event(x, &job->event);
+	if (!rc)
+		rc = gpu_copy_h2d(x->stream, job->dst, job->src, (size_t)job->bytes);
+	if (!rc)
+		rc = gpu_event_record(job->event, x->stream);
+	if (rc) {
+		job->rc = rc;
+		snprintf(job->err, sizeof(job->err), "copy to the device failed: %s",
+			 strerror(-rc));
+		if (job->event) {
+			/* Its copy may still be queued: wait before reuse. */
+			gpu_stream_sync(x->stream);
+			put_event(x, job->event);
+			job->event = NULL;
+		}
+		finish(x, job);
+		return;
+	}
+	push(fl_head, fl_tail, job);
+}
+
+/* Retires the oldest copy if done (or waits for it when `wait`).  Returns 1
+ * when one was retired. */
+static int retire_one(struct xfer *x, struct xfer_job **fl_head, struct xfer_job **fl_tail,
+		      bool wait)
+{
+	struct xfer_job *job = *fl_head;
+	int rc;
+
+	if (!job)
+		return 0;
+	rc = wait ? gpu_event_sync(job->event) : gpu_event_query(job->event);
+	if (rc == -EAGAIN)
+		return 0;
+	*fl_head = job->next;
+	if (!*fl_head)
+		*fl_tail = NULL;
+	if (rc) {
+		job->rc = rc;
+		snprintf(job->err, sizeof(job->err), "copy to the device failed: %s",
+			 strerror(-rc));
+		gpu_stream_sync(x->stream);
+	}
+	job->copy_ns = mono_ns() - job->queued_ns;
+	put_event(x, job->event);
+	job->event = NULL;
+	finish(x, job);
+	return 1;
+}
+
+static void *xfer_main(void *arg)
+{
+	struct xfer *x = arg;
+	struct xfer_job *fl_head = NULL, *fl_tail = NULL; /* copies in flight */
+
+	for (;;) {
+		struct xfer_job *jobs;
+		bool more;
+
+		pthread_mutex_lock(&x->lock);
+		while (!x->pending_head && !fl_head && !x->stop)
+			pthread_cond_wait(&x->more, &x->lock);
+		if (!x->pending_head && !fl_head && x->stop) {
+			pthread_mutex_unlock(&x->lock);
+			break;
+		}
+		jobs = x->pending_head;
+		x->pending_head = x->pending_tail = NULL;
+		pthread_mutex_unlock(&x->lock);
+
+		while (jobs) {
+			struct xfer_job *job = jobs;
+
+			jobs = job->next;
+			job->next = NULL;
+			switch (job->kind) {
+			case XFER_COPY: queue_copy(x, job, &fl_head, &fl_tail); break;
+			case XFER_ALLOC:
+				run_alloc(x, job);
+				finish(x, job);
+				break;
+			case XFER_FREE:
+				/* The session's copies all came back before it
+				 * freed its arenas: nothing on the stream still
+				 * writes this one. */
+				gpu_arena_free(&job->arena);
+				finish(x, job);
+				break;
+			}
+		}
+		/* Retire what is done; block on the oldest only when no new
+		 * job is waiting to be queued behind it. */
+		while (retire_one(x, &fl_head, &fl_tail, false))
+			;
+		pthread_mutex_lock(&x->lock);
+		more = x->pending_head != NULL;
+		pthread_mutex_unlock(&x->lock);
+		if (!more && fl_head)
+			retire_one(x, &fl_head, &fl_tail, true);
+	}
+	return NULL;
+}
+
+static void free_xfer(uv_handle_t *h)
+{
+	free(h->data);
+}
+
+static void drain_done(uv_async_t *async)
+{
+	struct xfer *x = async->data;
+	struct xfer_job *job;
+
+	pthread_mutex_lock(&x->lock);
+	job = x->done_head;
+	x->done_head = x->done_tail = NULL;
+	pthread_mutex_unlock(&x->lock);
+	while (job) {
+		struct xfer_job *next = job->next;
+
+		x->done(job, x->arg);
+		job = next;
+	}
+}
+
+int xfer_start(struct xfer **out, int dev, uv_loop_t *loop, xfer_done_fn done, void *arg,
+	       char *err, size_t errlen)
+{
+	struct xfer *x = calloc(1, sizeof(*x));
+	int rc;
+
+	if (!x) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	x->dev = dev;
+	x->done = done;
+	x->arg = arg;
+	rc = gpu_stream_create(dev, &x->stream);
+	if (rc) {
+		snprintf(err, errlen, "cannot create a copy stream on GPU %d: %s", dev,
+			 strerror(-rc));
+		free(x);
+		return rc;
+	}
+	rc = uv_async_init(loop, &x->async, drain_done);
+	if (rc) {
+		snprintf(err, errlen, "uv_async_init: %s", uv_strerror(rc));
+		gpu_stream_destroy(x->stream);
+		free(x);
+		return rc;
+	}
+	x->async.data = x;
+	pthread_mutex_init(&x->lock, NULL);
+	pthread_cond_init(&x->more, NULL);
+	rc = pthread_create(&x->thread, NULL, xfer_main, x);
+	if (rc) {
+		snprintf(err, errlen, "cannot start the transfer thread of GPU %d: %s", dev,
+			 strerror(rc));
+		gpu_stream_destroy(x->stream);
+		pthread_mutex_destroy(&x->lock);
+		pthread_cond_destroy(&x->more);
+		uv_close((uv_handle_t *)&x->async, free_xfer); /* frees x */
+		return -rc;
+	}
+	*out = x;
+	return 0;
+}
+
+void xfer_submit(struct xfer *x, struct xfer_job *job)
+{
+	if (x->stopped) {
+		/* The thread is gone (shutdown): frees run here, anything
+		 * else comes back cancelled. */
+		if (job->kind == XFER_FREE) {
+			gpu_arena_free(&job->arena);
+			free(job);
+			return;
+		}
+		job->rc = -ECANCELED;
+		snprintf(job->err, sizeof(job->err), "daemon shutting down");
+		x->done(job, x->arg);
+		return;
+	}
+	pthread_mutex_lock(&x->lock);
+	if (job->kind == XFER_COPY)
+		x->in_flight++;
+	push(&x->pending_head, &x->pending_tail, job);
+	pthread_cond_signal(&x->more);
+	pthread_mutex_unlock(&x->lock);
+}
+
+void xfer_stop(struct xfer *x)
+{
+	pthread_mutex_lock(&x->lock);
+	x->stop = true;
+	pthread_cond_signal(&x->more);
+	pthread_mutex_unlock(&x->lock);
+	pthread_join(x->thread, NULL);
+	x->stopped = true;
+	drain_done(&x->async);
+	while (x->npool)
+		gpu_event_destroy(x->pool[--x->npool]);
+	free(x->pool);
+	gpu_stream_destroy(x->stream);
+	pthread_mutex_destroy(&x->lock);
+	pthread_cond_destroy(&x->more);
+	uv_close((uv_handle_t *)&x->async, free_xfer);
+}
+
+int xfer_device(const struct xfer *x)
+{
+	return x->dev;
+}
+
+void xfer_figures(struct xfer *x, unsigned *in_flight, uint64_t *bytes, uint64_t *busy_ns)
+{
+	pthread_mutex_lock(&x->lock);
+	*in_flight = x->in_flight;
+	*bytes = x->bytes;
+	*busy_ns = x->busy_ns;
+	pthread_mutex_unlock(&x->lock);
+}

@@ -1,0 +1,77 @@
+/*
+ * xfer.h — one transfer thread per GPU in use: it owns that GPU's copy
+ * stream, the completion events, and every blocking CUDA call the daemon
+ * makes for its sessions (arena allocation and release).
+ *
+ * Jobs come from the loop thread and go back to it when they are done:
+ *   XFER_COPY   host ring slot -> device slot on the stream; done only once
+ *               the copy's event has completed, so the loop may announce
+ *               the batch and give the ring slot to another read;
+ *   XFER_ALLOC  a device arena (gpu_arena_alloc), exported as asked;
+ *   XFER_FREE   releases an arena (the job then only frees itself).
+ * Copies are pipelined: the thread queues every copy it has, records an
+ * event after each, and retires them oldest first, blocking on an event
+ * only when it has nothing else to queue.  A copy's event is recorded after
+ * the copy from its ring slot, so "done" means the ring slot may be
+ * rewritten.
+ *
+ * DESIGN: threads: the loop thread submits and receives (through one
+ * mutex-protected queue each way plus one uv_async, like reader.h); the
+ * transfer thread makes every CUDA call for its device.  Locks: x->lock
+ * guards both queues and the stop flag.  Nothing else is shared: a job
+ * borrows memory (a ring slot, a device slot) that its session keeps alive
+ * until the job is back.
+ */
+#ifndef PF_XFER_H
+#define PF_XFER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "gpu.h"
+
+enum xfer_kind { XFER_COPY, XFER_ALLOC, XFER_FREE };
+
+struct xfer_job {
+	struct xfer_job *next; /* link of whichever queue holds the job */
+	enum xfer_kind kind;
+	void *owner; /* borrowed: the session, alive until the job is back */
+	uint32_t slot;
+	uint64_t epoch, seq;
+	/* XFER_COPY */
+	const void *src; /* borrowed: the ring slot */
+	uint64_t dst;	 /* device address */
+	uint64_t bytes;
+	uint64_t copy_ns; /* queued -> event completed */
+	/* XFER_ALLOC: bytes and ipc in, arena out.  XFER_FREE: arena in. */
+	enum gpu_ipc ipc;
+	struct gpu_arena arena;
+	uint32_t arena_index;
+	bool inject_enomem; /* test hook: fail as a full device would */
+	int rc; /* 0 or -errno */
+	char err[200];
+	/* private to the transfer thread */
+	struct gpu_event *event;
+	uint64_t queued_ns;
+};
+
+struct xfer;
+
+typedef void (*xfer_done_fn)(struct xfer_job *job, void *arg);
+
+/* Starts the transfer thread of device dev: its stream and its first
+ * events are created before this returns.  done runs on the loop thread for
+ * every job except XFER_FREE, which the thread frees itself. */
+int xfer_start(struct xfer **out, int dev, uv_loop_t *loop, xfer_done_fn done, void *arg,
+	       char *err, size_t errlen);
+void xfer_submit(struct xfer *x, struct xfer_job *job);
+/* Finishes everything queued (copies included), joins the thread, delivers
+ * the last completions, destroys the stream.  Jobs submitted afterwards
+ * (frees from sessions that end during the drain) run on the caller. */
+void xfer_stop(struct xfer *x);
+int xfer_device(const struct xfer *x);
+/* Copies in flight on the stream, and totals (for status). */
+void xfer_figures(struct xfer *x, unsigned *in_flight, uint64_t *bytes, uint64_t *busy_ns);
+
+#endif
