@@ -124,15 +124,17 @@ $(B)/libprefetch.pc: client/libprefetch.pc.in Makefile
 	$(call say,GEN,$@)mkdir -p $(B) && sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
 	  -e 's|@INCDIR@|$(INCDIR)|g' -e 's|@VERSION@|$(VERSION)|g' $< > $@
 
-# Unit tests link the daemon core against the fake GPU.
-$(B)/tests/test_%: $(B)/tests/test_%.o $(DAEMON_OBJ) $(B)/daemon/gpu_fake.o $(WIRE_OBJ) $(TEST_UTIL) $(B)/libprefetch.a
+# Unit tests link the daemon core against the fake GPU; integration and CUDA
+# tests drive the real daemon through libprefetch.  (Static pattern rules: a
+# plain `test_integration%` would not match test_integration itself.)
+$(UNIT_TESTS): $(B)/tests/%: $(B)/tests/%.o $(DAEMON_OBJ) $(B)/daemon/gpu_fake.o $(WIRE_OBJ) $(TEST_UTIL) $(B)/libprefetch.a
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) -ldl $(LDLIBS)
-$(B)/tests/test_integration%: $(B)/tests/test_integration%.o $(TEST_UTIL) $(B)/libprefetch.a $(B)/prefetchd
+$(INTEG_TESTS) $(CUDA_TESTS): $(B)/tests/%: $(B)/tests/%.o $(TEST_UTIL) $(B)/libprefetch.a $(B)/prefetchd
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) -ldl $(LDLIBS)
-$(B)/tests/test_cuda%: $(B)/tests/test_cuda%.o $(TEST_UTIL) $(B)/libprefetch.a $(B)/prefetchd
-	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) -ldl $(LDLIBS)
+# Benches get the CUDA runtime (static) for their raw-copy references; one
+# that never calls it pulls nothing from the archive.
 $(B)/bench/%: $(B)/bench/%.o $(B)/libprefetch.a $(TEST_UTIL)
-	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(shell pkg-config --libs libprotobuf-c) -ldl $(LDLIBS)
+	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(shell pkg-config --libs libprotobuf-c) $(CUDA_LIBS) -ldl $(LDLIBS)
 
 # ---- user targets -----------------------------------------------------------
 deps:

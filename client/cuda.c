@@ -85,6 +85,9 @@ static struct {
 	PFN_cuEventDestroy_v4000 event_destroy;
 	PFN_cuMemGetInfo_v3020 mem_get_info;
 	PFN_cuMemcpyDtoH_v3020 memcpy_dtoh;
+	/* Tests only (pfcuda_mem_alloc): optional, NULL when not found. */
+	PFN_cuMemAlloc_v3020 mem_alloc;
+	PFN_cuMemFree_v3020 mem_free;
 
 	PFN_cuMemGetAllocationGranularity_v10020 mem_get_allocation_granularity;
 	PFN_cuMemImportFromShareableHandle_v10020 mem_import_from_shareable_handle;
@@ -198,6 +201,11 @@ static void load(void)
 	SYM(mem_set_access, "cuMemSetAccess");
 	SYM(mem_release, "cuMemRelease");
 	drv.vmm = !missing;
+	/* Plain allocations are for tests that fill the device; a trainer
+	 * never needs them, so their absence must not fail pfcuda_open. */
+	missing = NULL;
+	SYM(mem_alloc, "cuMemAlloc");
+	SYM(mem_free, "cuMemFree");
 	drv.rc = 0;
 #undef SYM
 }
@@ -522,6 +530,46 @@ int pfcuda_copy_dtoh(struct pfcuda_dev *d, void *dst, uint64_t src, size_t bytes
 	return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuMemcpyDtoH", msg, msglen);
 }
 
+int pfcuda_mem_alloc(struct pfcuda_dev *d, uint64_t bytes, uint64_t *devptr, char *msg,
+		     size_t msglen)
+{
+	CUdeviceptr p = 0;
+	CUresult r;
+	int rc;
+
+	*devptr = 0;
+	if (!drv.mem_alloc || !drv.mem_free) {
+		set_msg(msg, msglen, "CUDA driver lacks cuMemAlloc/cuMemFree");
+		return -EOPNOTSUPP;
+	}
+	rc = push(d, msg, msglen);
+	if (rc < 0)
+		return rc;
+	r = drv.mem_alloc(&p, (size_t)bytes);
+	pop();
+	if (r != CUDA_SUCCESS)
+		return cu_fail(r, "cuMemAlloc", msg, msglen);
+	*devptr = (uint64_t)p;
+	return 0;
+}
+
+int pfcuda_mem_free(struct pfcuda_dev *d, uint64_t devptr)
+{
+	CUresult r;
+	int rc;
+
+	if (!devptr)
+		return 0;
+	if (!drv.mem_free)
+		return -EOPNOTSUPP;
+	rc = push(d, NULL, 0);
+	if (rc < 0)
+		return rc;
+	r = drv.mem_free((CUdeviceptr)devptr);
+	pop();
+	return cu_errno(r);
+}
+
 #else /* !PF_CUDA: built without the CUDA toolkit */
 
 #include <unistd.h>
@@ -602,6 +650,18 @@ int pfcuda_copy_dtoh(struct pfcuda_dev *d, void *dst, uint64_t src, size_t bytes
 		     size_t msglen)
 {
 	return NO_CUDA(msg, msglen);
+}
+
+int pfcuda_mem_alloc(struct pfcuda_dev *d, uint64_t bytes, uint64_t *devptr, char *msg,
+		     size_t msglen)
+{
+	*devptr = 0;
+	return NO_CUDA(msg, msglen);
+}
+
+int pfcuda_mem_free(struct pfcuda_dev *d, uint64_t devptr)
+{
+	return devptr ? -ENOSYS : 0;
 }
 
 #endif

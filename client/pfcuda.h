@@ -92,4 +92,11 @@ int pfcuda_mem_info(struct pfcuda_dev *d, uint64_t *free_bytes, uint64_t *total_
 int pfcuda_copy_dtoh(struct pfcuda_dev *d, void *dst, uint64_t src, size_t bytes, char *msg,
 		     size_t msglen);
 
+/* Plain device memory in d's primary context (cuMemAlloc), for tests that
+ * must fill the GPU to see the honest probe react.  pfcuda_mem_free of 0
+ * is a no-op; it returns 0 or -errno without a message. */
+int pfcuda_mem_alloc(struct pfcuda_dev *d, uint64_t bytes, uint64_t *devptr, char *msg,
+		     size_t msglen);
+int pfcuda_mem_free(struct pfcuda_dev *d, uint64_t devptr);
+
 #endif

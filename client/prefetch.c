@@ -62,8 +62,8 @@ struct pfc_arena {
 	bool present;
 	int kind; /* Pf__ArenaKind */
 	uint64_t bytes;
-	void *base;		  /* host: owned mapping, munmap'd by pf_close;
-				   * CUDA: the device address of garena */
+	void *base;		    /* host: owned mapping, munmap'd by pf_close;
+				     * CUDA: the device address of garena */
 	struct pfcuda_arena garena; /* CUDA: owned import, unmapped by pf_close */
 };
 
@@ -494,8 +494,8 @@ static int import_cuda_arena(struct pf_client *c, struct pfc_arena *a, const Pf_
 	} else {
 		if (msg->legacy_handle.len != PFCUDA_IPC_HANDLE_BYTES)
 			return conn_fail(c, -EPROTO,
-					 "device arena %" PRIu32 " has a %zu-byte IPC handle", msg->id,
-					 msg->legacy_handle.len);
+					 "device arena %" PRIu32 " has a %zu-byte IPC handle",
+					 msg->id, msg->legacy_handle.len);
 		rc = pfcuda_import_legacy(c->cuda, msg->legacy_handle.data, msg->bytes, &a->garena,
 					  why, sizeof(why));
 	}
@@ -1029,9 +1029,10 @@ PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
 		errno = 0;
 		n = strtol(opts->device + 5, &end, 10);
 		if (end == opts->device + 5 || *end || n < 0 || n > INT_MAX || errno)
-			return pfc_set_err(c, -EINVAL,
-					   "pf_open: unknown device '%s' (use \"host\" or \"cuda:N\")",
-					   opts->device);
+			return pfc_set_err(
+				c, -EINVAL,
+				"pf_open: unknown device '%s' (use \"host\" or \"cuda:N\")",
+				opts->device);
 		/* The driver is loaded here, on the first CUDA session. */
 		rc = pfcuda_open((int)n, &c->cuda, why, sizeof(why));
 		if (rc)

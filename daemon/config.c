@@ -60,6 +60,7 @@ enum daemon_key {
 	K_DEPTH,
 	K_MAX_DEPTH,
 	K_IPC,
+	K_READ,
 	K_RESERVE,
 	K_RESERVE_MIN,
 	K_PROBE_INTERVAL,
@@ -81,6 +82,7 @@ static const char *const daemon_keys[K_COUNT] = {
 	[K_DEPTH] = "depth",
 	[K_MAX_DEPTH] = "max_depth",
 	[K_IPC] = "ipc",
+	[K_READ] = "read",
 	[K_RESERVE] = "reserve",
 	[K_RESERVE_MIN] = "reserve_min",
 	[K_PROBE_INTERVAL] = "probe_interval",
@@ -471,6 +473,14 @@ static int daemon_key(struct parse *st, const char *name, const char *value)
 		if (strcmp(value, "fd") != 0 && strcmp(value, "legacy") != 0)
 			return fail(st, "ipc: '%s' is not fd or legacy", value);
 		return replace_str(st, &cfg->ipc, strdup(value));
+	case K_READ:
+		if (strcmp(value, "mmap") == 0)
+			cfg->read = CONFIG_READ_MMAP;
+		else if (strcmp(value, "pread") == 0)
+			cfg->read = CONFIG_READ_PREAD;
+		else
+			return fail(st, "read: '%s' is not mmap or pread", value);
+		return 1;
 	case K_RESERVE:
 		if (st->key_line[K_RESERVE_MIN] && config_parse_size(value, &(uint64_t){0}) == 0)
 			return fail(st,
@@ -803,6 +813,7 @@ void config_defaults(struct config *cfg)
 	cfg->depth = 4;
 	cfg->max_depth = 16;
 	cfg->ipc = strdup("fd");
+	cfg->read = CONFIG_READ_MMAP;
 	cfg->reserve_frac = 0.10;
 	cfg->reserve_min = 2ULL << 30;
 	cfg->probe_interval = 5;
@@ -900,6 +911,9 @@ int config_load(const char *path, struct config *cfg, char *err, size_t errlen)
 		rc = st.rc;
 		goto out;
 	}
+	/* [daemon] may come after the datasets, so the copy waits for EOF. */
+	for (size_t d = 0; d < cfg->ndatasets; d++)
+		cfg->datasets[d].read = cfg->read;
 out:
 	if (st.file)
 		fclose(st.file);

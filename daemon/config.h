@@ -16,6 +16,7 @@
  *   depth = 4                       ; default target when not sized by a probe
  *   max_depth = 16                  ; default upper bound of a session's target
  *   ipc = fd                        ; fd | legacy (CUDA arenas)
+ *   read = mmap                     ; mmap | pread: how readers gather rows
  *   reserve = 10%                   ; device memory left free (at least reserve_min)
  *   reserve_min = 2G
  *   probe_interval = 5              ; seconds between honest-depth probes
@@ -24,6 +25,11 @@
  *   format = npy
  *   field.x = /data/x.npy
  *   field.y = /data/y-0.npy, /data/y-1.npy   ; shards, in order
+ *
+ * `read = mmap` maps each shard once and copies rows out with memcpy, no
+ * system call per row; a file truncated after load still gives an error
+ * batch, never a crash.  `read = pread` makes one pread per run of
+ * consecutive rows, for file systems whose mappings misbehave.
  *
  * Sizes take K/M/G/T suffixes (powers of 1024).  Unknown keys and sections
  * are errors that name the line, so a typo never silently falls back to a
@@ -45,11 +51,19 @@ struct config_field {
 	size_t npaths;
 };
 
+enum config_read {
+	CONFIG_READ_MMAP, /* the default: zero, so a zeroed declaration maps */
+	CONFIG_READ_PREAD,
+};
+
 struct config_dataset {
 	char *name;		     /* owned */
 	char *format;		     /* owned */
 	struct config_field *fields; /* owned, in file order */
 	size_t nfields;
+	/* [daemon] read, copied here by config_load so that ds_load needs
+	 * nothing but the declaration. */
+	enum config_read read;
 };
 
 struct config {
@@ -70,6 +84,7 @@ struct config {
 	unsigned depth;
 	unsigned max_depth;
 	char *ipc; /* owned: "fd" or "legacy" */
+	enum config_read read;
 	double reserve_frac;
 	uint64_t reserve_min;
 	double probe_interval;

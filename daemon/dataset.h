@@ -7,9 +7,13 @@
  * and row shape.
  *
  * DESIGN: loaded once by the loop thread at startup; afterwards immutable,
- * so reader threads read it with no lock.  Reads use pread on fds opened at
- * load time: a file truncated later gives -EIO with a message (an error
- * batch), never SIGBUS as an mmap would.
+ * so reader threads read it with no lock.  By default (`read = mmap`) each
+ * shard is mapped read-only at load and rows are copied out of the mapping
+ * with memcpy: a shuffled 4 KiB row costs no system call.  A file truncated
+ * after load still gives -EIO with a message naming it (an error batch),
+ * never a crash: ds_read_field catches the SIGBUS of a page past the end and
+ * checks the file's size after its copies (dataset.c says how).  `read =
+ * pread`, or an mmap that failed at load, reads a shard with pread instead.
  */
 #ifndef PF_DATASET_H
 #define PF_DATASET_H
@@ -28,6 +32,12 @@ struct ds_shard {
 	uint64_t first_row; /* row of the field where this shard begins */
 	uint64_t rows;
 	uint64_t data_offset; /* of row 0 within the file */
+	/* PROT_READ, MAP_SHARED mapping of the file's first map_len bytes
+	 * (data_offset + rows * row_bytes: all a read can touch); NULL when
+	 * the shard is read with pread. */
+	const uint8_t *map; /* owned */
+	uint64_t map_len;
+	int map_rc; /* -errno of the mmap that failed at load, or 0 */
 };
 
 struct ds_field {
@@ -39,6 +49,7 @@ struct ds_field {
 	uint64_t sample_bytes;	 /* row_bytes */
 	struct ds_shard *shards; /* owned */
 	size_t nshards;
+	size_t nmapped; /* shards with a mapping */
 };
 
 struct dataset {
@@ -55,7 +66,10 @@ struct dataset {
 
 /* Builds and opens a dataset from its config declaration.  Always fills
  * *ds (so that status can list it); returns 0 or -errno, with ds->error
- * set to a message naming the file and the problem. */
+ * set to a message naming the file and the problem.  With decl->read ==
+ * CONFIG_READ_MMAP it maps every shard and installs the process's SIGBUS
+ * handler (see dataset.c); a shard whose mmap fails is read with pread and
+ * keeps the error in map_rc, which is not a load failure. */
 int ds_load(struct dataset *ds, const struct config_dataset *decl);
 void ds_close(struct dataset *ds);
 /* The invariants of a dataset after ds_load, for asserts and tests: true
@@ -65,8 +79,12 @@ bool ds_check(const struct dataset *ds);
 
 /* Reads field `field` of samples[0..n) into dst, packed: sample k lands at
  * dst + k * sample_bytes.  Consecutive sample numbers within one shard are
- * read with one pread.  Returns 0, or -EIO/-errno with err naming the file
- * (e.g. "x.npy: short read at row 17 (file truncated?)").  Thread-safe. */
+ * copied with one memcpy (or read with one pread).  Returns 0, -ERANGE for
+ * a sample out of range (before anything is read), or -EIO/-errno with err
+ * naming the file, e.g. "x.npy: short read at row 17 (file truncated?)" or
+ * "x.npy: row 17 is past the end: the file is shorter than when it was
+ * loaded (truncated?)", rows counted within that file.  dst may have been
+ * written in part on error.  Thread-safe. */
 int ds_read_field(const struct dataset *ds, size_t field, const uint64_t *samples, size_t n,
 		  uint8_t *dst, char *err, size_t errlen);
 

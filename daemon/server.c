@@ -285,7 +285,7 @@ static int on_set_depth(struct conn *c, uint64_t id, const Pf__SetDepth *req)
 	if (s->uid != c->uid && c->uid != 0 && c->uid != getuid())
 		return conn_error(c, id, -EPERM,
 				  "session %" PRIu64 " belongs to uid %u; only that user, root or "
-						     "the daemon's user may change it",
+				  "the daemon's user may change it",
 				  s->id, (unsigned)s->uid);
 	if (req->automatic || req->target == 0)
 		gov_set_auto(&s->gov, d->cfg.depth);
@@ -390,7 +390,20 @@ static void on_poll(uv_poll_t *h, int status, int events)
 	if (c->closing)
 		return;
 	if (status < 0) {
-		conn_close(c, uv_strerror(status));
+		int err = 0;
+		socklen_t len = sizeof(err);
+
+		/* libuv reports EPOLLERR as UV_EBADF; the socket's own error
+		 * says what happened.  A peer that died with replies still
+		 * unread (a killed trainer) resets the connection: an ordinary
+		 * disconnect, not a fault. */
+		if (status == UV_EBADF &&
+		    getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 &&
+		    (err == 0 || err == ECONNRESET || err == EPIPE)) {
+			conn_close(c, NULL);
+			return;
+		}
+		conn_close(c, err ? strerror(err) : uv_strerror(status));
 		return;
 	}
 	if (events & UV_WRITABLE)

@@ -205,7 +205,8 @@ static int pick_gpu(struct daemon *d, const Pf__OpenSession *req, int *gpu, char
 
 		if (dev < 0) {
 			snprintf(err, errlen,
-				 "device %s (PCI %s) is not one of the daemon's GPUs (%.120s); check "
+				 "device %s (PCI %s) is not one of the daemon's GPUs (%.120s); "
+				 "check "
 				 "the daemon's CUDA_VISIBLE_DEVICES",
 				 req->device, req->pci_bus_id, d->gpu_desc);
 			return -ENODEV;
@@ -464,7 +465,8 @@ int sess_open(struct conn *c, uint64_t id, const Pf__OpenSession *req)
 	if (rc)
 		return rc; /* the connection is closing; sess_detach frees s */
 	if (gpu >= 0)
-		log_info("session %" PRIu64 " opened by %s: dataset %s, device %s (ipc %s), batch %u, "
+		log_info("session %" PRIu64
+			 " opened by %s: dataset %s, device %s (ipc %s), batch %u, "
 			 "up to %u device slots of %.2f MiB, %u ring slot(s), target %u",
 			 s->id, c->peer, ds->name, s->device,
 			 s->ipc == GPU_IPC_FD ? "fd" : "legacy", s->batch_size, s->nslots,
@@ -730,8 +732,7 @@ static void give_up_alloc(struct sess *s, const char *why)
 		return;
 	snprintf(msg, sizeof(msg),
 		 "epoch %" PRIu64 " batch %" PRIu64 ": %s %s: no device slot after %d tries: %s",
-		 s->epoch, s->next_fill, "device out of memory on", s->device, SESS_OOM_TRIES,
-		 why);
+		 s->epoch, s->next_fill, "device out of memory on", s->device, SESS_OOM_TRIES, why);
 	log_warn("session %" PRIu64 ": %s", s->id, msg);
 	sl->state = SLOT_READY;
 	sl->epoch = s->epoch;
@@ -785,8 +786,7 @@ static void alloc_done(struct sess *s, struct xfer_job *job)
 	}
 	s->npresent += (uint32_t)k;
 	s->ngarenas++;
-	log_debug("session %" PRIu64 ": device arena %u, %.1f MiB, %" PRIu64
-		  " slots (%u in all)",
+	log_debug("session %" PRIu64 ": device arena %u, %.1f MiB, %" PRIu64 " slots (%u in all)",
 		  s->id, s->ngarenas - 1, job->arena.bytes / 1048576.0, k, s->npresent);
 	push_garena(s, s->ngarenas - 1);
 }
@@ -1157,8 +1157,8 @@ bool sess_check(const struct sess *s)
 	if (!gov_check(&s->gov))
 		return false;
 	for (uint32_t i = 0; i < s->nslots; i++)
-		working += s->slots[i].state == SLOT_FILLING ||
-			   s->slots[i].state == SLOT_COPYING || s->slots[i].state == SLOT_ORPHAN;
+		working += s->slots[i].state == SLOT_FILLING || s->slots[i].state == SLOT_COPYING ||
+			   s->slots[i].state == SLOT_ORPHAN;
 	if (working != s->jobs)
 		return false;
 	if (s->next_send > s->next_fill || s->next_fill > s->nbatches)

@@ -92,17 +92,17 @@ struct sess {
 	enum gpu_ipc ipc;
 	struct gpu_arena *garenas; /* owned: device arenas, in id order */
 	uint32_t ngarenas;
-	uint32_t npresent;	 /* slots with device memory: 0 .. npresent-1 */
-	bool alloc_pending;	 /* an XFER_ALLOC is out */
-	bool grow_blocked;	 /* OOM tries ran out while slots exist */
-	unsigned oom_tries;	 /* failed tries of the current allocation */
-	uv_timer_t retry;	 /* OOM back-off pause */
-	bool retry_live;	 /* retry is initialised (closed by sess_free) */
-	uint64_t ring_off;	 /* our range of the daemon's pinned ring */
-	uint64_t ring_bytes;	 /* 0: none */
-	uint32_t nring;		 /* ring slots of slot_stride bytes */
-	uint8_t *ring_busy;	 /* owned, nring flags */
-	uint64_t copy_bytes;	 /* H2D totals, for status */
+	uint32_t npresent;   /* slots with device memory: 0 .. npresent-1 */
+	bool alloc_pending;  /* an XFER_ALLOC is out */
+	bool grow_blocked;   /* OOM tries ran out while slots exist */
+	unsigned oom_tries;  /* failed tries of the current allocation */
+	uv_timer_t retry;    /* OOM back-off pause */
+	bool retry_live;     /* retry is initialised (closed by sess_free) */
+	uint64_t ring_off;   /* our range of the daemon's pinned ring */
+	uint64_t ring_bytes; /* 0: none */
+	uint32_t nring;	     /* ring slots of slot_stride bytes */
+	uint8_t *ring_busy;  /* owned, nring flags */
+	uint64_t copy_bytes; /* H2D totals, for status */
 	uint64_t copy_ns;
 
 	/* The current epoch. */

@@ -111,12 +111,14 @@ static void run_alloc(struct xfer *x, struct xfer_job *job)
 {
 	if (job->inject_enomem) {
 		job->rc = -ENOMEM;
-		snprintf(job->err, sizeof(job->err), "out of memory (forced by PREFETCHD_TEST_FAIL_ALLOCS)");
+		snprintf(job->err, sizeof(job->err),
+			 "out of memory (forced by PREFETCHD_TEST_FAIL_ALLOCS)");
 		return;
 	}
 	job->rc = gpu_arena_alloc(x->dev, job->bytes, job->ipc, &job->arena);
 	if (job->rc)
-		snprintf(job->err, sizeof(job->err), "%s", job->rc == -ENOMEM ? "out of memory" : strerror(-job->rc));
+		snprintf(job->err, sizeof(job->err), "%s",
+			 job->rc == -ENOMEM ? "out of memory" : strerror(-job->rc));
 }
 
 /* Queues one copy and its event; on failure the job is finished at once. */
@@ -251,8 +253,8 @@ static void drain_done(uv_async_t *async)
 	}
 }
 
-int xfer_start(struct xfer **out, int dev, uv_loop_t *loop, xfer_done_fn done, void *arg,
-	       char *err, size_t errlen)
+int xfer_start(struct xfer **out, int dev, uv_loop_t *loop, xfer_done_fn done, void *arg, char *err,
+	       size_t errlen)
 {
 	struct xfer *x = calloc(1, sizeof(*x));
 	int rc;

@@ -49,7 +49,7 @@ struct xfer_job {
 	struct gpu_arena arena;
 	uint32_t arena_index;
 	bool inject_enomem; /* test hook: fail as a full device would */
-	int rc; /* 0 or -errno */
+	int rc;		    /* 0 or -errno */
 	char err[200];
 	/* private to the transfer thread */
 	struct gpu_event *event;
@@ -63,8 +63,8 @@ typedef void (*xfer_done_fn)(struct xfer_job *job, void *arg);
 /* Starts the transfer thread of device dev: its stream and its first
  * events are created before this returns.  done runs on the loop thread for
  * every job except XFER_FREE, which the thread frees itself. */
-int xfer_start(struct xfer **out, int dev, uv_loop_t *loop, xfer_done_fn done, void *arg,
-	       char *err, size_t errlen);
+int xfer_start(struct xfer **out, int dev, uv_loop_t *loop, xfer_done_fn done, void *arg, char *err,
+	       size_t errlen);
 void xfer_submit(struct xfer *x, struct xfer_job *job);
 /* Finishes everything queued (copies included), joins the thread, delivers
  * the last completions, destroys the stream.  Jobs submitted afterwards

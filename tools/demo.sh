@@ -2,11 +2,15 @@
 # `make run`: serve a generated demo dataset and stream one shuffled epoch
 # through it with `prefetchctl bench`, then show `prefetchctl status` and
 # stop the daemon.  Everything lives under ./run/ (the dataset is kept, so a
-# second `make run` starts at once).
+# second `make run` starts at once).  DEMO_DEVICE=cuda:0 streams the epoch
+# into GPU 0 instead of host memory; DEMO_IPC=legacy shares device arenas
+# through cudaIpcGetMemHandle instead of file descriptors.
 set -eu
 B=${B:-build}
 RUN=$(pwd)/run
 ROWS=${DEMO_ROWS:-100000}
+DEVICE=${DEMO_DEVICE:-host}
+IPC=${DEMO_IPC:-fd}
 mkdir -p "$RUN"
 
 if [ ! -f "$RUN/.demo-$ROWS" ]; then
@@ -22,6 +26,7 @@ cat >"$RUN/prefetchd.conf" <<CONF
 socket = $RUN/prefetchd.sock
 socket_mode = 0660
 readers = $(nproc)
+ipc = $IPC
 
 [dataset.demo]
 format = npy
@@ -47,8 +52,9 @@ until "$B/prefetchctl" -s "$RUN/prefetchd.sock" status >/dev/null 2>&1; do
 	sleep 0.1
 done
 echo "demo: prefetchd $(cat /proc/$pid/comm) pid $pid serving $RUN/prefetchd.sock (log: run/prefetchd.log)"
-echo "demo: one shuffled epoch, batch 256:"
-"$B/prefetchctl" -s "$RUN/prefetchd.sock" bench demo --batch-size 256 --order shuffle --seed 1
+echo "demo: one shuffled epoch, batch 256, into $DEVICE:"
+"$B/prefetchctl" -s "$RUN/prefetchd.sock" bench demo --batch-size 256 --order shuffle --seed 1 \
+	--device "$DEVICE"
 echo
 "$B/prefetchctl" -s "$RUN/prefetchd.sock" status
 stop

@@ -1,0 +1,1304 @@
+/*
+ * test_cuda.c — CUDA sessions end to end: a real prefetchd with a GPU on a
+ * temporary socket, and trainers that are separate processes opening
+ * "cuda:0" through the real client library.
+ *
+ * Every sample a trainer receives is copied back from the device
+ * (pfcuda_copy_dtoh) and checked byte for byte against what npygen's
+ * formula says row `pick % N` of its field holds; every epoch is checked to
+ * deliver each pick exactly once.  Beyond the data path the tests cover
+ * what only a GPU shows: device memory coming back when a trainer is
+ * killed holding batches, the honest probe sizing the target from the
+ * trainer's free device memory, and the back-off after a device allocation
+ * fails (forced with PREFETCHD_TEST_FAIL_ALLOCS).
+ *
+ * With no GPU every case skips and says why: the test process cannot open
+ * CUDA device 0, or the daemon refuses cuda:0 (-ENODEV).  PF_REQUIRE_GPU=1
+ * (make check-cuda) turns those skips into failures.
+ *
+ * DESIGN: one binary, two roles.  Run plainly it is the cmocka test
+ * process: it starts a daemon per case and spawns trainers.  Run as
+ * `test_cuda --trainer key=value ...` (main() checks this before cmocka
+ * starts) it is one trainer.  Trainers are started with fork() and an
+ * immediate execv("/proc/self/exe"): the test process has initialised CUDA
+ * (to find the device and read free memory), and a forked copy of a CUDA
+ * process cannot use CUDA itself; exec gives the child a fresh one.  A
+ * trainer reports through its exit status (0 passed, 1 failed, 77 the
+ * daemon has no GPU), its stderr (a log file the test prints), and lines
+ * on its stdout, a pipe the test reads ("streaming", "holding <session>").
+ * Its stdin is a pipe too: when the test closes it (or dies), long-lived
+ * trainers stop.  Single-threaded; every wait has a deadline, and the
+ * teardown kills whatever trainer is left.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "pfcuda.h"
+#include "prefetch.h"
+#include "testutil.h"
+
+#define MiB (1ull << 20)
+#define GiB (1ull << 30)
+
+/* The dataset: x '<f4' (64,) in two shards, y '<i8' scalars.  20000 is not
+ * a multiple of BATCH, so every epoch ends with a partial batch of 32. */
+#define N_ROWS	 20000
+#define X_SHARD0 12000
+#define X_DIM	 64
+#define SEED_X	 101
+#define SEED_Y	 202
+#define BATCH	 256
+
+/* pf_next never waits longer than this: a stuck pipeline fails, not hangs. */
+#define NEXT_TIMEOUT_MS 30000
+/* Exit status of a trainer whose daemon refused cuda:0 with -ENODEV. */
+#define EXIT_NO_GPU 77
+#define MAX_FIELDS  4
+#define MAX_KIDS    8
+
+static const char *DATASETS = "[dataset.d]\n"
+			      "format = npy\n"
+			      "field.x = x0.npy, x1.npy\n"
+			      "field.y = y.npy\n";
+
+/* ======================================================================
+ * Trainer side: runs in a child process, never inside cmocka.
+ * ====================================================================== */
+
+struct topts {
+	const char *sock;
+	const char *mode; /* epochs | stream | hold | probe | oom */
+	enum pf_ipc ipc;
+	uint32_t epochs;
+	uint64_t seed;
+	uint32_t min_depth, max_depth;
+	bool alloc;  /* probe: fill the GPU before the probe */
+	bool halved; /* epochs: expect an OOM-halved target after batch 1 */
+};
+
+/* What one epoch delivered, by batch seq. */
+struct epoch_log {
+	uint64_t announced; /* batches this epoch delivers */
+	uint64_t *picks;    /* owned: announced * BATCH, the picks of batch s at s * BATCH */
+	uint32_t *count;    /* owned: samples of batch s, 0 while not delivered */
+	uint64_t delivered; /* picks delivered */
+};
+
+struct trainer {
+	struct topts o;
+	struct pf_client *c;	/* owned */
+	struct pfcuda_dev *dev; /* owned: our own handle on device 0, for copies back */
+	uint64_t n;
+	uint32_t nfields;
+	struct pf_field field[MAX_FIELDS]; /* borrowed from c: valid until pf_close */
+	uint64_t field_seed[MAX_FIELDS];
+	uint8_t *host; /* owned: one field of one batch, copied back */
+	uint8_t *seen; /* owned: n flags, pick delivered in this epoch */
+	struct epoch_log ep;
+	uint64_t batches, samples; /* verified, over all epochs */
+};
+
+static __attribute__((format(printf, 1, 2), noreturn)) void tfail(const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "FAIL [%d]: ", (int)getpid());
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	exit(1);
+}
+
+static __attribute__((format(printf, 1, 2))) void tlog(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+}
+
+/* A line for the test process (stdout is its pipe). */
+static __attribute__((format(printf, 1, 2))) void tsay(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	putchar('\n');
+	fflush(stdout);
+}
+
+/* True once the test process closed our stdin (or died). */
+static bool told_to_stop(void)
+{
+	struct pollfd p = {.fd = 0, .events = POLLIN};
+
+	return poll(&p, 1, 0) > 0;
+}
+
+static void t_open(struct trainer *t, uint32_t min_depth, uint32_t max_depth)
+{
+	struct pf_open_opts oo = {.dataset = "d",
+				  .device = "cuda:0",
+				  .batch_size = BATCH,
+				  .min_depth = min_depth,
+				  .max_depth = max_depth,
+				  .ipc = t->o.ipc,
+				  .name = t->o.mode};
+	uint64_t most = 0;
+	char msg[256] = "";
+	int rc;
+
+	rc = pfcuda_open(0, &t->dev, msg, sizeof(msg));
+	if (rc)
+		tfail("pfcuda_open(0): %d %s", rc, msg);
+	rc = pf_connect(t->o.sock, &t->c);
+	if (rc)
+		tfail("pf_connect %s: %d %s", t->o.sock, rc, pf_errmsg(t->c));
+	rc = pf_open(t->c, &oo);
+	if (rc == -ENODEV) {
+		/* The daemon has no GPU (or not this one): the test skips. */
+		tsay("nogpu: %s", pf_errmsg(t->c));
+		tlog("nogpu: %s", pf_errmsg(t->c));
+		exit(EXIT_NO_GPU);
+	}
+	if (rc)
+		tfail("pf_open cuda:0: %d %s", rc, pf_errmsg(t->c));
+	t->n = pf_num_samples(t->c);
+	if (t->n != N_ROWS)
+		tfail("dataset has %" PRIu64 " samples, want %d", t->n, N_ROWS);
+	t->nfields = pf_num_fields(t->c);
+	if (t->nfields != 2)
+		tfail("dataset has %u fields, want 2", t->nfields);
+	for (uint32_t f = 0; f < t->nfields; f++) {
+		if (pf_field_info(t->c, f, &t->field[f]))
+			tfail("pf_field_info %u: %s", f, pf_errmsg(t->c));
+		if (!strcmp(t->field[f].name, "x"))
+			t->field_seed[f] = SEED_X;
+		else if (!strcmp(t->field[f].name, "y"))
+			t->field_seed[f] = SEED_Y;
+		else
+			tfail("unexpected field '%s'", t->field[f].name);
+		if (t->field[f].sample_bytes > most)
+			most = t->field[f].sample_bytes;
+	}
+	t->host = malloc(most * BATCH);
+	t->seen = calloc(t->n, 1);
+	if (!t->host || !t->seen)
+		tfail("out of host memory");
+}
+
+static void t_close(struct trainer *t)
+{
+	pf_close(t->c);
+	t->c = NULL;
+	pfcuda_close(t->dev);
+	t->dev = NULL;
+	free(t->host);
+	free(t->seen);
+	free(t->ep.picks);
+	free(t->ep.count);
+	memset(&t->ep, 0, sizeof(t->ep));
+}
+
+static uint64_t t_session(const struct trainer *t)
+{
+	struct pf_stats s;
+
+	if (pf_stats(t->c, &s))
+		tfail("pf_stats: %s", pf_errmsg(t->c));
+	return s.session;
+}
+
+/* Starts a shuffled epoch; the previous epoch's log is freed (take it
+ * first to keep it). */
+static void t_start(struct trainer *t, uint64_t seed)
+{
+	struct pf_epoch_opts eo = {.order = PF_ORDER_SHUFFLE, .seed = seed};
+	uint64_t want = (t->n + BATCH - 1) / BATCH;
+	int rc;
+
+	free(t->ep.picks);
+	free(t->ep.count);
+	memset(&t->ep, 0, sizeof(t->ep));
+	rc = pf_start_epoch(t->c, &eo, &t->ep.announced);
+	if (rc)
+		tfail("pf_start_epoch seed %" PRIu64 ": %d %s", seed, rc, pf_errmsg(t->c));
+	if (t->ep.announced != want)
+		tfail("epoch announces %" PRIu64 " batches, want %" PRIu64, t->ep.announced, want);
+	t->ep.picks = calloc(t->ep.announced * BATCH, sizeof(uint64_t));
+	t->ep.count = calloc(t->ep.announced, sizeof(uint32_t));
+	if (!t->ep.picks || !t->ep.count)
+		tfail("out of host memory");
+	memset(t->seen, 0, t->n);
+}
+
+/* Copies every field of b back from the device and checks every byte of
+ * every sample; books its picks into the epoch. */
+static void t_check(struct trainer *t, const struct pf_batch *b)
+{
+	uint32_t want;
+	char msg[256] = "";
+
+	if (!b->on_device)
+		tfail("batch %" PRIu64 " of a cuda:0 session is not on the device", b->seq);
+	if (b->nfields != t->nfields)
+		tfail("batch %" PRIu64 " has %u fields, want %u", b->seq, b->nfields, t->nfields);
+	if (b->seq >= t->ep.announced)
+		tfail("batch seq %" PRIu64 " beyond the %" PRIu64 " announced", b->seq,
+		      t->ep.announced);
+	if (t->ep.count[b->seq])
+		tfail("batch seq %" PRIu64 " delivered twice", b->seq);
+	/* drop_last is off: only the last batch is short. */
+	want = b->seq + 1 < t->ep.announced ? BATCH
+					    : (uint32_t)(t->n - (t->ep.announced - 1) * BATCH);
+	if (b->count != want)
+		tfail("batch %" PRIu64 " holds %u samples, want %u", b->seq, b->count, want);
+	for (uint32_t f = 0; f < t->nfields; f++) {
+		uint64_t sb = t->field[f].sample_bytes;
+		int rc;
+
+		if (!b->data[f])
+			tfail("batch %" PRIu64 " field %s has no device pointer", b->seq,
+			      t->field[f].name);
+		rc = pfcuda_copy_dtoh(t->dev, t->host, (uint64_t)(uintptr_t)b->data[f],
+				      b->count * sb, msg, sizeof(msg));
+		if (rc)
+			tfail("copying batch %" PRIu64 " field %s back: %d %s", b->seq,
+			      t->field[f].name, rc, msg);
+		for (uint32_t k = 0; k < b->count; k++)
+			if (!td_row_ok(t->host + k * sb, sb, t->field_seed[f], b->picks[k] % t->n))
+				tfail("field %s of pick %" PRIu64 " (batch %" PRIu64
+				      ", position %u) has wrong bytes",
+				      t->field[f].name, b->picks[k], b->seq, k);
+	}
+	for (uint32_t k = 0; k < b->count; k++) {
+		uint64_t p = b->picks[k];
+
+		if (p >= t->n)
+			tfail("pick %" PRIu64 " out of range (N = %" PRIu64 ")", p, t->n);
+		if (t->seen[p])
+			tfail("pick %" PRIu64 " delivered twice in one epoch (batch %" PRIu64 ")",
+			      p, b->seq);
+		t->seen[p] = 1;
+		t->ep.picks[b->seq * BATCH + k] = p;
+	}
+	t->ep.count[b->seq] = b->count;
+	t->ep.delivered += b->count;
+	t->batches++;
+	t->samples += b->count;
+}
+
+/* pf_next with a deadline; a delivered batch is checked at once.  Returns
+ * pf_next's code (0 with *b NULL at the end of the epoch). */
+static int t_next(struct trainer *t, struct pf_batch **b)
+{
+	int rc = pf_next(t->c, NEXT_TIMEOUT_MS, b);
+
+	if (rc == 0 && *b)
+		t_check(t, *b);
+	return rc;
+}
+
+static void t_release(struct trainer *t, struct pf_batch *b)
+{
+	int rc = pf_release(t->c, b, NULL);
+
+	if (rc)
+		tfail("pf_release: %d %s", rc, pf_errmsg(t->c));
+}
+
+/* After the end of an epoch: every batch came, so (no pick twice, none out
+ * of range) the picks were exactly 0..N-1. */
+static void t_epoch_complete(struct trainer *t)
+{
+	for (uint64_t s = 0; s < t->ep.announced; s++)
+		if (!t->ep.count[s])
+			tfail("epoch ended without batch %" PRIu64, s);
+	if (t->ep.delivered != t->n)
+		tfail("epoch delivered %" PRIu64 " picks, want %" PRIu64, t->ep.delivered, t->n);
+}
+
+/* Takes batches to the end of the epoch, releasing each. */
+static void t_finish_epoch(struct trainer *t)
+{
+	struct pf_batch *b;
+	int rc;
+
+	for (;;) {
+		rc = t_next(t, &b);
+		if (rc)
+			tfail("pf_next: %d %s", rc, pf_errmsg(t->c));
+		if (!b)
+			break;
+		t_release(t, b);
+	}
+	t_epoch_complete(t);
+}
+
+/* Our own session's status entry; free *env with pf__envelope__free_unpacked. */
+static Pf__SessionStatus *t_status(struct trainer *t, Pf__Envelope **env)
+{
+	uint64_t id = t_session(t);
+	Pf__SessionStatus *ss;
+
+	*env = td_status(t->o.sock);
+	if (!*env)
+		tfail("no status from the daemon");
+	ss = td_session(*env, id);
+	if (!ss)
+		tfail("session %" PRIu64 " is missing from status", id);
+	return ss;
+}
+
+static void log_status(const char *when, const Pf__SessionStatus *ss)
+{
+	tlog("%s: device %s target %u (%s) min %u max %u held %" PRIu64 " slots %u arenas %u "
+	     "(%" PRIu64 " bytes) probe_free %.2f GiB of %.2f errors %" PRIu64,
+	     when, ss->device, ss->target, ss->target_reason, ss->min_depth, ss->max_depth,
+	     ss->held, ss->slots, ss->arenas, ss->arena_bytes, ss->probe_free / (double)GiB,
+	     ss->probe_total / (double)GiB, ss->errors);
+}
+
+/* mode=epochs: `epochs` shuffled epochs, seeds seed, seed+1, ... */
+static void mode_epochs(struct trainer *t)
+{
+	t_open(t, t->o.min_depth, t->o.max_depth);
+	for (uint32_t e = 0; e < t->o.epochs; e++) {
+		struct pf_batch *b;
+		Pf__Envelope *env;
+		Pf__SessionStatus *ss;
+		int rc;
+
+		t_start(t, t->o.seed + e);
+		rc = t_next(t, &b);
+		if (rc || !b)
+			tfail("first pf_next of epoch %u: %d %s", e, rc, pf_errmsg(t->c));
+		if (e == 0) {
+			/* Before the 2nd pf_next: no probe can have resized it yet. */
+			ss = t_status(t, &env);
+			log_status("after batch 1", ss);
+			if (strcmp(ss->device, "cuda:0"))
+				tfail("status says device '%s', want cuda:0", ss->device);
+			if (ss->arenas == 0)
+				tfail("a cuda:0 session with a batch taken shows no arenas");
+			if (t->o.halved &&
+			    (ss->target != 2 || !strstr(ss->target_reason, "halved")))
+				tfail("after one forced OOM: target %u (%s), want 2 and "
+				      "\"halved\"",
+				      ss->target, ss->target_reason);
+			pf__envelope__free_unpacked(env, NULL);
+		}
+		t_release(t, b);
+		t_finish_epoch(t);
+		tlog("epoch %u (seed %" PRIu64 "): %" PRIu64 " batches, %" PRIu64
+		     " picks, each once, every byte checked",
+		     e, t->o.seed + e, t->ep.announced, t->ep.delivered);
+	}
+	t_close(t);
+}
+
+/* mode=stream: shuffled epochs until stdin closes; says "streaming" once
+ * 10 batches were consumed. */
+static void mode_stream(struct trainer *t)
+{
+	uint64_t epochs = 0;
+	bool said = false, stop = false;
+
+	t_open(t, t->o.min_depth, t->o.max_depth);
+	while (!stop) {
+		t_start(t, t->o.seed + epochs);
+		for (;;) {
+			struct pf_batch *b;
+			int rc;
+
+			if (told_to_stop()) {
+				stop = true;
+				break;
+			}
+			rc = t_next(t, &b);
+			if (rc)
+				tfail("pf_next after %" PRIu64 " batches: %d %s", t->batches, rc,
+				      pf_errmsg(t->c));
+			if (!b) {
+				t_epoch_complete(t);
+				epochs++;
+				break;
+			}
+			t_release(t, b);
+			if (!said && t->batches >= 10) {
+				tsay("streaming");
+				said = true;
+			}
+		}
+	}
+	tlog("stream: %" PRIu64 " complete epochs, %" PRIu64 " batches, %" PRIu64
+	     " samples, every byte checked, no error",
+	     epochs, t->batches, t->samples);
+	t_close(t);
+}
+
+/* mode=hold: takes 3 batches, keeps them, says "holding <session>" and
+ * waits to be killed (or for stdin to close). */
+static void mode_hold(struct trainer *t)
+{
+	struct pf_batch *held[3];
+	char c;
+
+	t_open(t, t->o.min_depth, t->o.max_depth);
+	t_start(t, t->o.seed);
+	for (int i = 0; i < 3; i++) {
+		int rc = t_next(t, &held[i]);
+
+		if (rc || !held[i])
+			tfail("pf_next %d: %d %s", i, rc, pf_errmsg(t->c));
+	}
+	tsay("holding %" PRIu64, t_session(t));
+	while (read(0, &c, 1) > 0)
+		;
+	t_close(t);
+}
+
+/* Takes device memory in this process until about 3.5 GiB are left.
+ * Returns the number of allocations stored in ptrs. */
+static size_t fill_gpu(struct trainer *t, uint64_t *ptrs, size_t cap)
+{
+	uint64_t free_b = 0, total = 0, first;
+	size_t n = 0;
+	char msg[256] = "";
+	int rc;
+
+	if (pfcuda_mem_info(t->dev, &free_b, &total, msg, sizeof(msg)))
+		tfail("pfcuda_mem_info: %s", msg);
+	first = free_b;
+	while (free_b >= 5 * GiB && n < cap) {
+		rc = pfcuda_mem_alloc(t->dev, GiB, &ptrs[n], msg, sizeof(msg));
+		if (rc == -ENOMEM)
+			break;
+		if (rc)
+			tfail("pfcuda_mem_alloc 1 GiB: %d %s", rc, msg);
+		n++;
+		if (pfcuda_mem_info(t->dev, &free_b, &total, msg, sizeof(msg)))
+			tfail("pfcuda_mem_info: %s", msg);
+	}
+	if (free_b > 4 * GiB && n < cap) {
+		uint64_t rest = (free_b - 3 * GiB - GiB / 2) & ~(2 * MiB - 1);
+
+		if (pfcuda_mem_alloc(t->dev, rest, &ptrs[n], msg, sizeof(msg)) == 0)
+			n++;
+		if (pfcuda_mem_info(t->dev, &free_b, &total, msg, sizeof(msg)))
+			tfail("pfcuda_mem_info: %s", msg);
+	}
+	tlog("filled the GPU: %.2f GiB free of %.2f before, %.2f after (%zu allocations)",
+	     first / (double)GiB, total / (double)GiB, free_b / (double)GiB, n);
+	if (free_b >= 8 * GiB)
+		tfail("could not fill the GPU: %.2f GiB still free", free_b / (double)GiB);
+	return n;
+}
+
+/* mode=probe: batch 1, then (alloc=1) fill the GPU, then batch 2 sends the
+ * probe; the target must follow the free memory the probe saw. */
+static void mode_probe(struct trainer *t)
+{
+	static uint64_t ptrs[512];
+	size_t nptrs = 0;
+	struct pf_batch *b;
+	Pf__Envelope *env;
+	Pf__SessionStatus *ss;
+	uint32_t pre_target;
+	double deadline;
+	bool probed = false;
+	int rc;
+
+	t_open(t, t->o.min_depth, t->o.max_depth);
+	t_start(t, t->o.seed);
+	rc = t_next(t, &b);
+	if (rc || !b)
+		tfail("pf_next 1: %d %s", rc, pf_errmsg(t->c));
+	t_release(t, b);
+	ss = t_status(t, &env);
+	log_status("before the probe", ss);
+	pre_target = ss->target;
+	if (!strncmp(ss->target_reason, "probe:", 6) || ss->probe_total)
+		tfail("a probe came before the 2nd pf_next: %s", ss->target_reason);
+	if (pre_target != 4)
+		tfail("target before the probe is %u, want the configured depth 4", pre_target);
+	pf__envelope__free_unpacked(env, NULL);
+
+	if (t->o.alloc)
+		nptrs = fill_gpu(t, ptrs, sizeof(ptrs) / sizeof(ptrs[0]));
+	/* The 2nd pf_next sends the probe (one-way): poll status for it. */
+	for (int i = 0; i < 4; i++) {
+		rc = t_next(t, &b);
+		if (rc || !b)
+			tfail("pf_next %d: %d %s", i + 2, rc, pf_errmsg(t->c));
+		t_release(t, b);
+	}
+	deadline = td_now() + 5;
+	do {
+		ss = t_status(t, &env);
+		probed = !strncmp(ss->target_reason, "probe:", 6) && ss->probe_total > 0;
+		if (probed)
+			break;
+		pf__envelope__free_unpacked(env, NULL);
+		usleep(20000);
+	} while (td_now() < deadline);
+	if (!probed)
+		tfail("no probe reached the daemon within 5 s of the 2nd pf_next");
+	log_status("after the probe", ss);
+	if (t->o.alloc) {
+		/* Free memory (about 3.5 GiB) is below the reserve (>= 2 GiB
+		 * and 10% of the device): nothing more fits than one batch. */
+		if (ss->target >= pre_target || ss->target != 1)
+			tfail("GPU nearly full: target %u after the probe (was %u), want 1",
+			      ss->target, pre_target);
+		if (ss->probe_free >= 8 * GiB)
+			tfail("probe_free %.2f GiB, want < 8 with the GPU filled",
+			      ss->probe_free / (double)GiB);
+	} else {
+		if (ss->target != t->o.max_depth)
+			tfail("GPU free: target %u after the probe, want max_depth %u", ss->target,
+			      t->o.max_depth);
+	}
+	if (ss->probe_total < ss->probe_free)
+		tfail("probe says %" PRIu64 " free of %" PRIu64, ss->probe_free, ss->probe_total);
+	pf__envelope__free_unpacked(env, NULL);
+
+	/* The rest of the epoch still arrives whole, with the GPU full. */
+	t_finish_epoch(t);
+	tlog("epoch: %" PRIu64 " batches, %" PRIu64 " picks, each once, every byte checked",
+	     t->ep.announced, t->ep.delivered);
+	for (size_t i = 0; i < nptrs; i++)
+		pfcuda_mem_free(t->dev, ptrs[i]);
+	t_close(t);
+}
+
+/* mode=oom: the daemon fails 4 allocations in a row: the first batch is an
+ * error batch (-ENOMEM), the epoch goes on.  A second epoch with the same
+ * seed shows what every batch should have held. */
+static void mode_oom(struct trainer *t)
+{
+	struct epoch_log hurt;
+	struct pf_batch *b;
+	uint64_t errors = 1, missing = 0, lost = 0;
+	int rc;
+
+	t_open(t, t->o.min_depth, t->o.max_depth);
+	t_start(t, t->o.seed);
+	rc = pf_next(t->c, NEXT_TIMEOUT_MS, &b);
+	if (rc != -ENOMEM)
+		tfail("first pf_next: %d (%s), want -ENOMEM", rc, rc ? pf_errmsg(t->c) : "a batch");
+	if (!strstr(pf_errmsg(t->c), "out of memory"))
+		tfail("error batch says \"%s\", want \"out of memory\"", pf_errmsg(t->c));
+	tlog("first pf_next: -ENOMEM \"%s\"", pf_errmsg(t->c));
+	for (;;) {
+		rc = t_next(t, &b);
+		if (rc == -ENOMEM && errors < t->ep.announced) {
+			tlog("another error batch: %s", pf_errmsg(t->c));
+			errors++;
+			continue;
+		}
+		if (rc)
+			tfail("pf_next: %d %s", rc, pf_errmsg(t->c));
+		if (!b)
+			break;
+		t_release(t, b);
+	}
+	if (errors != 1)
+		tfail("%" PRIu64 " error batches, want exactly 1", errors);
+	hurt = t->ep;
+	memset(&t->ep, 0, sizeof(t->ep));
+
+	t_start(t, t->o.seed);
+	t_finish_epoch(t);
+	for (uint64_t s = 0; s < t->ep.announced; s++) {
+		if (!hurt.count[s]) {
+			missing++;
+			lost += t->ep.count[s];
+			continue;
+		}
+		if (hurt.count[s] != t->ep.count[s] ||
+		    memcmp(hurt.picks + s * BATCH, t->ep.picks + s * BATCH,
+			   hurt.count[s] * sizeof(uint64_t)))
+			tfail("batch %" PRIu64 " differs between the two epochs of seed %" PRIu64,
+			      s, t->o.seed);
+	}
+	if (missing != errors || !hurt.count || hurt.count[0])
+		tfail("%" PRIu64 " batches missing (batch 0 %s), want exactly batch 0", missing,
+		      hurt.count[0] ? "delivered" : "missing");
+	if (hurt.delivered + lost != t->n)
+		tfail("%" PRIu64 " delivered + %" PRIu64 " lost != %" PRIu64, hurt.delivered, lost,
+		      t->n);
+	tlog("error epoch: %" PRIu64 " picks delivered once each, the %" PRIu64
+	     " of the error batch missing; the same seed again delivered all %" PRIu64,
+	     hurt.delivered, lost, t->ep.delivered);
+	free(hurt.picks);
+	free(hurt.count);
+	t_close(t);
+}
+
+static int trainer_main(int argc, char **argv)
+{
+	struct trainer t = {.o = {.mode = "epochs", .epochs = 1, .seed = 1}};
+
+	setvbuf(stderr, NULL, _IOLBF, 0);
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i], *v = strchr(a, '=');
+
+		if (!v)
+			tfail("bad trainer argument '%s'", a);
+		v++;
+		if (!strncmp(a, "sock=", 5))
+			t.o.sock = v;
+		else if (!strncmp(a, "mode=", 5))
+			t.o.mode = v;
+		else if (!strncmp(a, "ipc=", 4))
+			t.o.ipc = !strcmp(v, "fd")	 ? PF_IPC_FD
+				  : !strcmp(v, "legacy") ? PF_IPC_LEGACY
+							 : PF_IPC_DEFAULT;
+		else if (!strncmp(a, "epochs=", 7))
+			t.o.epochs = (uint32_t)strtoul(v, NULL, 10);
+		else if (!strncmp(a, "seed=", 5))
+			t.o.seed = strtoull(v, NULL, 10);
+		else if (!strncmp(a, "min_depth=", 10))
+			t.o.min_depth = (uint32_t)strtoul(v, NULL, 10);
+		else if (!strncmp(a, "max_depth=", 10))
+			t.o.max_depth = (uint32_t)strtoul(v, NULL, 10);
+		else if (!strncmp(a, "alloc=", 6))
+			t.o.alloc = atoi(v) != 0;
+		else if (!strncmp(a, "halved=", 7))
+			t.o.halved = atoi(v) != 0;
+		else
+			tfail("unknown trainer argument '%s'", a);
+	}
+	if (!t.o.sock)
+		tfail("trainer needs sock=PATH");
+	if (!strcmp(t.o.mode, "epochs"))
+		mode_epochs(&t);
+	else if (!strcmp(t.o.mode, "stream"))
+		mode_stream(&t);
+	else if (!strcmp(t.o.mode, "hold"))
+		mode_hold(&t);
+	else if (!strcmp(t.o.mode, "probe"))
+		mode_probe(&t);
+	else if (!strcmp(t.o.mode, "oom"))
+		mode_oom(&t);
+	else
+		tfail("unknown mode '%s'", t.o.mode);
+	return 0;
+}
+
+/* ======================================================================
+ * Test side: the cmocka process.
+ * ====================================================================== */
+
+/* A trainer process. */
+struct kid {
+	pid_t pid;  /* 0 once reaped */
+	int status; /* wait status once reaped */
+	int out;    /* owned: read end of its stdout, -1 when closed */
+	int in;	    /* owned: write end of its stdin, -1 when closed */
+	char name[32];
+	char log[400];	/* its stderr */
+	bool shown;	/* its log was printed already */
+	char buf[4096]; /* stdout read but not yet consumed as lines */
+	size_t len;
+};
+
+static struct {
+	struct tdaemon td;
+	struct kid kids[MAX_KIDS];
+	bool done;    /* the case ran to its end */
+	bool skipped; /* the case skipped */
+} fx;
+
+/* Device 0 as the test process sees it: opened once, on first need. */
+static struct pfcuda_dev *gpu; /* owned, closed in main */
+static int gpu_rc = 1;	       /* 1: not tried yet; else pfcuda_open's result */
+static char gpu_msg[256];
+
+static bool gpu_required(void)
+{
+	const char *v = getenv("PF_REQUIRE_GPU");
+
+	return v && *v && strcmp(v, "0");
+}
+
+static __attribute__((format(printf, 1, 2))) void skip_because(const char *fmt, ...)
+{
+	char why[600];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	if (gpu_required())
+		fail_msg("PF_REQUIRE_GPU is set but %s", why);
+	print_message("skipped: %s\n", why);
+	fx.skipped = true;
+	skip();
+}
+
+static void need_gpu(void)
+{
+	if (gpu_rc == 1)
+		gpu_rc = pfcuda_open(0, &gpu, gpu_msg, sizeof(gpu_msg));
+	if (gpu_rc < 0)
+		skip_because("no CUDA device: %s", gpu_msg);
+}
+
+/* Prints the last `lines` lines of a log, leaving out the daemon's
+ * per-epoch lines (a streaming trainer makes thousands). */
+static void show_log(const char *title, const char *path, int lines)
+{
+	static char ring[64][512];
+	char line[512];
+	FILE *f = fopen(path, "r");
+	long n = 0, chatter = 0;
+
+	if (!f)
+		return;
+	if (lines > 64)
+		lines = 64;
+	while (fgets(line, sizeof(line), f)) {
+		if (strstr(line, ": epoch ") && strstr(line, " done, ")) {
+			chatter++;
+			continue;
+		}
+		snprintf(ring[n++ % lines], sizeof(ring[0]), "%s", line);
+	}
+	fclose(f);
+	print_message("---- %s (%s; %ld per-epoch lines left out) ----\n", title, path, chatter);
+	for (long i = n > lines ? n - lines : 0; i < n; i++) {
+		const char *l = ring[i % lines];
+
+		print_message("%s%s", l, l[0] && l[strlen(l) - 1] == '\n' ? "" : "\n");
+	}
+	print_message("---- end of %s ----\n", title);
+	fflush(stdout);
+}
+
+static int setup(void **state)
+{
+	memset(&fx, 0, sizeof(fx));
+	for (int i = 0; i < MAX_KIDS; i++)
+		fx.kids[i].out = fx.kids[i].in = -1;
+	return td_init(&fx.td, "cuda") ? -1 : 0;
+}
+
+static void kid_close_fds(struct kid *k)
+{
+	if (k->out >= 0)
+		close(k->out);
+	if (k->in >= 0)
+		close(k->in);
+	k->out = k->in = -1;
+}
+
+/* Kills every trainer still running, stops the daemon, and on a failure
+ * shows what the daemon and the trainers logged. */
+static int teardown(void **state)
+{
+	bool failed = !fx.done && !fx.skipped;
+
+	for (int i = 0; i < MAX_KIDS; i++) {
+		struct kid *k = &fx.kids[i];
+
+		if (k->pid > 0) {
+			kill(k->pid, SIGKILL);
+			waitpid(k->pid, NULL, 0);
+			k->pid = 0;
+		}
+		kid_close_fds(k);
+	}
+	if (fx.td.pid > 0)
+		td_stop(&fx.td, 5000);
+	if (failed) {
+		for (int i = 0; i < MAX_KIDS; i++)
+			if (fx.kids[i].name[0] && !fx.kids[i].shown)
+				show_log(fx.kids[i].name, fx.kids[i].log, 30);
+		show_log("daemon log", fx.td.log, 60);
+	}
+	td_cleanup(&fx.td);
+	return 0;
+}
+
+/* Writes the dataset and starts a daemon with these [daemon] lines;
+ * fail_allocs, when not NULL, goes to PREFETCHD_TEST_FAIL_ALLOCS. */
+static void start_daemon(const char *extra, const char *fail_allocs)
+{
+	uint64_t xs[1] = {X_DIM};
+	char p[400];
+	int rc;
+
+	td_path(&fx.td, "x0.npy", p, sizeof(p));
+	assert_int_equal(td_write_npy(p, 1, "<f4", 4, X_SHARD0, xs, 1, SEED_X, 0), 0);
+	td_path(&fx.td, "x1.npy", p, sizeof(p));
+	assert_int_equal(td_write_npy(p, 1, "<f4", 4, N_ROWS - X_SHARD0, xs, 1, SEED_X, X_SHARD0),
+			 0);
+	td_path(&fx.td, "y.npy", p, sizeof(p));
+	assert_int_equal(td_write_npy(p, 2, "<i8", 8, N_ROWS, NULL, 0, SEED_Y, 0), 0);
+	if (fail_allocs)
+		setenv("PREFETCHD_TEST_FAIL_ALLOCS", fail_allocs, 1);
+	rc = td_start(&fx.td, extra, DATASETS);
+	unsetenv("PREFETCHD_TEST_FAIL_ALLOCS");
+	if (rc)
+		fail_msg("td_start: %d (%s)", rc, strerror(-rc));
+}
+
+static void stop_daemon(void)
+{
+	int rc = td_stop(&fx.td, 10000);
+
+	if (rc != 0)
+		fail_msg("the daemon did not exit cleanly (status %d)", rc);
+}
+
+/* Starts `/proc/self/exe --trainer sock=... args...` with its stdin and
+ * stdout on pipes and its stderr in a log file of the test directory. */
+static struct kid *spawn(const char *name, const char *const *args)
+{
+	const char *argv[24];
+	char sock[400];
+	int in[2], out[2], logfd, n = 0;
+	struct kid *k = NULL;
+
+	for (int i = 0; i < MAX_KIDS && !k; i++)
+		if (fx.kids[i].pid == 0 && fx.kids[i].out < 0 && fx.kids[i].in < 0)
+			k = &fx.kids[i];
+	if (!k)
+		fail_msg("more than %d trainers at once", MAX_KIDS);
+	memset(k, 0, sizeof(*k));
+	k->out = k->in = -1;
+	snprintf(k->name, sizeof(k->name), "%s", name);
+	td_path(&fx.td, name, k->log, sizeof(k->log));
+	strncat(k->log, ".log", sizeof(k->log) - strlen(k->log) - 1);
+	snprintf(sock, sizeof(sock), "sock=%s", fx.td.sock);
+	argv[n++] = "test_cuda-trainer"; /* its name in the daemon's log */
+	argv[n++] = "--trainer";
+	argv[n++] = sock;
+	for (int i = 0; args[i] && n < 23; i++)
+		argv[n++] = args[i];
+	argv[n] = NULL;
+	logfd = open(k->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	assert_true(logfd >= 0);
+	assert_int_equal(pipe2(in, O_CLOEXEC), 0);
+	assert_int_equal(pipe2(out, O_CLOEXEC), 0);
+	fflush(stdout);
+	fflush(stderr);
+	k->pid = fork();
+	if (k->pid == 0) {
+		/* Nothing but dup2 and exec: this process may hold a CUDA
+		 * context that a forked copy must not touch. */
+		if (dup2(in[0], 0) < 0 || dup2(out[1], 1) < 0 || dup2(logfd, 2) < 0)
+			_exit(126);
+		execv("/proc/self/exe", (char *const *)argv);
+		_exit(127);
+	}
+	close(in[0]);
+	close(out[1]);
+	close(logfd);
+	k->in = in[1];
+	k->out = out[0];
+	if (k->pid < 0) {
+		k->pid = 0;
+		kid_close_fds(k);
+		fail_msg("fork: %s", strerror(errno));
+	}
+	return k;
+}
+
+/* Reaps k if it has exited (wait_ms 0) or within wait_ms; on a timeout it
+ * is killed.  Returns true once reaped. */
+static bool kid_reap(struct kid *k, int wait_ms)
+{
+	double deadline = td_now() + wait_ms / 1000.0;
+
+	if (k->pid <= 0)
+		return true;
+	for (;;) {
+		pid_t r = waitpid(k->pid, &k->status, WNOHANG);
+
+		if (r == k->pid) {
+			k->pid = 0;
+			return true;
+		}
+		if (td_now() >= deadline)
+			break;
+		usleep(5000);
+	}
+	if (wait_ms > 0) {
+		kill(k->pid, SIGKILL);
+		waitpid(k->pid, &k->status, 0);
+		k->pid = 0;
+		print_message("%s did not exit within %d ms: killed\n", k->name, wait_ms);
+	}
+	return false;
+}
+
+/* Prints k's log, indented. */
+static void kid_show(struct kid *k)
+{
+	char line[1024];
+	FILE *f = fopen(k->log, "r");
+
+	if (!f)
+		return;
+	k->shown = true;
+	while (fgets(line, sizeof(line), f))
+		print_message("  [%s] %s%s", k->name, line,
+			      line[0] && line[strlen(line) - 1] == '\n' ? "" : "\n");
+	fclose(f);
+}
+
+/* k has exited: passes when it exited 0; with may_skip, exit 77 (the
+ * daemon refused cuda:0) skips the case with the daemon's message. */
+static void kid_verdict(struct kid *k, bool may_skip)
+{
+	int st = k->status;
+
+	kid_close_fds(k);
+	if (WIFEXITED(st) && WEXITSTATUS(st) == EXIT_NO_GPU && may_skip) {
+		char line[1024], why[1024] = "(no message)";
+		FILE *f = fopen(k->log, "r");
+
+		while (f && fgets(line, sizeof(line), f))
+			if (!strncmp(line, "nogpu: ", 7)) {
+				line[strcspn(line, "\n")] = '\0';
+				snprintf(why, sizeof(why), "%s", line + 7);
+			}
+		if (f)
+			fclose(f);
+		skip_because("daemon has no GPU: %s", why);
+	}
+	kid_show(k);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		if (WIFSIGNALED(st))
+			fail_msg("trainer %s died of signal %d", k->name, WTERMSIG(st));
+		fail_msg("trainer %s exited with status %d", k->name, WEXITSTATUS(st));
+	}
+}
+
+/* Waits up to timeout_ms for a stdout line of k starting with prefix and
+ * copies it to line.  If k exits first, it is judged (kid_verdict) and a
+ * trainer that exited 0 without the line fails the case. */
+static void kid_line(struct kid *k, const char *prefix, int timeout_ms, bool may_skip, char *line,
+		     size_t len)
+{
+	double deadline = td_now() + timeout_ms / 1000.0;
+
+	for (;;) {
+		char *nl;
+		struct pollfd p = {.fd = k->out, .events = POLLIN};
+		ssize_t r;
+		int left;
+
+		while ((nl = memchr(k->buf, '\n', k->len))) {
+			size_t l = (size_t)(nl - k->buf) + 1;
+			bool hit = !strncmp(k->buf, prefix, strlen(prefix));
+
+			if (hit) {
+				snprintf(line, len, "%.*s", (int)(l - 1), k->buf);
+			}
+			memmove(k->buf, k->buf + l, k->len - l);
+			k->len -= l;
+			if (hit)
+				return;
+		}
+		left = (int)((deadline - td_now()) * 1000);
+		if (left <= 0) {
+			kid_reap(k, 1); /* kills it */
+			kid_show(k);
+			fail_msg("no \"%s\" from trainer %s within %d ms", prefix, k->name,
+				 timeout_ms);
+		}
+		if (poll(&p, 1, left > 200 ? 200 : left) <= 0)
+			continue;
+		if (k->len == sizeof(k->buf))
+			k->len = 0; /* a line longer than the buffer: drop it */
+		r = read(k->out, k->buf + k->len, sizeof(k->buf) - k->len);
+		if (r > 0) {
+			k->len += (size_t)r;
+			continue;
+		}
+		/* End of file: the trainer is gone (or going). */
+		kid_reap(k, 10000);
+		kid_verdict(k, may_skip);
+		fail_msg("trainer %s exited without saying \"%s\"", k->name, prefix);
+	}
+}
+
+/* Runs one trainer to its end and judges it. */
+static void run_trainer(const char *name, const char *const *args, int timeout_ms)
+{
+	struct kid *k = spawn(name, args);
+	double t0 = td_now();
+
+	kid_reap(k, timeout_ms);
+	kid_verdict(k, true);
+	print_message("trainer %s passed in %.1f s\n", name, td_now() - t0);
+}
+
+static uint64_t gpu_free(void)
+{
+	uint64_t free_b = 0, total = 0;
+	char msg[256] = "";
+	int rc = pfcuda_mem_info(gpu, &free_b, &total, msg, sizeof(msg));
+
+	if (rc)
+		fail_msg("pfcuda_mem_info: %d %s", rc, msg);
+	return free_b;
+}
+
+static uint64_t absdiff(uint64_t a, uint64_t b)
+{
+	return a > b ? a - b : b - a;
+}
+
+/* Status of a session: held (or -1 when the session is gone). */
+static int64_t session_held(uint64_t session)
+{
+	Pf__Envelope *st = td_status(fx.td.sock);
+	Pf__SessionStatus *ss;
+	int64_t held;
+
+	if (!st)
+		fail_msg("no status from the daemon");
+	ss = td_session(st, session);
+	held = ss ? (int64_t)ss->held : -1;
+	pf__envelope__free_unpacked(st, NULL);
+	return held;
+}
+
+static void epochs_test(const char *daemon_extra, const char *ipc_arg)
+{
+	const char *args[] = {"mode=epochs", "epochs=2", "seed=7", ipc_arg, NULL};
+
+	need_gpu();
+	start_daemon(daemon_extra, NULL);
+	run_trainer("trainer", args, 120000);
+	stop_daemon();
+	fx.done = true;
+}
+
+static void shuffled_epochs_reach_a_trainer_process_byte_exact_over_fd(void **state)
+{
+	epochs_test("ipc = fd\n", "ipc=fd");
+}
+
+static void shuffled_epochs_reach_a_trainer_process_byte_exact_over_legacy_ipc(void **state)
+{
+	epochs_test("ipc = legacy\n", "ipc=default");
+}
+
+static void trainer_asking_for_legacy_ipc_gets_exact_epochs_from_an_fd_daemon(void **state)
+{
+	epochs_test("", "ipc=legacy");
+}
+
+/*
+ * While a long-lived trainer streams (fixed depth, so its device memory
+ * stays put), trainers are started, take 3 batches, hold them and are
+ * SIGKILLed.  Each time the daemon must drop the session and the device
+ * memory must come back to the baseline within 2 MiB (the driver's page
+ * size), and the survivor must never see an error or a wrong byte.
+ */
+static void killed_trainers_test(const char *daemon_extra, const char *ipc_arg, int cycles)
+{
+	const char *stream_args[] = {"mode=stream", "min_depth=4", "max_depth=4",
+				     "seed=1000",   ipc_arg,	   NULL};
+	struct kid *streamer;
+	uint64_t base, prev, worst = 0;
+	double worst_cycle = 0, sum_cycle = 0, worst_back = 0;
+	char line[256];
+
+	need_gpu();
+	start_daemon(daemon_extra, NULL);
+	streamer = spawn("streamer", stream_args);
+	kid_line(streamer, "streaming", 60000, true, line, sizeof(line));
+
+	/* Baseline: two equal readings 100 ms apart (within 2 s). */
+	base = gpu_free();
+	for (int i = 0; i < 20; i++) {
+		usleep(100000);
+		prev = base;
+		base = gpu_free();
+		if (prev == base)
+			break;
+	}
+	print_message("baseline: %.1f MiB free, streamer running\n", base / (double)MiB);
+
+	for (int cycle = 0; cycle < cycles; cycle++) {
+		char seed[32], name[32];
+		const char *args[] = {"mode=hold", seed, ipc_arg, NULL};
+		double t0 = td_now(), deadline, settled, killed;
+		uint64_t session = 0, now = 0, dev;
+		int64_t held = -1;
+		struct kid *v;
+
+		snprintf(seed, sizeof(seed), "seed=%d", 5000 + cycle);
+		snprintf(name, sizeof(name), "victim%d", cycle);
+		v = spawn(name, args);
+		kid_line(v, "holding ", 60000, false, line, sizeof(line));
+		session = strtoull(line + strlen("holding "), NULL, 10);
+		assert_true(session > 0);
+
+		deadline = td_now() + 2;
+		while ((held = session_held(session)) < 3 && td_now() < deadline)
+			usleep(5000);
+		if (held < 3)
+			fail_msg("cycle %d: session %" PRIu64 " shows held %" PRId64 ", want >= 3",
+				 cycle, session, held);
+
+		killed = td_now();
+		kill(v->pid, SIGKILL);
+		kid_reap(v, 10000);
+		kid_close_fds(v);
+		v->name[0] = '\0'; /* its log says nothing a failure below needs */
+
+		deadline = td_now() + 5;
+		while (session_held(session) >= 0 && td_now() < deadline)
+			usleep(2000);
+		if (session_held(session) >= 0)
+			fail_msg("cycle %d: killed session %" PRIu64 " still in status after 5 s",
+				 cycle, session);
+
+		deadline = td_now() + 5;
+		do {
+			now = gpu_free();
+			if (absdiff(now, base) <= 2 * MiB)
+				break;
+			usleep(10000);
+		} while (td_now() < deadline);
+		settled = td_now();
+		dev = absdiff(now, base);
+		if (dev > 2 * MiB)
+			fail_msg("cycle %d: free device memory %.1f MiB, baseline %.1f MiB "
+				 "(%+.1f MiB) 5 s after the kill",
+				 cycle, now / (double)MiB, base / (double)MiB,
+				 ((double)now - (double)base) / MiB);
+		if (dev > worst)
+			worst = dev;
+		if (kid_reap(streamer, 0)) {
+			kid_verdict(streamer, false);
+			fail_msg("the streaming trainer exited during cycle %d", cycle);
+		}
+		if (settled - killed > worst_back)
+			worst_back = settled - killed;
+		if (settled - t0 > worst_cycle)
+			worst_cycle = settled - t0;
+		sum_cycle += settled - t0;
+	}
+
+	/* Closing its stdin tells the streamer to stop. */
+	close(streamer->in);
+	streamer->in = -1;
+	kid_reap(streamer, 30000);
+	kid_verdict(streamer, false);
+	print_message("%d kills: worst deviation from baseline %.2f MiB, memory back at most "
+		      "%.0f ms after the kill; cycle %.0f ms average, %.0f ms worst\n",
+		      cycles, worst / (double)MiB, worst_back * 1000, sum_cycle / cycles * 1000,
+		      worst_cycle * 1000);
+	stop_daemon();
+	fx.done = true;
+}
+
+static void killed_trainers_give_back_all_device_memory_over_fd(void **state)
+{
+	killed_trainers_test("ipc = fd\n", "ipc=fd", 50);
+}
+
+static void killed_trainers_give_back_all_device_memory_over_legacy_ipc(void **state)
+{
+	killed_trainers_test("ipc = legacy\n", "ipc=default", 10);
+}
+
+static void probe_on_a_nearly_full_gpu_lowers_the_target_to_one(void **state)
+{
+	const char *args[] = {"mode=probe", "alloc=1", "max_depth=8", "seed=21", NULL};
+
+	need_gpu();
+	start_daemon("depth = 4\nreserve = 10%\nreserve_min = 2G\n", NULL);
+	run_trainer("prober", args, 120000);
+	stop_daemon();
+	fx.done = true;
+}
+
+static void probe_on_a_free_gpu_raises_the_target_to_max_depth(void **state)
+{
+	const char *args[] = {"mode=probe", "alloc=0", "max_depth=8", "seed=22", NULL};
+
+	need_gpu();
+	start_daemon("depth = 4\n", NULL);
+	run_trainer("prober", args, 120000);
+	stop_daemon();
+	fx.done = true;
+}
+
+static void failed_device_allocation_halves_the_target_and_loses_no_sample(void **state)
+{
+	const char *args[] = {"mode=epochs", "epochs=1", "halved=1",
+			      "max_depth=4", "seed=31",	 NULL};
+
+	need_gpu();
+	start_daemon("depth = 4\n", "1");
+	run_trainer("trainer", args, 120000);
+	stop_daemon();
+	fx.done = true;
+}
+
+static void allocation_failing_four_times_is_one_error_batch_and_the_epoch_goes_on(void **state)
+{
+	const char *args[] = {"mode=oom", "max_depth=4", "seed=41", NULL};
+
+	need_gpu();
+	start_daemon("depth = 4\n", "4");
+	run_trainer("trainer", args, 120000);
+	stop_daemon();
+	fx.done = true;
+}
+
+#define CASE(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
+
+int main(int argc, char **argv)
+{
+	const struct CMUnitTest tests[] = {
+		CASE(shuffled_epochs_reach_a_trainer_process_byte_exact_over_fd),
+		CASE(shuffled_epochs_reach_a_trainer_process_byte_exact_over_legacy_ipc),
+		CASE(trainer_asking_for_legacy_ipc_gets_exact_epochs_from_an_fd_daemon),
+		CASE(killed_trainers_give_back_all_device_memory_over_fd),
+		CASE(killed_trainers_give_back_all_device_memory_over_legacy_ipc),
+		CASE(probe_on_a_nearly_full_gpu_lowers_the_target_to_one),
+		CASE(probe_on_a_free_gpu_raises_the_target_to_max_depth),
+		CASE(failed_device_allocation_halves_the_target_and_loses_no_sample),
+		CASE(allocation_failing_four_times_is_one_error_batch_and_the_epoch_goes_on),
+	};
+	int rc;
+
+	if (argc >= 2 && !strcmp(argv[1], "--trainer"))
+		return trainer_main(argc - 2, argv + 2);
+	/* A trainer that dies must not take the test process with it. */
+	signal(SIGPIPE, SIG_IGN);
+	rc = cmocka_run_group_tests(tests, NULL, NULL);
+	pfcuda_close(gpu);
+	return rc;
+}
