@@ -3,7 +3,7 @@
  * to a host consumer, as a fraction of what one thread's memcpy moves on the
  * same machine in the same run.
  *
- *   build/bench/host_throughput [--mib N] [--readers N] [--depth N]
+ *   build/bench/host_throughput [--mib N] [--readers N] [--depth N] [--read mmap|pread]
  *
  * It writes a dataset of one '<u1' field whose rows are 4096 bytes of
  * npygen's formula (tools/npygen.h), reads the file once so the page cache
@@ -92,10 +92,11 @@ static int fail(const char *fmt, ...)
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: host_throughput [--mib N] [--readers N] [--depth N]\n"
+		"usage: host_throughput [--mib N] [--readers N] [--depth N] [--read M]\n"
 		"  --mib N      dataset size in MiB (default %u; rows of %u bytes)\n"
 		"  --readers N  daemon reader threads (default: online CPUs)\n"
-		"  --depth N    session max_depth (default %u)\n",
+		"  --depth N    session max_depth (default %u)\n"
+		"  --read M     the daemon's read method: mmap (default) or pread\n",
 		DEFAULT_MIB, ROW_BYTES, DEFAULT_DEPTH);
 }
 
@@ -269,8 +270,8 @@ out:
  * twice, so a bench that chooses its reader count has to write the file.
  * Leaves t->pid set (td_stop / td_cleanup stop it) or 0 when it never ran.
  */
-static int start_daemon(struct tdaemon *t, unsigned readers, uint64_t session_bytes,
-			unsigned max_depth, const char *data_path)
+static int start_daemon(struct tdaemon *t, unsigned readers, const char *read,
+			uint64_t session_bytes, unsigned max_depth, const char *data_path)
 {
 	const char *bin = getenv("PREFETCHD_BIN") ? getenv("PREFETCHD_BIN") : "build/prefetchd";
 	FILE *f = fopen(t->conf, "w");
@@ -280,9 +281,9 @@ static int start_daemon(struct tdaemon *t, unsigned readers, uint64_t session_by
 	if (!f)
 		return fail("%s: %s", t->conf, strerror(errno));
 	fprintf(f,
-		"[daemon]\nsocket = %s\nreaders = %u\nsession_bytes = %" PRIu64 "\n"
+		"[daemon]\nsocket = %s\nreaders = %u\nread = %s\nsession_bytes = %" PRIu64 "\n"
 		"max_depth = %u\n\n[dataset.bench]\nformat = npy\nfield.rows = %s\n",
-		t->sock, readers, session_bytes, max_depth, data_path);
+		t->sock, readers, read, session_bytes, max_depth, data_path);
 	if (fclose(f) != 0)
 		return fail("%s: %s", t->conf, strerror(errno));
 	if (access(bin, X_OK) != 0)
@@ -501,12 +502,14 @@ int main(int argc, char **argv)
 		{"mib", required_argument, NULL, 'm'},
 		{"readers", required_argument, NULL, 'r'},
 		{"depth", required_argument, NULL, 'd'},
+		{"read", required_argument, NULL, 'R'}, /* the daemon's read = mmap | pread */
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
 	unsigned mib = DEFAULT_MIB, depth = DEFAULT_DEPTH, nslots;
 	long online = sysconf(_SC_NPROCESSORS_ONLN);
 	unsigned readers = online > 0 ? (unsigned)online : 1;
+	const char *read_method = "mmap";
 	struct tdaemon td = {0};
 	struct pf_client *c = NULL;
 	struct epoch_result warm, ep;
@@ -532,6 +535,13 @@ int main(int argc, char **argv)
 			if (parse_uint("--depth", optarg, 1, 4096, &depth))
 				return 2;
 			break;
+		case 'R':
+			if (strcmp(optarg, "mmap") != 0 && strcmp(optarg, "pread") != 0) {
+				fail("--read: expected mmap or pread, got '%s'", optarg);
+				return 2;
+			}
+			read_method = optarg;
+			break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -552,8 +562,9 @@ int main(int argc, char **argv)
 	cpu_model(model, sizeof(model));
 	printf("machine: %ld online CPUs, %s\n", online, model);
 	printf("dataset: %" PRIu64 " rows x %u B = %u MiB, one '<u1' field; batch %u rows "
-	       "(%.0f MiB); readers %u, max_depth %u\n",
-	       rows, ROW_BYTES, mib, BATCH_ROWS, BATCH_BYTES / 1048576.0, readers, depth);
+	       "(%.0f MiB); readers %u (read = %s), max_depth %u\n",
+	       rows, ROW_BYTES, mib, BATCH_ROWS, BATCH_BYTES / 1048576.0, readers, read_method,
+	       depth);
 	fflush(stdout);
 
 	copy = malloc(bytes);
@@ -599,7 +610,8 @@ int main(int argc, char **argv)
 	/* Twice the slots it needs, so a session of this depth is never
 	 * trimmed by session_bytes. */
 	started = true;
-	if (start_daemon(&td, readers, 2 * (uint64_t)nslots * BATCH_BYTES, depth, data_path))
+	if (start_daemon(&td, readers, read_method, 2 * (uint64_t)nslots * BATCH_BYTES, depth,
+			 data_path))
 		goto out;
 	st = pf_connect(td.sock, &c);
 	if (st) {

@@ -104,6 +104,7 @@ static void defaults_are_the_documented_values(void **state)
 	assert_int_equal(cfg->depth, 4);
 	assert_int_equal(cfg->max_depth, 16);
 	assert_string_equal(cfg->ipc, "fd");
+	assert_int_equal(cfg->read, CONFIG_READ_MMAP);
 	assert_true(cfg->reserve_frac == 0.10);
 	assert_int_equal(cfg->reserve_min, 2ULL << 30);
 	assert_true(cfg->probe_interval == 5.0);
@@ -149,6 +150,7 @@ static void full_file_sets_every_key(void **state)
 				       "depth = 6\n"
 				       "max_depth = 30\n"
 				       "ipc = legacy\n"
+				       "read = pread\n"
 				       "reserve = 15%\n"
 				       "reserve_min = 512M\n"
 				       "probe_interval = 2.5\n"
@@ -181,6 +183,7 @@ static void full_file_sets_every_key(void **state)
 	assert_int_equal(cfg->depth, 6);
 	assert_int_equal(cfg->max_depth, 30);
 	assert_string_equal(cfg->ipc, "legacy");
+	assert_int_equal(cfg->read, CONFIG_READ_PREAD);
 	assert_true(cfg->reserve_frac == 0.15);
 	assert_int_equal(cfg->reserve_min, 512ULL << 20);
 	assert_true(cfg->probe_interval == 2.5);
@@ -198,6 +201,7 @@ static void full_file_sets_every_key(void **state)
 	assert_string_equal(a->fields[1].name, "y");
 	assert_int_equal(a->fields[1].npaths, 1);
 	assert_string_equal(a->fields[1].paths[0], "/data/y.npy");
+	assert_int_equal(a->read, CONFIG_READ_PREAD);
 
 	/* No format key: npy.  Continuation lines extend the shard list. */
 	b = &cfg->datasets[1];
@@ -209,6 +213,26 @@ static void full_file_sets_every_key(void **state)
 	assert_string_equal(b->fields[0].paths[0], "/t/a.npy");
 	assert_string_equal(b->fields[0].paths[1], "/t/b.npy");
 	assert_string_equal(b->fields[0].paths[2], "/t/c.npy");
+	assert_int_equal(b->read, CONFIG_READ_PREAD);
+}
+
+/* ds_load takes the read method from each declaration: [daemon] read must
+ * reach datasets declared before [daemon] too. */
+static void read_method_reaches_every_dataset(void **state)
+{
+	struct fixture *fx = *state;
+
+	assert_int_equal(load_text(fx, "[dataset.a]\nfield.x = /a.npy\n"
+				       "[daemon]\nread = pread\n"
+				       "[dataset.b]\nfield.x = /b.npy\n"),
+			 0);
+	assert_int_equal(fx->cfg.read, CONFIG_READ_PREAD);
+	assert_int_equal(fx->cfg.datasets[0].read, CONFIG_READ_PREAD);
+	assert_int_equal(fx->cfg.datasets[1].read, CONFIG_READ_PREAD);
+	config_free(&fx->cfg);
+	assert_int_equal(load_text(fx, "[daemon]\nread = mmap\n[dataset.a]\nfield.x = /a.npy\n"),
+			 0);
+	assert_int_equal(fx->cfg.datasets[0].read, CONFIG_READ_MMAP);
 }
 
 static void relative_paths_resolve_against_the_config_directory(void **state)
@@ -367,6 +391,7 @@ static const struct {
 	{"[daemon]\nsocket_group = no-such-group-pf\n", 2,
 	 "socket_group: no such group 'no-such-group-pf'"},
 	{"[daemon]\nipc = shm\n", 2, "ipc: 'shm' is not fd or legacy"},
+	{"[daemon]\n\nread = MMAP\n", 3, "read: 'MMAP' is not mmap or pread"},
 	{"[daemon]\ndepth = 0\n", 2, "depth: 0 is out of range"},
 	{"[daemon]\ndepth = 8\nmax_depth = 2\n", 3, "max_depth: 2 is below depth = 8"},
 	{"[daemon]\ndepth = 32\n", 2, "depth: 32 is above max_depth = 16"},
@@ -442,6 +467,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(file_of_comments_keeps_the_defaults, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(full_file_sets_every_key, setup, teardown),
+		cmocka_unit_test_setup_teardown(read_method_reaches_every_dataset, setup, teardown),
 		cmocka_unit_test_setup_teardown(relative_paths_resolve_against_the_config_directory,
 						setup, teardown),
 		cmocka_unit_test(sizes_take_binary_suffixes),
