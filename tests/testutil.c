@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -64,7 +65,11 @@ int td_start(struct tdaemon *t, const char *daemon_extra, const char *datasets)
 	if (t->pid == 0) {
 		int fd = open(t->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
 
+		/* The daemon dies with its test (a crashed test must not leave
+		 * it running, holding the test's stdout open for a pipe). */
+		prctl(PR_SET_PDEATHSIG, SIGTERM);
 		if (fd >= 0) {
+			dup2(fd, 1);
 			dup2(fd, 2);
 			close(fd);
 		}

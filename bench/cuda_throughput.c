@@ -1,0 +1,1129 @@
+/*
+ * cuda_throughput.c — how fast prefetchd hands a shuffled epoch of 4 KiB rows
+ * to a consumer on cuda:0, as a fraction of what a raw pinned
+ * cudaMemcpyAsync moves to the same GPU in the same run.
+ *
+ *   build/bench/cuda_throughput [--gib G] [--readers N] [--depth N] [--ipc fd|legacy]
+ *
+ * It writes a dataset of one '<u1' field whose rows are 4096 bytes of
+ * npygen's formula (tools/npygen.h), reads the file once so the page cache
+ * holds it, starts a real prefetchd on a temporary socket and consumes one
+ * shuffled epoch (seed 1) in batches of 1024 rows (4 MiB) on cuda:0 through
+ * libprefetch, after a warm-up on other epochs during which the arenas are
+ * imported and the daemon's probe sizes the target.  Timed: the whole epoch,
+ * pf_start_epoch .. the pf_next that ends it, pf_next → check → pf_release
+ * on the legacy default stream.
+ *
+ * Checks, cheap enough not to dominate a ~90 µs batch: every batch, two
+ * synchronous 16-byte device-to-host copies that straddle row boundaries
+ * (last word of row 0 + first word of row 1, last two words of the last
+ * row); every 64th batch, the whole batch copied back and the first and
+ * last word of every row compared.  Expected bytes are npygen's for row
+ * pick % N.  Over the epoch every pick must appear exactly once.  Any
+ * mismatch fails the run (exit 1): a figure for bytes that were never
+ * delivered would be worthless.
+ *
+ * Reference, measured BEFORE the daemon starts (the stall phase needs its
+ * per-batch copy time, and the GPU and the CPUs are then quiet): the same
+ * number of bytes, cudaMemcpyAsync host-to-device in 4 MiB copies from a
+ * pinned buffer (cudaHostAlloc, 512 MiB or the dataset if smaller, cycled;
+ * as large as the daemon's ring) into a ring of 4 device slots, all queued
+ * on one non-blocking stream, synchronised at the end; best of 3 after an
+ * untimed pass.  The last line of the output is `ratio: X.XX`, delivered
+ * GB/s over this.  GB is 10^9 bytes; only sample bytes count.
+ *
+ * Also measured, after the timed epoch:
+ *   hand-off  300 pf_next calls, the consumer sleeping 2 ms after each
+ *             release so that a batch is always queued: p50/p99 of the time
+ *             inside pf_next (each epoch's first call, which waits for the
+ *             fill, is left out).
+ *   stall     1000 batches with a CPU spin between pf_next and pf_release as
+ *             long as the reference needs to copy one batch: pf_stats' stall
+ *             fraction over the phase, from the return of its first pf_next
+ *             (that call pays for the epoch start and, in pf_stats, for the
+ *             time since the previous phase).  Epochs that end inside the
+ *             phase are followed by a new one; their first pf_next is
+ *             counted by pf_stats and also reported apart.  No content
+ *             checks here: they would add to the compute time.
+ *
+ * Exit status: 0 done, 1 a failure (wrong bytes, daemon error), 2 usage or
+ * no usable GPU.  A build without the CUDA toolkit (PF_CUDA=0) prints that
+ * and exits 0.
+ *
+ * DESIGN: one thread, no locks.  The daemon is a child process (fork+exec
+ * via td_start, safe after CUDA init); this process is its only consumer.
+ * The CUDA runtime and libprefetch's pfcuda both use cuda:0's primary
+ * context.  Every exit path after the arguments goes through main's one
+ * cleanup label, which stops the daemon and removes the temporary directory
+ * (set PF_KEEP_TMP=1 to keep it).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../tests/testutil.h"
+#include "../tools/npygen.h"
+#include "pfcuda.h"
+#include "prefetch.h"
+
+#if !PF_CUDA
+
+int main(void)
+{
+	printf("cuda_throughput: built without CUDA\n");
+	return 0;
+}
+
+#else
+
+#include <cuda_runtime_api.h>
+
+#define ROW_BYTES	 4096u
+#define ROW_WORDS	 (ROW_BYTES / 8)
+#define BATCH_ROWS	 1024u
+#define BATCH_BYTES	 ((uint64_t)ROW_BYTES * BATCH_ROWS)
+#define DATA_SEED	 0x5eedULL
+#define SHUFFLE_SEED	 1u
+#define WARMUP_SEED	 2u /* and 3: the two warm-up epochs */
+#define LATENCY_SEED	 100u
+#define STALL_SEED	 200u
+#define DEFAULT_GIB	 2.0
+#define DEFAULT_DEPTH	 32u
+/* The daemon's pinned ring, and the pinned buffer the reference copies
+ * from: the same size, so both DMA from a working set of one size. */
+#define RING_BYTES	 (512ull << 20)
+#define REF_SLOTS	 4u
+#define REF_PASSES	 3
+/* Batches taken before waiting for the probe: the client sends it after
+ * its 2nd pf_next. */
+#define WARMUP_FIRST	 8u
+/* How long the probe may take to show in status (CUDA.md: ~3 s). */
+#define PROBE_WAIT_S	 3.0
+#define FULL_CHECK_EVERY 64u
+#define LATENCY_BATCHES	 300u
+#define LATENCY_SLEEP_US 2000u
+#define STALL_BATCHES	 1000u
+/* A pf_next that waits this long means the daemon is stuck, not slow. */
+#define NEXT_TIMEOUT_MS	 30000
+
+static volatile sig_atomic_t interrupted;
+
+static void on_signal(int sig)
+{
+	interrupted = sig;
+}
+
+static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Prints the reason for giving up; returns -1 so callers can `return fail()`. */
+static int fail(const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "cuda_throughput: ");
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	return -1;
+}
+
+static int cuda_fail(const char *what, cudaError_t e)
+{
+	return fail("%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+/* At most one progress line a second on stderr, so the timed loop pays
+ * for one fprintf a second and nothing else. */
+struct progress {
+	const char *what;
+	double last;
+};
+
+static void progress_start(struct progress *p, const char *what)
+{
+	p->what = what;
+	p->last = td_now();
+	fprintf(stderr, "cuda_throughput: %s ...\n", what);
+}
+
+static void progress(struct progress *p, uint64_t done, uint64_t total, const char *unit)
+{
+	double now = td_now();
+
+	if (now - p->last < 1.0)
+		return;
+	p->last = now;
+	if (total)
+		fprintf(stderr, "cuda_throughput: %s: %" PRIu64 "/%" PRIu64 " %s (%.0f%%)\n",
+			p->what, done, total, unit, 100.0 * (double)done / (double)total);
+	else
+		fprintf(stderr, "cuda_throughput: %s: %" PRIu64 " %s\n", p->what, done, unit);
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: cuda_throughput [--gib G] [--readers N] [--depth N] [--ipc fd|legacy]\n"
+		"  --gib G      dataset size in GiB (default %.1f; rows of %u bytes)\n"
+		"  --readers N  daemon reader threads (default: online CPUs - 3, at least 2)\n"
+		"  --depth N    session max_depth (default %u)\n"
+		"  --ipc KIND   how device arenas are shared: fd (default) or legacy\n",
+		DEFAULT_GIB, ROW_BYTES, DEFAULT_DEPTH);
+}
+
+static int parse_uint(const char *opt, const char *s, unsigned lo, unsigned hi, unsigned *out)
+{
+	char *end;
+	unsigned long v;
+
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (errno || end == s || *end || v < lo || v > hi)
+		return fail("%s: expected an integer in %u..%u, got '%s'", opt, lo, hi, s);
+	*out = (unsigned)v;
+	return 0;
+}
+
+static int parse_gib(const char *s, double *out)
+{
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(s, &end);
+	/* 1/8 GiB is 32 batches: enough for the warm-up to mean something. */
+	if (errno || end == s || *end || !(v >= 0.125 && v <= 1024))
+		return fail("--gib: expected a number in 0.125..1024, got '%s'", s);
+	*out = v;
+	return 0;
+}
+
+static void cpu_model(char *out, size_t len)
+{
+	FILE *f = fopen("/proc/cpuinfo", "r");
+	char line[512];
+
+	snprintf(out, len, "unknown");
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		char *colon = strchr(line, ':');
+
+		if (strncmp(line, "model name", 10) != 0 || !colon)
+			continue;
+		colon++;
+		colon += strspn(colon, " \t");
+		colon[strcspn(colon, "\n")] = '\0';
+		snprintf(out, len, "%s", colon);
+		break;
+	}
+	fclose(f);
+}
+
+/*
+ * Finds cuda:0, makes its primary context current for the runtime and
+ * prints what it is.  Returns 0, or 2 (the exit status) when there is no
+ * usable GPU: `make bench-cuda` is only meant for a GPU machine, so that is
+ * an error, not a skip.
+ */
+static int gpu_init(void)
+{
+	struct cudaDeviceProp prop;
+	int count = 0, drv = 0, rt = 0;
+	size_t free_b = 0, total_b = 0;
+	char bus[32] = "?";
+	cudaError_t e;
+
+	e = cudaGetDeviceCount(&count);
+	if (e != cudaSuccess || count == 0) {
+		fail("no usable GPU: cudaGetDeviceCount: %s (this bench needs cuda:0)",
+		     e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+		return 2;
+	}
+	e = cudaSetDevice(0);
+	if (e == cudaSuccess)
+		e = cudaFree(NULL); /* creates the primary context now, not in a timed loop */
+	if (e == cudaSuccess)
+		e = cudaGetDeviceProperties(&prop, 0);
+	if (e != cudaSuccess) {
+		fail("cuda:0 is not usable: %s", cudaGetErrorString(e));
+		return 2;
+	}
+	cudaDriverGetVersion(&drv);
+	cudaRuntimeGetVersion(&rt);
+	cudaDeviceGetPCIBusId(bus, sizeof(bus), 0);
+	cudaMemGetInfo(&free_b, &total_b);
+	printf("gpu: cuda:0 of %d: %s, sm_%d%d, bus %s, %.1f GiB (%.1f GiB free); driver %d.%d, "
+	       "runtime %d.%d\n",
+	       count, prop.name, prop.major, prop.minor, bus, total_b / 1073741824.0,
+	       free_b / 1073741824.0, drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+	return 0;
+}
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+	const uint8_t *p = buf;
+
+	while (len) {
+		ssize_t n = write(fd, p, len);
+
+		if (n < 0 && errno == EINTR && !interrupted)
+			continue;
+		if (n <= 0)
+			return n < 0 ? -errno : -EIO;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+/*
+ * The bytes td_write_npy would write, a word at a time (as in
+ * host_throughput.c, which checked them identical with cmp).  The fsync
+ * leaves no dirty pages whose writeback could land inside the timed epoch.
+ */
+static int write_dataset(const char *path, uint64_t rows)
+{
+	const uint64_t shape[1] = {ROW_BYTES};
+	uint8_t hdr[256];
+	size_t hlen = npygen_header(hdr, sizeof(hdr), 1, "<u1", rows, shape, 1);
+	struct progress pg;
+	uint64_t *chunk = NULL;
+	int fd = -1, rc;
+
+	if (!hlen)
+		return fail("npygen_header: header does not fit");
+	chunk = malloc(BATCH_BYTES);
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (!chunk || fd < 0) {
+		rc = fail("%s: %s", path, strerror(chunk ? errno : ENOMEM));
+		goto out;
+	}
+	progress_start(&pg, "writing the dataset");
+	rc = write_all(fd, hdr, hlen);
+	for (uint64_t r0 = 0; r0 < rows && !rc && !interrupted; r0 += BATCH_ROWS) {
+		uint64_t n = rows - r0 < BATCH_ROWS ? rows - r0 : BATCH_ROWS;
+
+		for (uint64_t r = 0; r < n; r++) {
+			uint64_t key = npygen_row_key(DATA_SEED, r0 + r);
+			uint64_t *row = chunk + r * ROW_WORDS;
+
+			/* npygen's words are little-endian; so is every host this
+			 * daemon serves. */
+			for (uint64_t w = 0; w < ROW_WORDS; w++)
+				row[w] = npygen_word(key, w);
+		}
+		rc = write_all(fd, chunk, n * ROW_BYTES);
+		progress(&pg, r0 + n, rows, "rows");
+	}
+	if (rc)
+		rc = fail("%s: write: %s", path, strerror(-rc));
+	else if (interrupted)
+		rc = fail("interrupted");
+	else if (fsync(fd) != 0)
+		rc = fail("%s: fsync: %s", path, strerror(errno));
+out:
+	if (fd >= 0 && close(fd) != 0 && !rc)
+		rc = fail("%s: close: %s", path, strerror(errno));
+	free(chunk);
+	return rc;
+}
+
+/*
+ * Reads the whole file once, which puts it in the page cache; the first
+ * pin_bytes of rows land in the reference's pinned buffer, the rest pass
+ * through `chunk`.  Rows 0, rows/2 and rows-1 are checked against the
+ * formula on the way, so a writer bug cannot hide behind the bench's own
+ * checks.  Then mincore says how much of the file is resident, so the
+ * output can say the epoch was timed from memory rather than assume it.
+ */
+static int warm_file(const char *path, uint64_t rows, uint8_t *pinned, uint64_t pin_bytes,
+		     uint8_t *chunk, double *resident)
+{
+	const uint64_t probe_rows[3] = {0, rows / 2, rows - 1};
+	struct stat st;
+	uint64_t data_off, bytes = rows * ROW_BYTES, done = 0, pages, in = 0;
+	long page = sysconf(_SC_PAGESIZE);
+	unsigned char *vec = NULL;
+	void *map = MAP_FAILED;
+	struct progress pg;
+	int fd, rc = 0;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0 || fstat(fd, &st) != 0) {
+		rc = fail("%s: %s", path, strerror(errno));
+		goto out;
+	}
+	if ((uint64_t)st.st_size < bytes) {
+		rc = fail("%s: %lld bytes, expected at least %" PRIu64, path, (long long)st.st_size,
+			  bytes);
+		goto out;
+	}
+	data_off = (uint64_t)st.st_size - bytes;
+	progress_start(&pg, "reading the dataset into the page cache");
+	while (done < bytes && !interrupted) {
+		uint64_t want = bytes - done < BATCH_BYTES ? bytes - done : BATCH_BYTES;
+		uint8_t *dst = done < pin_bytes ? pinned + done : chunk;
+		ssize_t n;
+
+		/* pin_bytes is a multiple of BATCH_BYTES: a read never straddles. */
+		n = pread(fd, dst, want, (off_t)(data_off + done));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n != (ssize_t)want) {
+			rc = fail("%s: read: %s", path, n < 0 ? strerror(errno) : "short read");
+			goto out;
+		}
+		for (int i = 0; i < 3; i++) {
+			uint64_t r = probe_rows[i];
+
+			if (r * ROW_BYTES < done || r * ROW_BYTES >= done + want)
+				continue;
+			if (!td_row_ok(dst + (r * ROW_BYTES - done), ROW_BYTES, DATA_SEED, r)) {
+				rc = fail("row %" PRIu64 " of %s does not hold npygen's bytes", r,
+					  path);
+				goto out;
+			}
+		}
+		done += want;
+		progress(&pg, done >> 20, bytes >> 20, "MiB");
+	}
+	if (interrupted) {
+		rc = fail("interrupted");
+		goto out;
+	}
+	pages = ((uint64_t)st.st_size + (uint64_t)page - 1) / (uint64_t)page;
+	map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	vec = malloc(pages);
+	if (map == MAP_FAILED || !vec || mincore(map, (size_t)st.st_size, vec) != 0) {
+		rc = fail("%s: mincore: %s", path, strerror(vec ? errno : ENOMEM));
+		goto out;
+	}
+	for (uint64_t i = 0; i < pages; i++)
+		in += vec[i] & 1;
+	*resident = (double)in / (double)pages;
+out:
+	if (map != MAP_FAILED)
+		munmap(map, (size_t)st.st_size);
+	free(vec);
+	if (fd >= 0)
+		close(fd);
+	return rc;
+}
+
+/*
+ * The reference: `bytes` host-to-device in 4 MiB cudaMemcpyAsync calls from
+ * the pinned buffer (cycled) into REF_SLOTS device slots, all queued at
+ * once on one non-blocking stream (in-order, so reusing a slot is safe) and
+ * synchronised at the end.  One untimed pass, then the best of REF_PASSES
+ * in *best_s.  Afterwards the last slot's first word is read back and
+ * compared, so the figure is for bytes that arrived.
+ */
+static int ref_h2d(const uint8_t *pinned, uint64_t pin_bytes, uint64_t bytes, double *best_s)
+{
+	void *slot[REF_SLOTS] = {NULL};
+	cudaStream_t stream = NULL;
+	uint64_t last = 0, got = 0, want;
+	cudaError_t e;
+	int rc = 0;
+
+	e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+	if (e != cudaSuccess) {
+		rc = cuda_fail("cudaStreamCreateWithFlags", e);
+		goto out;
+	}
+	for (unsigned i = 0; i < REF_SLOTS; i++) {
+		e = cudaMalloc(&slot[i], BATCH_BYTES);
+		if (e != cudaSuccess) {
+			rc = cuda_fail("cudaMalloc", e);
+			goto out;
+		}
+	}
+	*best_s = 0;
+	for (int pass = -1; pass < REF_PASSES; pass++) {
+		double t0 = td_now(), dt;
+		uint64_t i = 0;
+
+		for (uint64_t off = 0; off < bytes; off += BATCH_BYTES, i++) {
+			uint64_t n = bytes - off < BATCH_BYTES ? bytes - off : BATCH_BYTES;
+
+			last = off % pin_bytes;
+			e = cudaMemcpyAsync(slot[i % REF_SLOTS], pinned + last, n,
+					    cudaMemcpyHostToDevice, stream);
+			if (e != cudaSuccess) {
+				rc = cuda_fail("cudaMemcpyAsync", e);
+				goto out;
+			}
+		}
+		e = cudaStreamSynchronize(stream);
+		dt = td_now() - t0;
+		if (e != cudaSuccess) {
+			rc = cuda_fail("cudaStreamSynchronize", e);
+			goto out;
+		}
+		if (pass >= 0 && (pass == 0 || dt < *best_s))
+			*best_s = dt;
+		if (interrupted) {
+			rc = fail("interrupted");
+			goto out;
+		}
+	}
+	e = cudaMemcpy(&got, slot[((bytes + BATCH_BYTES - 1) / BATCH_BYTES - 1) % REF_SLOTS],
+		       sizeof(got), cudaMemcpyDeviceToHost);
+	if (e != cudaSuccess) {
+		rc = cuda_fail("cudaMemcpy (reference check)", e);
+		goto out;
+	}
+	want = npygen_word(npygen_row_key(DATA_SEED, last / ROW_BYTES), 0);
+	if (got != want)
+		rc = fail("reference: the last copy left %016" PRIx64 " on the device, expected "
+			  "%016" PRIx64 " (row %" PRIu64 ")",
+			  got, want, last / ROW_BYTES);
+out:
+	for (unsigned i = 0; i < REF_SLOTS; i++)
+		if (slot[i])
+			cudaFree(slot[i]);
+	if (stream)
+		cudaStreamDestroy(stream);
+	return rc;
+}
+
+/* What the consuming phases share. */
+struct bench {
+	struct pf_client *c;
+	struct pfcuda_dev *dev; /* owned: our own retain of cuda:0's primary context */
+	uint64_t rows;		/* N, the dataset's samples */
+	uint8_t *check_buf;	/* owned, pinned, BATCH_BYTES: full-batch checks */
+};
+
+struct phase_opts {
+	const char *name;
+	uint64_t seed;	/* the first epoch's; later ones (roll) take seed + 1, ... */
+	uint64_t limit; /* batches; UINT64_MAX: one whole epoch */
+	bool roll;	/* start another epoch when one ends before limit */
+	bool check;	/* content checks (spans every batch, full every 64th) */
+	double spin_s;	/* CPU spin between pf_next and pf_release */
+	unsigned sleep_us;
+	uint64_t *picks; /* NULL or room for rows: the first epoch's picks in order */
+	double *next_s;	 /* NULL or room for limit: pf_next durations, epoch starts left out */
+};
+
+struct phase_result {
+	uint64_t batches, rows;
+	uint64_t epochs;   /* started by this phase */
+	uint64_t expected; /* batches pf_start_epoch announced for the first epoch */
+	uint64_t nnext;	   /* entries written to opts->next_s */
+	double seconds;	   /* wall time, pf_start_epoch .. the end */
+	double start_s;	   /* time in the first pf_next of each epoch after the first */
+	double wait_s;	   /* pf_stats differences, from the first pf_next's return */
+	double busy_s;
+};
+
+/*
+ * Copies nwords words starting at word `word` of row k of the batch back to
+ * the host and compares each with npygen's word for its row's pick; the
+ * span may run on into the next rows.
+ */
+static int check_span(struct bench *bn, const struct pf_batch *b, uint32_t k, uint32_t word,
+		      uint32_t nwords)
+{
+	uint64_t got[4], src = (uint64_t)(uintptr_t)b->data[0] + (uint64_t)k * ROW_BYTES + word * 8;
+	char msg[256] = "";
+	int rc;
+
+	if (nwords > 4)
+		return fail("check_span: %u words asked, 4 at most", nwords);
+	rc = pfcuda_copy_dtoh(bn->dev, got, src, nwords * sizeof(got[0]), msg, sizeof(msg));
+	if (rc)
+		return fail("batch %" PRIu64 ": pfcuda_copy_dtoh of row %u: %s (%s)", b->seq, k,
+			    msg, strerror(-rc));
+	for (uint32_t i = 0; i < nwords; i++) {
+		uint32_t r = k + (word + i) / ROW_WORDS, w = (word + i) % ROW_WORDS;
+		uint64_t pick = b->picks[r];
+		uint64_t want = npygen_word(npygen_row_key(DATA_SEED, pick % bn->rows), w);
+
+		if (got[i] != want)
+			return fail("batch %" PRIu64 " (epoch %" PRIu64 "), row %u (pick %" PRIu64
+				    "), word %u: got %016" PRIx64 ", expected %016" PRIx64,
+				    b->seq, b->epoch, r, pick, w, got[i], want);
+	}
+	return 0;
+}
+
+/* The whole batch back to the host; first and last word of every row. */
+static int check_full(struct bench *bn, const struct pf_batch *b)
+{
+	char msg[256] = "";
+	int rc;
+
+	rc = pfcuda_copy_dtoh(bn->dev, bn->check_buf, (uint64_t)(uintptr_t)b->data[0],
+			      (size_t)b->count * ROW_BYTES, msg, sizeof(msg));
+	if (rc)
+		return fail("batch %" PRIu64 ": pfcuda_copy_dtoh of %u rows: %s (%s)", b->seq,
+			    b->count, msg, strerror(-rc));
+	for (uint32_t k = 0; k < b->count; k++) {
+		uint64_t key = npygen_row_key(DATA_SEED, b->picks[k] % bn->rows);
+		const uint8_t *row = bn->check_buf + (uint64_t)k * ROW_BYTES;
+		uint64_t first, last;
+
+		memcpy(&first, row, 8);
+		memcpy(&last, row + ROW_BYTES - 8, 8);
+		if (first != npygen_word(key, 0) || last != npygen_word(key, ROW_WORDS - 1))
+			return fail("batch %" PRIu64 " (epoch %" PRIu64 "), row %u (pick %" PRIu64
+				    "): wrong bytes (full check)",
+				    b->seq, b->epoch, k, b->picks[k]);
+	}
+	return 0;
+}
+
+static int check_batch(struct bench *bn, const struct pf_batch *b)
+{
+	if (b->count >= 2) {
+		/* Last word of row 0 and first of row 1: catches a row shifted
+		 * or taken from the wrong pick in one 16-byte copy. */
+		if (check_span(bn, b, 0, ROW_WORDS - 1, 2))
+			return -1;
+	} else if (check_span(bn, b, 0, 0, 1)) {
+		return -1;
+	}
+	/* The end of the last row: catches a batch shorter than its count. */
+	if (check_span(bn, b, b->count - 1, ROW_WORDS - 2, 2))
+		return -1;
+	if (b->seq % FULL_CHECK_EVERY == 0)
+		return check_full(bn, b);
+	return 0;
+}
+
+static int start_epoch(struct bench *bn, uint64_t seed, uint64_t *expected)
+{
+	struct pf_epoch_opts eo = {.order = PF_ORDER_SHUFFLE, .seed = seed};
+	int rc = pf_start_epoch(bn->c, &eo, expected);
+
+	if (rc)
+		return fail("pf_start_epoch (seed %" PRIu64 "): %s (%s)", seed, pf_errmsg(bn->c),
+			    strerror(-rc));
+	return 0;
+}
+
+static void spin_until(double t)
+{
+	while (td_now() < t)
+		;
+}
+
+/*
+ * Takes batches per `o` (see struct phase_opts) and fills *res.  Leaves no
+ * batch held; abandons an epoch it stops in the middle of.
+ */
+static int run_phase(struct bench *bn, const struct phase_opts *o, struct phase_result *res)
+{
+	struct pf_stats s0 = {0}, s1;
+	struct pf_batch *b;
+	struct progress pg;
+	uint64_t in_epoch = 0, expected = 0;
+	bool open_epoch;
+	double t0;
+	int rc;
+
+	memset(res, 0, sizeof(*res));
+	progress_start(&pg, o->name);
+	t0 = td_now();
+	if (start_epoch(bn, o->seed, &expected))
+		return -1;
+	res->expected = expected;
+	res->epochs = 1;
+	open_epoch = true;
+	while (res->batches < o->limit) {
+		double tn, dt;
+
+		if (interrupted)
+			return fail("interrupted");
+		tn = td_now();
+		rc = pf_next(bn->c, NEXT_TIMEOUT_MS, &b);
+		dt = td_now() - tn;
+		if (rc)
+			return fail("%s: pf_next after %" PRIu64 " batches: %s (%s)", o->name,
+				    res->batches, pf_errmsg(bn->c), strerror(-rc));
+		if (!b) {
+			open_epoch = false;
+			if (in_epoch != expected)
+				return fail("%s: epoch ended after %" PRIu64 " batches; "
+					    "pf_start_epoch announced %" PRIu64,
+					    o->name, in_epoch, expected);
+			if (!o->roll)
+				break;
+			if (start_epoch(bn, o->seed + res->epochs, &expected))
+				return -1;
+			res->epochs++;
+			open_epoch = true;
+			in_epoch = 0;
+			continue;
+		}
+		if (res->batches == 0)
+			pf_stats(bn->c, &s0);
+		else if (in_epoch == 0)
+			res->start_s += dt;
+		else if (o->next_s)
+			o->next_s[res->nnext++] = dt;
+		if (b->nfields != 1 || b->count == 0 || b->count > BATCH_ROWS || !b->on_device ||
+		    !b->data[0] || (res->epochs == 1 && res->rows + b->count > bn->rows)) {
+			rc = fail("%s: batch %" PRIu64 ": %u fields, %u rows, %s, data %p (after "
+				  "%" PRIu64 " rows)",
+				  o->name, b->seq, b->nfields, b->count,
+				  b->on_device ? "on device" : "NOT on device",
+				  b->nfields ? b->data[0] : NULL, res->rows);
+			pf_release(bn->c, b, NULL);
+			return rc;
+		}
+		for (uint32_t k = 0; k < b->count; k++) {
+			if (b->picks[k] < bn->rows)
+				continue;
+			rc = fail("%s: batch %" PRIu64 ": pick %" PRIu64 " is not below %" PRIu64,
+				  o->name, b->seq, b->picks[k], bn->rows);
+			pf_release(bn->c, b, NULL);
+			return rc;
+		}
+		if (o->check && check_batch(bn, b)) {
+			pf_release(bn->c, b, NULL);
+			return -1;
+		}
+		if (o->spin_s > 0)
+			spin_until(tn + dt + o->spin_s);
+		if (o->picks && res->epochs == 1)
+			memcpy(o->picks + res->rows, b->picks, b->count * sizeof(*o->picks));
+		if (res->epochs == 1)
+			res->rows += b->count;
+		res->batches++;
+		in_epoch++;
+		rc = pf_release(bn->c, b, NULL);
+		if (rc)
+			return fail("%s: pf_release: %s (%s)", o->name, pf_errmsg(bn->c),
+				    strerror(-rc));
+		if (o->sleep_us)
+			usleep(o->sleep_us);
+		progress(&pg, res->batches, o->limit == UINT64_MAX ? expected : o->limit,
+			 "batches");
+	}
+	res->seconds = td_now() - t0;
+	if (open_epoch && in_epoch < expected) {
+		rc = pf_abandon(bn->c);
+		if (rc)
+			return fail("%s: pf_abandon: %s (%s)", o->name, pf_errmsg(bn->c),
+				    strerror(-rc));
+	}
+	pf_stats(bn->c, &s1);
+	if (res->batches) {
+		res->wait_s = s1.wait_s - s0.wait_s;
+		res->busy_s = s1.busy_s - s0.busy_s;
+	}
+	return 0;
+}
+
+/* True when every row 0..rows-1 appears exactly once among picks. */
+static bool is_permutation(const uint64_t *picks, uint64_t n, uint64_t rows)
+{
+	uint8_t *seen = calloc((rows + 7) / 8, 1);
+	bool ok = seen && n == rows;
+
+	for (uint64_t i = 0; ok && i < n; i++) {
+		uint64_t r = picks[i];
+
+		ok = r < rows && !(seen[r / 8] & (1u << (r % 8)));
+		if (ok)
+			seen[r / 8] |= (uint8_t)(1u << (r % 8));
+	}
+	free(seen);
+	return ok;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/*
+ * Polls the daemon's status until the session reports a probe (or
+ * PROBE_WAIT_S passes) and prints its target.  Not fatal: a daemon that
+ * never probes still gets measured, and the output says so.
+ */
+static void wait_for_probe(const char *sock, uint64_t session)
+{
+	double deadline = td_now() + PROBE_WAIT_S;
+
+	for (;;) {
+		Pf__Envelope *env = td_status(sock);
+		Pf__SessionStatus *ss = td_session(env, session);
+		bool done = ss && ss->probe_total > 0;
+
+		if (done || td_now() >= deadline) {
+			if (ss)
+				printf("warm-up: %s; target %u (%s)\n",
+				       done ? "probe seen" : "NO probe within 3 s", ss->target,
+				       ss->target_reason);
+			else
+				printf("warm-up: session %" PRIu64 " not in the daemon's status\n",
+				       session);
+			if (env)
+				pf__envelope__free_unpacked(env, NULL);
+			return;
+		}
+		if (env)
+			pf__envelope__free_unpacked(env, NULL);
+		usleep(50000);
+	}
+}
+
+static void show_log(const struct tdaemon *t)
+{
+	char line[512];
+	FILE *f = fopen(t->log, "r");
+	long size;
+
+	if (!f)
+		return;
+	/* The last few KiB say why; a verbose log of a long run is mostly noise. */
+	fseek(f, 0, SEEK_END);
+	size = ftell(f);
+	fseek(f, size > 4096 ? size - 4096 : 0, SEEK_SET);
+	fprintf(stderr, "---- tail of %s ----\n", t->log);
+	while (fgets(line, sizeof(line), f))
+		fputs(line, stderr);
+	fprintf(stderr, "----\n");
+	fclose(f);
+}
+
+/* The daemon's own view of the session, printed just before pf_close. */
+static void print_status(const char *sock, uint64_t session)
+{
+	Pf__Envelope *env = td_status(sock);
+	Pf__SessionStatus *ss = td_session(env, session);
+
+	if (!ss) {
+		printf("status: session %" PRIu64 " not found (%s)\n", session,
+		       env ? "no such session" : "status request failed");
+	} else {
+		printf("status: session %" PRIu64 " on %s, state %s: target %u (%s), depth "
+		       "%u..%u, slots %u, held %" PRIu64 ", arenas %u (%.1f MiB)\n",
+		       session, ss->device, ss->state, ss->target, ss->target_reason, ss->min_depth,
+		       ss->max_depth, ss->slots, ss->held, ss->arenas, ss->arena_bytes / 1048576.0);
+		printf("status: probe free/total %.1f/%.1f GiB, copy %.2f GB/s, sent %.2f GB, "
+		       "errors %" PRIu64 ", stall %.3f\n",
+		       ss->probe_free / 1073741824.0, ss->probe_total / 1073741824.0, ss->copy_gbps,
+		       ss->bytes_sent / 1e9, ss->errors, ss->stall_fraction);
+		printf("status: daemon ring %.0f MiB, gpu: %s\n",
+		       env->status_reply->ring_bytes / 1048576.0, env->status_reply->gpu);
+	}
+	if (env)
+		pf__envelope__free_unpacked(env, NULL);
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"gib", required_argument, NULL, 'g'},	 {"readers", required_argument, NULL, 'r'},
+		{"depth", required_argument, NULL, 'd'}, {"ipc", required_argument, NULL, 'i'},
+		{"help", no_argument, NULL, 'h'},	 {NULL, 0, NULL, 0},
+	};
+	long online = sysconf(_SC_NPROCESSORS_ONLN);
+	/* The consumer, the daemon's loop thread and its transfer thread each
+	 * want a CPU of their own; the readers get the rest. */
+	unsigned readers = online > 5 ? (unsigned)online - 3 : 2, depth = DEFAULT_DEPTH;
+	double gib = DEFAULT_GIB, t0, resident = 0, t_ref = 0, gbs, ref_gbs, batch_s;
+	enum pf_ipc ipc = PF_IPC_FD;
+	struct tdaemon td = {0};
+	struct bench bn = {0};
+	struct sigaction sa = {.sa_handler = on_signal};
+	struct phase_result warm, ep, lat, stall;
+	struct pf_stats ps;
+	struct pf_field fi;
+	uint8_t *pinned = NULL, *chunk = NULL;
+	uint64_t *picks = NULL, rows, bytes, pin_bytes, session_bytes;
+	double *next_s = NULL;
+	char model[256], data_path[400], extra[512], datasets[600], msg[256] = "";
+	bool started = false; /* the daemon was launched: its log is worth showing */
+	int opt, rc = 1, st;
+	cudaError_t e;
+
+	while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'g':
+			if (parse_gib(optarg, &gib))
+				return 2;
+			break;
+		case 'r':
+			if (parse_uint("--readers", optarg, 1, 256, &readers))
+				return 2;
+			break;
+		case 'd':
+			if (parse_uint("--depth", optarg, 1, 4096, &depth))
+				return 2;
+			break;
+		case 'i':
+			if (strcmp(optarg, "fd") == 0) {
+				ipc = PF_IPC_FD;
+			} else if (strcmp(optarg, "legacy") == 0) {
+				ipc = PF_IPC_LEGACY;
+			} else {
+				fail("--ipc: expected fd or legacy, got '%s'", optarg);
+				return 2;
+			}
+			break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (optind != argc) {
+		usage(stderr);
+		return 2;
+	}
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	rows = (uint64_t)(gib * 1073741824.0) / ROW_BYTES;
+	bytes = rows * ROW_BYTES;
+	/* A multiple of BATCH_BYTES (rows >= 32768), so a 4 MiB copy from
+	 * any multiple of 4 MiB stays inside it. */
+	pin_bytes = bytes / BATCH_BYTES * BATCH_BYTES;
+	if (pin_bytes > RING_BYTES)
+		pin_bytes = RING_BYTES;
+	/* The session's slots are max_depth in flight plus what the consumer
+	 * may hold (sess.h's SESS_HOLD_SLOTS = 2); twice that, so the session
+	 * is never trimmed by session_bytes whatever a slot's padding. */
+	session_bytes = 2 * ((uint64_t)depth + 2) * BATCH_BYTES;
+
+	cpu_model(model, sizeof(model));
+	printf("machine: %ld online CPUs, %s\n", online, model);
+	st = gpu_init();
+	if (st)
+		return st;
+	printf("dataset: %" PRIu64 " rows x %u B = %.2f GiB, one '<u1' field; batch %u rows "
+	       "(%.0f MiB); readers %u, max_depth %u, ipc %s, ring %llu MiB\n",
+	       rows, ROW_BYTES, bytes / 1073741824.0, BATCH_ROWS, BATCH_BYTES / 1048576.0, readers,
+	       depth, ipc == PF_IPC_FD ? "fd" : "legacy", RING_BYTES >> 20);
+	fflush(stdout);
+
+	e = cudaHostAlloc((void **)&pinned, pin_bytes, cudaHostAllocDefault);
+	if (e != cudaSuccess) {
+		pinned = NULL;
+		cuda_fail("cudaHostAlloc (reference source)", e);
+		goto out;
+	}
+	/* Portable: pinned for every context, whichever one pfcuda's copies
+	 * run in. */
+	e = cudaHostAlloc((void **)&bn.check_buf, BATCH_BYTES, cudaHostAllocPortable);
+	if (e != cudaSuccess) {
+		bn.check_buf = NULL;
+		cuda_fail("cudaHostAlloc (check buffer)", e);
+		goto out;
+	}
+	chunk = malloc(BATCH_BYTES);
+	picks = malloc(rows * sizeof(*picks));
+	next_s = malloc((LATENCY_BATCHES + 1) * sizeof(*next_s));
+	if (!chunk || !picks || !next_s) {
+		fail("out of memory");
+		goto out;
+	}
+
+	st = td_init(&td, "bench");
+	if (st) {
+		fail("td_init: %s", strerror(-st));
+		td.dir[0] = '\0';
+		goto out;
+	}
+	td_path(&td, "rows.npy", data_path, sizeof(data_path));
+	t0 = td_now();
+	if (write_dataset(data_path, rows))
+		goto out;
+	printf("wrote %s in %.2f s\n", data_path, td_now() - t0);
+	t0 = td_now();
+	if (warm_file(data_path, rows, pinned, pin_bytes, chunk, &resident))
+		goto out;
+	printf("page cache: read the whole file once before timing (%.2f s); mincore: %.1f%% "
+	       "resident\n",
+	       td_now() - t0, resident * 100);
+	fflush(stdout);
+
+	fprintf(stderr, "cuda_throughput: reference: pinned cudaMemcpyAsync ...\n");
+	if (ref_h2d(pinned, pin_bytes, bytes, &t_ref))
+		goto out;
+	ref_gbs = bytes / 1e9 / t_ref;
+	batch_s = BATCH_BYTES / (ref_gbs * 1e9);
+	/* The daemon's ring and arenas get the memory the reference used. */
+	cudaFreeHost(pinned);
+	pinned = NULL;
+
+	st = pfcuda_open(0, &bn.dev, msg, sizeof(msg));
+	if (st) {
+		fail("pfcuda_open(0): %s (%s)", msg, strerror(-st));
+		goto out;
+	}
+	bn.rows = rows;
+
+	snprintf(extra, sizeof(extra),
+		 "readers = %u\nipc = %s\nring_bytes = %llu\nsession_bytes = %" PRIu64 "\n"
+		 "depth = %u\nmax_depth = %u\n",
+		 readers, ipc == PF_IPC_FD ? "fd" : "legacy", RING_BYTES, session_bytes,
+		 depth < 4 ? depth : 4, depth);
+	snprintf(datasets, sizeof(datasets), "[dataset.bench]\nformat = npy\nfield.rows = %s\n",
+		 data_path);
+	started = true;
+	st = td_start(&td, extra, datasets);
+	if (st) {
+		fail("td_start: %s (prefetchd %s)", strerror(-st),
+		     st == -ECHILD ? "exited at start" : "did not answer within 10 s");
+		goto out;
+	}
+	st = pf_connect(td.sock, &bn.c);
+	if (st) {
+		fail("pf_connect %s: %s (%s)", td.sock, pf_errmsg(bn.c), strerror(-st));
+		goto out;
+	}
+	st = pf_open(bn.c, &(struct pf_open_opts){.dataset = "bench",
+						  .device = "cuda:0",
+						  .batch_size = BATCH_ROWS,
+						  .max_depth = depth,
+						  .ipc = ipc,
+						  .name = "cuda_throughput"});
+	if (st) {
+		fail("pf_open cuda:0: %s (%s)", pf_errmsg(bn.c), strerror(-st));
+		goto out;
+	}
+	if (pf_num_samples(bn.c) != rows || pf_num_fields(bn.c) != 1 ||
+	    pf_field_info(bn.c, 0, &fi) != 0 || fi.sample_bytes != ROW_BYTES) {
+		fail("daemon serves %" PRIu64 " samples in %u fields; wrote %" PRIu64
+		     " rows of %u B in 1",
+		     pf_num_samples(bn.c), pf_num_fields(bn.c), rows, ROW_BYTES);
+		goto out;
+	}
+	pf_stats(bn.c, &ps);
+
+	/* Not timed: imports the arenas, lets the probe size the target, then
+	 * takes enough batches for every slot of that target to be used once. */
+	if (run_phase(&bn,
+		      &(struct phase_opts){.name = "warm-up before the probe",
+					   .seed = WARMUP_SEED,
+					   .limit = WARMUP_FIRST,
+					   .check = true},
+		      &warm))
+		goto out;
+	wait_for_probe(td.sock, ps.session);
+	if (run_phase(&bn,
+		      &(struct phase_opts){.name = "warm-up after the probe",
+					   .seed = WARMUP_SEED + 1,
+					   .limit = 2 * ((uint64_t)depth + 2) + 16,
+					   .check = true},
+		      &warm))
+		goto out;
+
+	if (run_phase(&bn,
+		      &(struct phase_opts){.name = "timed epoch",
+					   .seed = SHUFFLE_SEED,
+					   .limit = UINT64_MAX,
+					   .check = true,
+					   .picks = picks},
+		      &ep))
+		goto out;
+	if (ep.batches != ep.expected || !is_permutation(picks, ep.rows, rows)) {
+		fail("the epoch did not deliver every row exactly once (%" PRIu64 " rows in "
+		     "%" PRIu64 " of %" PRIu64 " batches)",
+		     ep.rows, ep.batches, ep.expected);
+		goto out;
+	}
+
+	if (run_phase(&bn,
+		      &(struct phase_opts){.name = "hand-off latency",
+					   .seed = LATENCY_SEED,
+					   .limit = LATENCY_BATCHES + 1,
+					   .roll = true,
+					   .check = true,
+					   .sleep_us = LATENCY_SLEEP_US,
+					   .next_s = next_s},
+		      &lat))
+		goto out;
+	if (lat.nnext == 0) {
+		fail("hand-off latency: no pf_next to time");
+		goto out;
+	}
+	qsort(next_s, lat.nnext, sizeof(*next_s), cmp_double);
+
+	if (run_phase(&bn,
+		      &(struct phase_opts){.name = "stall at compute = copy time",
+					   .seed = STALL_SEED,
+					   .limit = STALL_BATCHES,
+					   .roll = true,
+					   .spin_s = batch_s},
+		      &stall))
+		goto out;
+
+	print_status(td.sock, ps.session);
+	pf_close(bn.c);
+	bn.c = NULL;
+	st = td_stop(&td, 10000);
+	if (st != 0) {
+		fail("prefetchd did not exit cleanly on SIGTERM (status %d)", st);
+		goto out;
+	}
+
+	gbs = bytes / 1e9 / ep.seconds;
+	printf("checked: every batch (2 straddling 16-byte reads), every %uth batch in full "
+	       "(first and last word of each row); the epoch delivered each of %" PRIu64
+	       " rows once\n",
+	       FULL_CHECK_EVERY, ep.rows);
+	printf("consumer: waited %.3f s in pf_next, busy %.3f s between calls (pf_stats, from "
+	       "the 1st batch's return)\n",
+	       ep.wait_s, ep.busy_s);
+	printf("\n%-32s %8s %11s %7s %9s\n", "", "GB/s", "batches/s", "stall", "seconds");
+	printf("%-32s %8.2f %11.1f %7.3f %9.3f\n", "prefetchd delivered on cuda:0", gbs,
+	       ep.batches / ep.seconds,
+	       ep.wait_s + ep.busy_s > 0 ? ep.wait_s / (ep.wait_s + ep.busy_s) : 0.0, ep.seconds);
+	printf("%-32s %8.2f %11.1f %7s %9.3f\n", "raw pinned H2D 4 MiB, 1 stream", ref_gbs,
+	       ep.batches / t_ref, "-", t_ref);
+	printf("\nhand-off of a ready batch (%" PRIu64 " pf_next, %u ms apart): p50 %.1f us, "
+	       "p99 %.1f us, max %.1f us\n",
+	       lat.nnext, LATENCY_SLEEP_US / 1000, next_s[lat.nnext / 2] * 1e6,
+	       next_s[lat.nnext * 99 / 100] * 1e6, next_s[lat.nnext - 1] * 1e6);
+	printf("compute = raw copy time (%.1f us/batch), %" PRIu64 " batches: stall fraction "
+	       "%.3f (wait %.3f s, busy %.3f s); %" PRIu64 " epoch start(s) inside, %.3f s in "
+	       "their first pf_next\n",
+	       batch_s * 1e6, stall.batches,
+	       stall.wait_s + stall.busy_s > 0 ? stall.wait_s / (stall.wait_s + stall.busy_s) : 0.0,
+	       stall.wait_s, stall.busy_s, stall.epochs - 1, stall.start_s);
+	printf("ratio: %.2f\n", gbs / ref_gbs);
+	rc = 0;
+out:
+	pf_close(bn.c);
+	if (td.pid > 0)
+		td_stop(&td, 5000);
+	/* Whatever went wrong after the daemon started, its log says its side. */
+	if (rc && started)
+		show_log(&td);
+	if (td.dir[0])
+		td_cleanup(&td);
+	pfcuda_close(bn.dev);
+	if (pinned)
+		cudaFreeHost(pinned);
+	if (bn.check_buf)
+		cudaFreeHost(bn.check_buf);
+	free(chunk);
+	free(picks);
+	free(next_s);
+	return rc;
+}
+
+#endif
