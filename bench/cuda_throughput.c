@@ -12,13 +12,14 @@
  * libprefetch, after a warm-up on other epochs during which the arenas are
  * imported and the daemon's probe sizes the target.  Timed: the whole epoch,
  * pf_start_epoch .. the pf_next that ends it, pf_next → check → pf_release
- * on the legacy default stream.
+ * on the consumer's own stream.
  *
- * Checks, cheap enough not to dominate a ~90 µs batch: every batch, two
- * synchronous 16-byte device-to-host copies that straddle row boundaries
- * (last word of row 0 + first word of row 1, last two words of the last
- * row); every 64th batch, the whole batch copied back and the first and
- * last word of every row compared.  Expected bytes are npygen's for row
+ * Checks run as a trainer's work does: queued on the consumer's stream,
+ * which pf_release waits for, and verified on the host once the phase has
+ * ended.  Every batch: two 16-byte device-to-host copies that straddle row
+ * boundaries (last word of row 0 + first word of row 1, last two words of
+ * the last row); every 64th batch: the whole batch copied back and the
+ * first and last word of every row compared.  Expected bytes are npygen's for row
  * pick % N.  Over the epoch every pick must appear exactly once.  Any
  * mismatch fails the run (exit 1): a figure for bytes that were never
  * delivered would be worthless.
@@ -30,7 +31,11 @@
  * as large as the daemon's ring) into a ring of 4 device slots, all queued
  * on one non-blocking stream, synchronised at the end; best of 3 after an
  * untimed pass.  The last line of the output is `ratio: X.XX`, delivered
- * GB/s over this.  GB is 10^9 bytes; only sample bytes count.
+ * GB/s over this.  Diagnostics, not in the ratio: the same copies from
+ * cudaHostRegister'ed anonymous memory (the daemon's ring) with 4 KiB and
+ * with huge pages, and `readers` threads gathering the shuffled rows from a
+ * mapping of the file without the daemon (the readers' ceiling).  GB is 10^9 bytes; only sample
+ * bytes count.
  *
  * Also measured, after the timed epoch:
  *   hand-off  300 pf_next calls, the consumer sleeping 2 ms after each
@@ -58,6 +63,7 @@
  * (set PF_KEEP_TMP=1 to keep it).
  */
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -99,7 +105,7 @@ int main(void)
 #define WARMUP_SEED	 2u /* and 3: the two warm-up epochs */
 #define LATENCY_SEED	 100u
 #define STALL_SEED	 200u
-#define DEFAULT_GIB	 2.0
+#define DEFAULT_GIB	 4.0
 #define DEFAULT_DEPTH	 32u
 /* The daemon's pinned ring, and the pinned buffer the reference copies
  * from: the same size, so both DMA from a working set of one size. */
@@ -501,12 +507,158 @@ out:
 	return rc;
 }
 
+/*
+ * Diagnostic reference: the same copies from host memory mapped the way the
+ * daemon maps its ring (anonymous, page-locked with cudaHostRegister once),
+ * with or without transparent huge pages.  Shows whether registered memory
+ * copies as fast as cudaHostAlloc's.
+ */
+static int ref_h2d_registered(const uint8_t *src, uint64_t pin_bytes, uint64_t bytes, bool huge,
+			      double *best_s)
+{
+	uint8_t *p =
+		mmap(NULL, pin_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	cudaError_t e;
+	int rc;
+
+	if (p == MAP_FAILED)
+		return fail("mmap %" PRIu64 " bytes: %s", pin_bytes, strerror(errno));
+	if (huge)
+		madvise(p, pin_bytes, MADV_HUGEPAGE);
+	memcpy(p, src, pin_bytes);
+	e = cudaHostRegister(p, pin_bytes, cudaHostRegisterPortable);
+	if (e != cudaSuccess) {
+		munmap(p, pin_bytes);
+		return cuda_fail("cudaHostRegister", e);
+	}
+	rc = ref_h2d(p, pin_bytes, bytes, best_s);
+	cudaHostUnregister(p);
+	munmap(p, pin_bytes);
+	return rc;
+}
+
+/* Diagnostic reference: the readers' work without the daemon.  `threads`
+ * threads take 4 MiB batches of shuffled rows in turn and memcpy each row
+ * from a read-only mapping of the file into a batch buffer of their own. */
+struct gather {
+	const uint8_t *file; /* mapping: header, then rows */
+	uint64_t data_off;
+	const uint32_t *perm; /* rows entries */
+	uint64_t rows;
+	uint64_t next; /* next batch, atomically taken */
+	uint8_t *bufs; /* threads * BATCH_BYTES */
+};
+
+struct gather_arg {
+	struct gather *g;
+	unsigned index;
+};
+
+static void *gather_main(void *arg)
+{
+	struct gather_arg *a = arg;
+	struct gather *g = a->g;
+	uint8_t *dst = g->bufs + (uint64_t)a->index * BATCH_BYTES;
+	uint64_t nb = (g->rows + BATCH_ROWS - 1) / BATCH_ROWS, k;
+
+	while ((k = __atomic_fetch_add(&g->next, 1, __ATOMIC_RELAXED)) < nb) {
+		uint64_t first = k * BATCH_ROWS;
+		uint64_t n = g->rows - first < BATCH_ROWS ? g->rows - first : BATCH_ROWS;
+
+		for (uint64_t i = 0; i < n; i++)
+			memcpy(dst + i * ROW_BYTES,
+			       g->file + g->data_off + (uint64_t)g->perm[first + i] * ROW_BYTES,
+			       ROW_BYTES);
+	}
+	return NULL;
+}
+
+static int ref_gather(const char *path, uint64_t rows, unsigned threads, double *secs)
+{
+	struct gather g = {.rows = rows};
+	struct gather_arg *args = calloc(threads, sizeof(*args));
+	pthread_t *tids = calloc(threads, sizeof(*tids));
+	uint32_t *perm = malloc(rows * sizeof(*perm));
+	uint64_t x = 0x9e3779b97f4a7c15ull, map_bytes = 0;
+	struct stat st;
+	double t0;
+	int fd = open(path, O_RDONLY), rc = 0;
+
+	if (fd < 0 || fstat(fd, &st) < 0 || !args || !tids || !perm) {
+		rc = fail("gather reference: %s: %s", path, strerror(errno));
+		goto out;
+	}
+	map_bytes = (uint64_t)st.st_size;
+	g.data_off = map_bytes - rows * ROW_BYTES;
+	g.file = mmap(NULL, map_bytes, PROT_READ, MAP_SHARED, fd, 0);
+	if (g.file == MAP_FAILED) {
+		g.file = NULL;
+		rc = fail("gather reference: mmap: %s", strerror(errno));
+		goto out;
+	}
+	g.bufs = malloc((uint64_t)threads * BATCH_BYTES);
+	if (!g.bufs) {
+		rc = fail("out of memory");
+		goto out;
+	}
+	memset(g.bufs, 0, (uint64_t)threads * BATCH_BYTES);
+	for (uint64_t i = 0; i < rows; i++)
+		perm[i] = (uint32_t)i;
+	for (uint64_t i = rows - 1; i > 0; i--) {
+		uint64_t j, t;
+
+		x = npygen_mix(x);
+		j = x % (i + 1);
+		t = perm[i];
+		perm[i] = perm[j];
+		perm[j] = (uint32_t)t;
+	}
+	g.perm = perm;
+	/* One untimed pass maps every page, as the daemon's warm-up does. */
+	for (int pass = 0; pass < 2; pass++) {
+		g.next = 0;
+		t0 = td_now();
+		for (unsigned i = 0; i < threads; i++) {
+			args[i] = (struct gather_arg){.g = &g, .index = i};
+			pthread_create(&tids[i], NULL, gather_main, &args[i]);
+		}
+		for (unsigned i = 0; i < threads; i++)
+			pthread_join(tids[i], NULL);
+		*secs = td_now() - t0;
+	}
+out:
+	if (g.file)
+		munmap((void *)g.file, map_bytes);
+	if (fd >= 0)
+		close(fd);
+	free(g.bufs);
+	free(perm);
+	free(tids);
+	free(args);
+	return rc;
+}
+
+/* A batch's checks, queued on the stream, verified at the end of a phase. */
+struct pending_check {
+	uint64_t seq, epoch;
+	uint32_t count;
+	uint64_t pick[3];     /* of row 0, row 1 (or 0), the last row */
+	int full;	      /* index into bench.full, -1: none */
+	uint64_t *full_picks; /* owned: the batch's picks when full >= 0 */
+};
+
 /* What the consuming phases share. */
 struct bench {
 	struct pf_client *c;
-	struct pfcuda_dev *dev; /* owned: our own retain of cuda:0's primary context */
-	uint64_t rows;		/* N, the dataset's samples */
-	uint8_t *check_buf;	/* owned, pinned, BATCH_BYTES: full-batch checks */
+	struct pfcuda_dev *dev;	    /* owned: our own retain of cuda:0's primary context */
+	uint64_t rows;		    /* N, the dataset's samples */
+	cudaStream_t stream;	    /* owned: the consumer's stream, which checks run on */
+	struct pending_check *pend; /* owned, cap: checks queued, not yet verified */
+	size_t npend, cap;
+	uint64_t *spans; /* owned, pinned, cap * SPAN_WORDS words */
+	uint8_t *full;	 /* owned, pinned, full_cap * BATCH_BYTES */
+	unsigned nfull, full_cap;
+	uint64_t verified; /* batches whose checks passed */
 };
 
 struct phase_opts {
@@ -533,78 +685,117 @@ struct phase_result {
 };
 
 /*
- * Copies nwords words starting at word `word` of row k of the batch back to
- * the host and compares each with npygen's word for its row's pick; the
- * span may run on into the next rows.
+ * Checks run the way a trainer's work does: as copies queued on the
+ * consumer's own stream, which pf_release then waits for (so the slot is
+ * not rewritten under them), verified on the host when the phase ends.  A
+ * synchronous copy per batch would stall the consumer on every batch and
+ * measure the checks, not the daemon.
+ *
+ * Per batch: the last word of row 0 with the first of row 1 (a row shifted
+ * or taken from the wrong pick) and the last two words of the last row (a
+ * batch shorter than its count).  Every FULL_CHECK_EVERY-th batch whole:
+ * first and last word of every row.
  */
-static int check_span(struct bench *bn, const struct pf_batch *b, uint32_t k, uint32_t word,
-		      uint32_t nwords)
+#define SPAN_WORDS	 4u
+
+static int queue_copy_back(struct bench *bn, void *dst, const uint8_t *src, size_t bytes)
 {
-	uint64_t got[4], src = (uint64_t)(uintptr_t)b->data[0] + (uint64_t)k * ROW_BYTES + word * 8;
-	char msg[256] = "";
-	int rc;
+	cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, bn->stream);
 
-	if (nwords > 4)
-		return fail("check_span: %u words asked, 4 at most", nwords);
-	rc = pfcuda_copy_dtoh(bn->dev, got, src, nwords * sizeof(got[0]), msg, sizeof(msg));
-	if (rc)
-		return fail("batch %" PRIu64 ": pfcuda_copy_dtoh of row %u: %s (%s)", b->seq, k,
-			    msg, strerror(-rc));
-	for (uint32_t i = 0; i < nwords; i++) {
-		uint32_t r = k + (word + i) / ROW_WORDS, w = (word + i) % ROW_WORDS;
-		uint64_t pick = b->picks[r];
-		uint64_t want = npygen_word(npygen_row_key(DATA_SEED, pick % bn->rows), w);
-
-		if (got[i] != want)
-			return fail("batch %" PRIu64 " (epoch %" PRIu64 "), row %u (pick %" PRIu64
-				    "), word %u: got %016" PRIx64 ", expected %016" PRIx64,
-				    b->seq, b->epoch, r, pick, w, got[i], want);
-	}
-	return 0;
-}
-
-/* The whole batch back to the host; first and last word of every row. */
-static int check_full(struct bench *bn, const struct pf_batch *b)
-{
-	char msg[256] = "";
-	int rc;
-
-	rc = pfcuda_copy_dtoh(bn->dev, bn->check_buf, (uint64_t)(uintptr_t)b->data[0],
-			      (size_t)b->count * ROW_BYTES, msg, sizeof(msg));
-	if (rc)
-		return fail("batch %" PRIu64 ": pfcuda_copy_dtoh of %u rows: %s (%s)", b->seq,
-			    b->count, msg, strerror(-rc));
-	for (uint32_t k = 0; k < b->count; k++) {
-		uint64_t key = npygen_row_key(DATA_SEED, b->picks[k] % bn->rows);
-		const uint8_t *row = bn->check_buf + (uint64_t)k * ROW_BYTES;
-		uint64_t first, last;
-
-		memcpy(&first, row, 8);
-		memcpy(&last, row + ROW_BYTES - 8, 8);
-		if (first != npygen_word(key, 0) || last != npygen_word(key, ROW_WORDS - 1))
-			return fail("batch %" PRIu64 " (epoch %" PRIu64 "), row %u (pick %" PRIu64
-				    "): wrong bytes (full check)",
-				    b->seq, b->epoch, k, b->picks[k]);
-	}
-	return 0;
+	return e == cudaSuccess ? 0 : cuda_fail("cudaMemcpyAsync (check)", e);
 }
 
 static int check_batch(struct bench *bn, const struct pf_batch *b)
 {
+	struct pending_check *pc;
+	const uint8_t *base = b->data[0];
+	uint64_t *w;
+	uint32_t last = b->count - 1;
+
+	if (bn->npend == bn->cap)
+		return fail("check: more than %zu batches in one phase", bn->cap);
+	pc = &bn->pend[bn->npend];
+	w = bn->spans + bn->npend * SPAN_WORDS;
+	memset(pc, 0, sizeof(*pc));
+	pc->seq = b->seq;
+	pc->epoch = b->epoch;
+	pc->count = b->count;
+	pc->pick[0] = b->picks[0];
+	pc->pick[1] = b->picks[b->count >= 2 ? 1 : 0];
+	pc->pick[2] = b->picks[last];
+	pc->full = -1;
 	if (b->count >= 2) {
-		/* Last word of row 0 and first of row 1: catches a row shifted
-		 * or taken from the wrong pick in one 16-byte copy. */
-		if (check_span(bn, b, 0, ROW_WORDS - 1, 2))
+		if (queue_copy_back(bn, w, base + ROW_BYTES - 8, 16))
 			return -1;
-	} else if (check_span(bn, b, 0, 0, 1)) {
+	} else if (queue_copy_back(bn, w + 1, base, 8)) {
 		return -1;
 	}
-	/* The end of the last row: catches a batch shorter than its count. */
-	if (check_span(bn, b, b->count - 1, ROW_WORDS - 2, 2))
+	if (queue_copy_back(bn, w + 2, base + (uint64_t)last * ROW_BYTES + ROW_BYTES - 16, 16))
 		return -1;
-	if (b->seq % FULL_CHECK_EVERY == 0)
-		return check_full(bn, b);
+	if (b->seq % FULL_CHECK_EVERY == 0 && bn->nfull < bn->full_cap) {
+		pc->full_picks = malloc(b->count * sizeof(uint64_t));
+		if (!pc->full_picks)
+			return fail("out of memory");
+		pc->full = (int)bn->nfull++;
+		memcpy(pc->full_picks, b->picks, b->count * sizeof(uint64_t));
+		if (queue_copy_back(bn, bn->full + (uint64_t)pc->full * BATCH_BYTES, base,
+				    (size_t)b->count * ROW_BYTES))
+			return -1;
+	}
+	bn->npend++;
 	return 0;
+}
+
+static int word_ok(const struct bench *bn, const struct pending_check *pc, uint64_t pick,
+		   uint32_t w, uint64_t got, const char *what)
+{
+	uint64_t want = npygen_word(npygen_row_key(DATA_SEED, pick % bn->rows), w);
+
+	if (got == want)
+		return 0;
+	return fail("batch %" PRIu64 " (epoch %" PRIu64 "), %s (pick %" PRIu64 "), word %u: "
+		    "got %016" PRIx64 ", expected %016" PRIx64,
+		    pc->seq, pc->epoch, what, pick, w, got, want);
+}
+
+/* Waits for the queued check copies and verifies them all. */
+static int verify_checks(struct bench *bn)
+{
+	cudaError_t e = cudaStreamSynchronize(bn->stream);
+	int rc = 0;
+
+	if (e != cudaSuccess)
+		return cuda_fail("cudaStreamSynchronize (checks)", e);
+	for (size_t i = 0; i < bn->npend && !rc; i++) {
+		const struct pending_check *pc = &bn->pend[i];
+		const uint64_t *w = bn->spans + i * SPAN_WORDS;
+
+		if (pc->count >= 2)
+			rc = word_ok(bn, pc, pc->pick[0], ROW_WORDS - 1, w[0], "row 0") ||
+			     word_ok(bn, pc, pc->pick[1], 0, w[1], "row 1");
+		else
+			rc = word_ok(bn, pc, pc->pick[0], 0, w[1], "row 0");
+		if (!rc)
+			rc = word_ok(bn, pc, pc->pick[2], ROW_WORDS - 2, w[2], "last row") ||
+			     word_ok(bn, pc, pc->pick[2], ROW_WORDS - 1, w[3], "last row");
+		for (uint32_t k = 0; !rc && pc->full >= 0 && k < pc->count; k++) {
+			const uint8_t *row = bn->full + (uint64_t)pc->full * BATCH_BYTES +
+					     (uint64_t)k * ROW_BYTES;
+			uint64_t first, lastw;
+
+			memcpy(&first, row, 8);
+			memcpy(&lastw, row + ROW_BYTES - 8, 8);
+			rc = word_ok(bn, pc, pc->full_picks[k], 0, first, "full check") ||
+			     word_ok(bn, pc, pc->full_picks[k], ROW_WORDS - 1, lastw, "full check");
+		}
+		if (!rc)
+			bn->verified++;
+	}
+	for (size_t i = 0; i < bn->npend; i++)
+		free(bn->pend[i].full_picks);
+	bn->npend = 0;
+	bn->nfull = 0;
+	return rc ? -1 : 0;
 }
 
 static int start_epoch(struct bench *bn, uint64_t seed, uint64_t *expected)
@@ -708,7 +899,8 @@ static int run_phase(struct bench *bn, const struct phase_opts *o, struct phase_
 			res->rows += b->count;
 		res->batches++;
 		in_epoch++;
-		rc = pf_release(bn->c, b, NULL);
+		/* Released behind the check copies queued on our stream. */
+		rc = pf_release(bn->c, b, (void *)bn->stream);
 		if (rc)
 			return fail("%s: pf_release: %s (%s)", o->name, pf_errmsg(bn->c),
 				    strerror(-rc));
@@ -718,6 +910,8 @@ static int run_phase(struct bench *bn, const struct phase_opts *o, struct phase_
 			 "batches");
 	}
 	res->seconds = td_now() - t0;
+	if (o->check && verify_checks(bn))
+		return -1;
 	if (open_epoch && in_epoch < expected) {
 		rc = pf_abandon(bn->c);
 		if (rc)
@@ -844,6 +1038,7 @@ int main(int argc, char **argv)
 	 * want a CPU of their own; the readers get the rest. */
 	unsigned readers = online > 5 ? (unsigned)online - 3 : 2, depth = DEFAULT_DEPTH;
 	double gib = DEFAULT_GIB, t0, resident = 0, t_ref = 0, gbs, ref_gbs, batch_s;
+	double t_reg = 0, t_reg_huge = 0, t_gather = 0;
 	enum pf_ipc ipc = PF_IPC_FD;
 	struct tdaemon td = {0};
 	struct bench bn = {0};
@@ -926,16 +1121,34 @@ int main(int argc, char **argv)
 	}
 	/* Portable: pinned for every context, whichever one pfcuda's copies
 	 * run in. */
-	e = cudaHostAlloc((void **)&bn.check_buf, BATCH_BYTES, cudaHostAllocPortable);
+	/* The consumer's stream and the pinned landing places of its checks
+	 * (portable: pinned for every context). */
+	e = cudaStreamCreateWithFlags(&bn.stream, cudaStreamNonBlocking);
 	if (e != cudaSuccess) {
-		bn.check_buf = NULL;
-		cuda_fail("cudaHostAlloc (check buffer)", e);
+		bn.stream = NULL;
+		cuda_fail("cudaStreamCreateWithFlags (consumer)", e);
+		goto out;
+	}
+	bn.cap = rows / BATCH_ROWS + 2 * ((uint64_t)depth + 2) + 64;
+	bn.full_cap = (unsigned)(rows / BATCH_ROWS / FULL_CHECK_EVERY + 2);
+	bn.pend = calloc(bn.cap, sizeof(*bn.pend));
+	e = cudaHostAlloc((void **)&bn.spans, bn.cap * SPAN_WORDS * 8, cudaHostAllocPortable);
+	if (e != cudaSuccess) {
+		bn.spans = NULL;
+		cuda_fail("cudaHostAlloc (check words)", e);
+		goto out;
+	}
+	e = cudaHostAlloc((void **)&bn.full, (uint64_t)bn.full_cap * BATCH_BYTES,
+			  cudaHostAllocPortable);
+	if (e != cudaSuccess) {
+		bn.full = NULL;
+		cuda_fail("cudaHostAlloc (full checks)", e);
 		goto out;
 	}
 	chunk = malloc(BATCH_BYTES);
 	picks = malloc(rows * sizeof(*picks));
 	next_s = malloc((LATENCY_BATCHES + 1) * sizeof(*next_s));
-	if (!chunk || !picks || !next_s) {
+	if (!chunk || !picks || !next_s || !bn.pend) {
 		fail("out of memory");
 		goto out;
 	}
@@ -964,6 +1177,11 @@ int main(int argc, char **argv)
 		goto out;
 	ref_gbs = bytes / 1e9 / t_ref;
 	batch_s = BATCH_BYTES / (ref_gbs * 1e9);
+	fprintf(stderr, "cuda_throughput: diagnostics: registered memory, gather ...\n");
+	if (ref_h2d_registered(pinned, pin_bytes, bytes, false, &t_reg) ||
+	    ref_h2d_registered(pinned, pin_bytes, bytes, true, &t_reg_huge) ||
+	    ref_gather(data_path, rows, readers, &t_gather))
+		goto out;
 	/* The daemon's ring and arenas get the memory the reference used. */
 	cudaFreeHost(pinned);
 	pinned = NULL;
@@ -1081,7 +1299,8 @@ int main(int argc, char **argv)
 	}
 
 	gbs = bytes / 1e9 / ep.seconds;
-	printf("checked: every batch (2 straddling 16-byte reads), every %uth batch in full "
+	printf("checked: every batch (2 straddling 16-byte copies on the consumer's stream, "
+	       "released behind them), every %uth batch in full "
 	       "(first and last word of each row); the epoch delivered each of %" PRIu64
 	       " rows once\n",
 	       FULL_CHECK_EVERY, ep.rows);
@@ -1094,6 +1313,13 @@ int main(int argc, char **argv)
 	       ep.wait_s + ep.busy_s > 0 ? ep.wait_s / (ep.wait_s + ep.busy_s) : 0.0, ep.seconds);
 	printf("%-32s %8.2f %11.1f %7s %9.3f\n", "raw pinned H2D 4 MiB, 1 stream", ref_gbs,
 	       ep.batches / t_ref, "-", t_ref);
+	printf("diagnostics (not part of the ratio):\n");
+	printf("  %-44s %8.2f GB/s\n", "raw H2D from cudaHostRegister'd 4 KiB pages",
+	       bytes / 1e9 / t_reg);
+	printf("  %-44s %8.2f GB/s\n", "raw H2D from cudaHostRegister'd huge pages",
+	       bytes / 1e9 / t_reg_huge);
+	printf("  %-44s %8.2f GB/s\n", "gather of the shuffled rows, readers threads",
+	       bytes / 1e9 / t_gather);
 	printf("\nhand-off of a ready batch (%" PRIu64 " pf_next, %u ms apart): p50 %.1f us, "
 	       "p99 %.1f us, max %.1f us\n",
 	       lat.nnext, LATENCY_SLEEP_US / 1000, next_s[lat.nnext / 2] * 1e6,
@@ -1118,8 +1344,15 @@ out:
 	pfcuda_close(bn.dev);
 	if (pinned)
 		cudaFreeHost(pinned);
-	if (bn.check_buf)
-		cudaFreeHost(bn.check_buf);
+	if (bn.spans)
+		cudaFreeHost(bn.spans);
+	if (bn.full)
+		cudaFreeHost(bn.full);
+	if (bn.stream)
+		cudaStreamDestroy(bn.stream);
+	for (size_t i = 0; i < bn.npend; i++)
+		free(bn.pend[i].full_picks);
+	free(bn.pend);
 	free(chunk);
 	free(picks);
 	free(next_s);

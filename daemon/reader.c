@@ -49,9 +49,10 @@ void reader_run_job(struct reader_job *job)
 	job->rc = 0;
 	job->err[0] = '\0';
 	for (size_t f = 0; f < ds->nfields && job->rc == 0; f++)
-		job->rc =
-			ds_read_field(ds, f, job->samples, job->count,
-				      job->dst + job->field_offset[f], job->err, sizeof(job->err));
+		job->rc = ds_read_field(ds, f, job->samples, job->count,
+					job->dst + job->field_offset[f] +
+						(uint64_t)job->first * ds->fields[f].sample_bytes,
+					job->err, sizeof(job->err));
 	job->read_ns = mono_ns() - t0;
 }
 

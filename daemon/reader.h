@@ -2,7 +2,9 @@
  * reader.h — the shared pool of reader threads.
  *
  * A reader job gathers `count` samples of every field of a dataset into one
- * slot's memory (fields at their offsets, samples packed).  Jobs run in
+ * slot's memory (fields at their offsets, samples packed), starting at
+ * sample `first` of the slot: a large batch is split into parts that
+ * several readers fill at once.  Jobs run in
  * submission order on any of N threads, so they may finish out of order;
  * the session delivers in order.  Finished jobs go back to the loop thread
  * through a mutex-protected queue and one uv_async_send; the async callback
@@ -26,6 +28,7 @@ struct reader_job {
 	const struct dataset *ds; /* borrowed: datasets live as long as the daemon */
 	uint64_t *samples;	  /* owned: count sample numbers */
 	uint32_t count;
+	uint32_t first;		      /* index of samples[0] within the slot's batch */
 	uint8_t *dst;		      /* borrowed: the slot, valid while owner lives */
 	const uint64_t *field_offset; /* borrowed: owner's per-field offsets */
 	uint32_t slot;

@@ -42,6 +42,9 @@ int ring_init(struct ring *r, uint64_t bytes, char *err, size_t errlen)
 			 strerror(errno));
 		return rc;
 	}
+	/* Huge pages where the kernel allows: fewer pages for the driver to
+	 * pin and for the DMA engine to walk. */
+	madvise(p, (size_t)bytes, MADV_HUGEPAGE);
 	rc = gpu_host_register(p, (size_t)bytes);
 	if (rc) {
 		snprintf(err, errlen, "cannot page-lock a %.0f MiB ring: %s", bytes / 1048576.0,

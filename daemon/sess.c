@@ -584,42 +584,72 @@ static int send_end(struct sess *s)
 	return conn_send(s->conn, &env, -1);
 }
 
+/* Hands batch next_fill to the readers, in parts of about SESS_PART_BYTES.
+ * The slot is FILLING until every part is back. */
 static int start_fill(struct sess *s, struct slot *sl)
 {
-	struct reader_job *job = calloc(1, sizeof(*job));
 	uint32_t count = batch_count(s, s->next_fill);
 	const uint64_t *picks = s->picks + s->next_fill * s->batch_size;
+	uint64_t bytes = (uint64_t)count * s->ds->sample_bytes;
+	uint32_t parts = (uint32_t)((bytes + SESS_PART_BYTES - 1) / SESS_PART_BYTES);
+	struct reader_job *jobs[64];
+	uint8_t *dst;
 
-	if (!job)
-		return -ENOMEM;
-	job->samples = malloc(sizeof(uint64_t) * count);
-	if (!job->samples) {
-		free(job);
-		return -ENOMEM;
+	if (parts > s->d->cfg.readers)
+		parts = s->d->cfg.readers;
+	if (parts > 64)
+		parts = 64;
+	if (parts > count)
+		parts = count;
+	if (parts == 0)
+		parts = 1;
+	for (uint32_t p = 0; p < parts; p++) {
+		uint32_t first = (uint32_t)((uint64_t)count * p / parts);
+		uint32_t n = (uint32_t)((uint64_t)count * (p + 1) / parts) - first;
+
+		jobs[p] = calloc(1, sizeof(*jobs[p]));
+		if (jobs[p])
+			jobs[p]->samples = malloc(sizeof(uint64_t) * (n ? n : 1));
+		if (!jobs[p] || !jobs[p]->samples) {
+			free(jobs[p]);
+			while (p--) {
+				free(jobs[p]->samples);
+				free(jobs[p]);
+			}
+			return -ENOMEM;
+		}
+		for (uint32_t k = 0; k < n; k++)
+			jobs[p]->samples[k] = picks[first + k] % s->ds->num_samples;
+		jobs[p]->first = first;
+		jobs[p]->count = n;
 	}
-	for (uint32_t k = 0; k < count; k++)
-		job->samples[k] = picks[k] % s->ds->num_samples;
-	job->owner = s;
-	job->ds = s->ds;
-	job->count = count;
 	if (s->gpu >= 0) {
 		sl->ring = free_ring_slot(s);
 		s->ring_busy[sl->ring] = 1;
-		job->dst = ring_slot_mem(s, sl->ring);
+		dst = ring_slot_mem(s, sl->ring);
 	} else {
-		job->dst = sl->host;
+		dst = sl->host;
 	}
-	job->field_offset = s->field_offset;
-	job->slot = (uint32_t)(sl - s->slots);
-	job->epoch = s->epoch;
-	job->seq = s->next_fill;
 	sl->state = SLOT_FILLING;
 	sl->epoch = s->epoch;
 	sl->seq = s->next_fill;
+	sl->parts = parts;
+	sl->error = 0;
+	for (uint32_t p = 0; p < parts; p++) {
+		struct reader_job *job = jobs[p];
+
+		job->owner = s;
+		job->ds = s->ds;
+		job->dst = dst;
+		job->field_offset = s->field_offset;
+		job->slot = (uint32_t)(sl - s->slots);
+		job->epoch = s->epoch;
+		job->seq = s->next_fill;
+		s->jobs++;
+		reader_submit(s->d->readers, job);
+	}
 	s->next_fill++;
 	s->gov.prepared++;
-	s->jobs++;
-	reader_submit(s->d->readers, job);
 	return 0;
 }
 
@@ -879,31 +909,37 @@ void sess_job_done(struct reader_job *job, void *arg)
 
 	s->jobs--;
 	s->read_ns += job->read_ns;
+	sl->parts--;
+	if (job->rc && !sl->error && !s->dead) {
+		char msg[400];
+
+		snprintf(msg, sizeof(msg), "epoch %" PRIu64 " batch %" PRIu64 ": %s", job->epoch,
+			 job->seq, job->err);
+		if (sl->state != SLOT_ORPHAN)
+			log_warn("session %" PRIu64 ": %s", s->id, msg);
+		sl->error = job->rc;
+		sl->errmsg = strdup(msg);
+		if (!sl->errmsg)
+			sl->error = -ENOMEM;
+	}
 	if (s->dead) {
-		ring_slot_put(s, sl);
 		if (s->jobs == 0)
 			sess_free(s);
 		goto out;
 	}
+	if (sl->parts > 0)
+		goto out; /* the rest of the batch is still being read */
 	if (sl->state == SLOT_ORPHAN) {
 		ring_slot_put(s, sl);
+		free(sl->errmsg);
+		sl->errmsg = NULL;
+		sl->error = 0;
 		sl->state = SLOT_FREE;
-	} else if (s->gpu >= 0 && job->rc == 0) {
+	} else if (s->gpu >= 0 && !sl->error) {
 		start_copy(s, sl, job);
 	} else {
 		ring_slot_put(s, sl);
 		sl->state = SLOT_READY;
-		sl->error = job->rc;
-		if (job->rc) {
-			char msg[400];
-
-			snprintf(msg, sizeof(msg), "epoch %" PRIu64 " batch %" PRIu64 ": %s",
-				 job->epoch, job->seq, job->err);
-			log_warn("session %" PRIu64 ": %s", s->id, msg);
-			sl->errmsg = strdup(msg);
-			if (!sl->errmsg)
-				sl->error = -ENOMEM;
-		}
 	}
 	pump(s);
 out:
@@ -1156,9 +1192,16 @@ bool sess_check(const struct sess *s)
 
 	if (!gov_check(&s->gov))
 		return false;
-	for (uint32_t i = 0; i < s->nslots; i++)
-		working += s->slots[i].state == SLOT_FILLING || s->slots[i].state == SLOT_COPYING ||
-			   s->slots[i].state == SLOT_ORPHAN;
+	for (uint32_t i = 0; i < s->nslots; i++) {
+		const struct slot *sl = &s->slots[i];
+
+		/* A filling slot waits for its parts; a copying one (or an
+		 * orphan whose parts are all back) for its copy. */
+		if (sl->state == SLOT_FILLING || (sl->state == SLOT_ORPHAN && sl->parts))
+			working += sl->parts;
+		else if (sl->state == SLOT_COPYING || sl->state == SLOT_ORPHAN)
+			working++;
+	}
 	if (working != s->jobs)
 		return false;
 	if (s->next_send > s->next_fill || s->next_fill > s->nbatches)

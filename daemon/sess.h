@@ -51,7 +51,8 @@ struct slot {
 	uint8_t *host;	     /* host sessions: the daemon's mapping of the slot */
 	uint64_t dev_addr;   /* CUDA sessions: device address of the slot */
 	int32_t ring;	     /* CUDA sessions: ring slot while FILLING/COPYING, else -1 */
-	int error;	     /* READY: 0, or the batch's read error */
+	uint32_t parts;	     /* FILLING: reader jobs (parts of the batch) not back */
+	int error;	     /* FILLING/READY: 0, or the batch's first read error */
 	char *errmsg;	     /* owned, READY with error only */
 };
 
@@ -59,6 +60,11 @@ struct slot {
  * error batch, and the pause before try k (k * SESS_OOM_PAUSE_MS). */
 #define SESS_OOM_TRIES	  4
 #define SESS_OOM_PAUSE_MS 50
+
+/* A batch is read in parts of about this many bytes, each its own reader
+ * job, so several readers fill one batch at once (at most `readers`
+ * parts). */
+#define SESS_PART_BYTES (1u << 20)
 
 /* Slots beyond max_depth: what the trainer may hold (taken, not yet
  * released) while the pipeline keeps `target` batches in flight.  Two

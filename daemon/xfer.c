@@ -3,8 +3,10 @@
  *
  * The thread's loop: take every queued job; queue each copy on the stream
  * with an event behind it; run allocations and frees as they come; then
- * retire copies oldest first: without waiting while more jobs are queued,
- * blocking on the oldest event when there is nothing else to do.  A retired
+ * retire the copies whose events have completed, oldest first.  With copies
+ * in flight and nothing queued it waits on its condition variable for at
+ * most XFER_POLL_NS, so a new job is queued at once and a completion is
+ * seen within that time.  A retired
  * copy goes back to the loop thread, and its event to the thread's pool.
  *
  * DESIGN: the transfer thread makes every CUDA call of its device; the loop
@@ -15,6 +17,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sys/prctl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +43,7 @@ struct xfer {
 	unsigned in_flight;
 	uint64_t bytes, busy_ns;
 	/* Transfer thread only. */
+	uint64_t last_retire_ns;
 	struct gpu_event **pool; /* idle events */
 	unsigned npool, cap;
 };
@@ -149,17 +153,16 @@ static void queue_copy(struct xfer *x, struct xfer_job *job, struct xfer_job **f
 	push(fl_head, fl_tail, job);
 }
 
-/* Retires the oldest copy if done (or waits for it when `wait`).  Returns 1
- * when one was retired. */
-static int retire_one(struct xfer *x, struct xfer_job **fl_head, struct xfer_job **fl_tail,
-		      bool wait)
+/* Retires the oldest copy if its event has completed.  Returns 1 when one
+ * was retired. */
+static int retire_one(struct xfer *x, struct xfer_job **fl_head, struct xfer_job **fl_tail)
 {
 	struct xfer_job *job = *fl_head;
 	int rc;
 
 	if (!job)
 		return 0;
-	rc = wait ? gpu_event_sync(job->event) : gpu_event_query(job->event);
+	rc = gpu_event_query(job->event);
 	if (rc == -EAGAIN)
 		return 0;
 	*fl_head = job->next;
@@ -171,25 +174,56 @@ static int retire_one(struct xfer *x, struct xfer_job **fl_head, struct xfer_job
 			 strerror(-rc));
 		gpu_stream_sync(x->stream);
 	}
-	job->copy_ns = mono_ns() - job->queued_ns;
+	/* The stream runs copies in order: this one had the engine from when
+	 * it was queued or the one before it finished, whichever came last. */
+	{
+		uint64_t now = mono_ns();
+		uint64_t from =
+			job->queued_ns > x->last_retire_ns ? job->queued_ns : x->last_retire_ns;
+
+		job->copy_ns = now - from;
+		x->last_retire_ns = now;
+	}
 	put_event(x, job->event);
 	job->event = NULL;
 	finish(x, job);
 	return 1;
 }
 
+/* While copies are in flight the thread polls their events this often,
+ * waking at once for new jobs: blocking on an event instead would leave a
+ * copy that arrives meanwhile unqueued until the one before it finished,
+ * and the copy engine idle for the wake-up. */
+#define XFER_POLL_NS 20000
+
 static void *xfer_main(void *arg)
 {
 	struct xfer *x = arg;
 	struct xfer_job *fl_head = NULL, *fl_tail = NULL; /* copies in flight */
 
+	/* Timed waits of 20 us mean little with the default 50 us slack. */
+	prctl(PR_SET_TIMERSLACK, 1000UL);
 	for (;;) {
 		struct xfer_job *jobs;
-		bool more;
 
 		pthread_mutex_lock(&x->lock);
-		while (!x->pending_head && !fl_head && !x->stop)
+		while (!x->pending_head) {
+			if (fl_head) {
+				struct timespec ts;
+
+				clock_gettime(CLOCK_MONOTONIC, &ts);
+				ts.tv_nsec += XFER_POLL_NS;
+				if (ts.tv_nsec >= 1000000000L) {
+					ts.tv_sec++;
+					ts.tv_nsec -= 1000000000L;
+				}
+				pthread_cond_timedwait(&x->more, &x->lock, &ts);
+				break;
+			}
+			if (x->stop)
+				break;
 			pthread_cond_wait(&x->more, &x->lock);
+		}
 		if (!x->pending_head && !fl_head && x->stop) {
 			pthread_mutex_unlock(&x->lock);
 			break;
@@ -218,15 +252,8 @@ static void *xfer_main(void *arg)
 				break;
 			}
 		}
-		/* Retire what is done; block on the oldest only when no new
-		 * job is waiting to be queued behind it. */
-		while (retire_one(x, &fl_head, &fl_tail, false))
+		while (retire_one(x, &fl_head, &fl_tail))
 			;
-		pthread_mutex_lock(&x->lock);
-		more = x->pending_head != NULL;
-		pthread_mutex_unlock(&x->lock);
-		if (!more && fl_head)
-			retire_one(x, &fl_head, &fl_tail, true);
 	}
 	return NULL;
 }
@@ -282,7 +309,15 @@ int xfer_start(struct xfer **out, int dev, uv_loop_t *loop, xfer_done_fn done, v
 	}
 	x->async.data = x;
 	pthread_mutex_init(&x->lock, NULL);
-	pthread_cond_init(&x->more, NULL);
+	{
+		pthread_condattr_t ca;
+
+		/* Timed waits count on the monotonic clock. */
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&x->more, &ca);
+		pthread_condattr_destroy(&ca);
+	}
 	rc = pthread_create(&x->thread, NULL, xfer_main, x);
 	if (rc) {
 		snprintf(err, errlen, "cannot start the transfer thread of GPU %d: %s", dev,

@@ -10,8 +10,8 @@
  *   XFER_ALLOC  a device arena (gpu_arena_alloc), exported as asked;
  *   XFER_FREE   releases an arena (the job then only frees itself).
  * Copies are pipelined: the thread queues every copy it has, records an
- * event after each, and retires them oldest first, blocking on an event
- * only when it has nothing else to queue.  A copy's event is recorded after
+ * event after each, and retires them oldest first as their events complete
+ * (polled, never blocking: a new copy is queued the moment it arrives).  A copy's event is recorded after
  * the copy from its ring slot, so "done" means the ring slot may be
  * rewritten.
  *
