@@ -32,29 +32,47 @@ uint64_t order_splitmix64(uint64_t *state)
 
 uint64_t order_bounded(uint64_t *state, uint64_t m)
 {
-	/* (2^64 - m) mod m, computed in 64 bits: the draws below threshold are
-	 * the ones that would make r mod m favour small values, so they are
-	 * redrawn.  For m = 1 the threshold is 0 and one draw is consumed. */
-	uint64_t threshold = (0 - m) % m;
+	/* (2^64 - m) mod m: the draws below this threshold are the ones that
+	 * would make r mod m favour small values, so they are redrawn.  The
+	 * threshold is below m, so a draw >= m (all but about m in 2^64 of
+	 * them) passes without computing it.  For m = 1 the threshold is 0 and
+	 * one draw is consumed. */
 	uint64_t r;
 
-	do
+	for (;;) {
 		r = order_splitmix64(state);
-	while (r < threshold);
-	return r % m;
+		if (r >= m || r >= (0 - m) % m)
+			return r % m;
+	}
 }
+
+/* Swaps are this many draws ahead of their memory: the draws do not
+ * depend on the array, so the target of a later swap is prefetched while
+ * earlier ones run (a random access into a large array otherwise costs a
+ * cache miss per step). */
+#define SHUFFLE_AHEAD 64u
 
 void order_shuffle(uint64_t *perm, uint64_t n, uint64_t seed)
 {
 	uint64_t state = seed;
-	uint64_t i, j, t;
+	uint64_t ahead[SHUFFLE_AHEAD];
+	uint64_t i, j, t, next;
 
 	for (i = 0; i < n; i++)
 		perm[i] = i;
+	if (n < 2)
+		return;
 	/* i counts down to 1 (not 0): a swap of perm[0] with itself would
-	 * still consume a draw and change every later permutation. */
+	 * still consume a draw and change every later permutation.  Draw
+	 * number k (k = 0, 1, ...) belongs to i = n - k. */
+	next = n;
 	for (i = n; i > 1; i--) {
-		j = order_bounded(&state, i);
+		while (next > 1 && next + SHUFFLE_AHEAD > i) {
+			ahead[next % SHUFFLE_AHEAD] = order_bounded(&state, next);
+			__builtin_prefetch(&perm[ahead[next % SHUFFLE_AHEAD]], 1);
+			next--;
+		}
+		j = ahead[i % SHUFFLE_AHEAD];
 		t = perm[i - 1];
 		perm[i - 1] = perm[j];
 		perm[j] = t;
@@ -145,12 +163,6 @@ int order_build(const struct order_spec *spec, uint64_t space, uint64_t **picks,
 		rc = -ENOMEM;
 		goto out;
 	}
-	share = malloc((size_t)(nshare ? nshare : 1) * sizeof(*share));
-	if (!share) {
-		rc = -ENOMEM;
-		goto out;
-	}
-
 	if (spec->kind == ORDER_SHUFFLE) {
 		if (len > SIZE_MAX / sizeof(*list)) {
 			rc = -ENOMEM;
@@ -162,12 +174,26 @@ int order_build(const struct order_spec *spec, uint64_t space, uint64_t **picks,
 			goto out;
 		}
 		order_shuffle(list, len, spec->seed);
+		if (world == 1) {
+			/* One rank: the share is the whole list, as is. */
+			*picks = list;
+			*npicks = len;
+			return 0;
+		}
+	}
+	share = malloc((size_t)(nshare ? nshare : 1) * sizeof(*share));
+	if (!share) {
+		rc = -ENOMEM;
+		goto out;
 	}
 
 	/* Position p of the padded list holds list[p mod len]; rank r takes
 	 * positions r, r + world, r + 2 world, ... (all below nshare * world). */
 	for (k = 0; k < nshare; k++) {
-		uint64_t p = ((uint64_t)spec->rank + k * world) % len;
+		uint64_t p = (uint64_t)spec->rank + k * world;
+
+		if (p >= len) /* only the padding wraps: no division per pick */
+			p %= len;
 
 		if (spec->kind == ORDER_SEQ)
 			share[k] = p;
