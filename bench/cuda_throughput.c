@@ -67,8 +67,6 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <signal.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -124,59 +122,9 @@ int main(void)
 /* A pf_next that waits this long means the daemon is stuck, not slow. */
 #define NEXT_TIMEOUT_MS	 30000
 
-static volatile sig_atomic_t interrupted;
-
-static void on_signal(int sig)
-{
-	interrupted = sig;
-}
-
-static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-/* Prints the reason for giving up; returns -1 so callers can `return fail()`. */
-static int fail(const char *fmt, ...)
-{
-	va_list ap;
-
-	fprintf(stderr, "cuda_throughput: ");
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	return -1;
-}
-
 static int cuda_fail(const char *what, cudaError_t e)
 {
-	return fail("%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
-}
-
-/* At most one progress line a second on stderr, so the timed loop pays
- * for one fprintf a second and nothing else. */
-struct progress {
-	const char *what;
-	double last;
-};
-
-static void progress_start(struct progress *p, const char *what)
-{
-	p->what = what;
-	p->last = td_now();
-	fprintf(stderr, "cuda_throughput: %s ...\n", what);
-}
-
-static void progress(struct progress *p, uint64_t done, uint64_t total, const char *unit)
-{
-	double now = td_now();
-
-	if (now - p->last < 1.0)
-		return;
-	p->last = now;
-	if (total)
-		fprintf(stderr, "cuda_throughput: %s: %" PRIu64 "/%" PRIu64 " %s (%.0f%%)\n",
-			p->what, done, total, unit, 100.0 * (double)done / (double)total);
-	else
-		fprintf(stderr, "cuda_throughput: %s: %" PRIu64 " %s\n", p->what, done, unit);
+	return td_fail("%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
 static void usage(FILE *f)
@@ -190,19 +138,6 @@ static void usage(FILE *f)
 		DEFAULT_GIB, ROW_BYTES, DEFAULT_DEPTH);
 }
 
-static int parse_uint(const char *opt, const char *s, unsigned lo, unsigned hi, unsigned *out)
-{
-	char *end;
-	unsigned long v;
-
-	errno = 0;
-	v = strtoul(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi)
-		return fail("%s: expected an integer in %u..%u, got '%s'", opt, lo, hi, s);
-	*out = (unsigned)v;
-	return 0;
-}
-
 static int parse_gib(const char *s, double *out)
 {
 	char *end;
@@ -212,31 +147,9 @@ static int parse_gib(const char *s, double *out)
 	v = strtod(s, &end);
 	/* 1/8 GiB is 32 batches: enough for the warm-up to mean something. */
 	if (errno || end == s || *end || !(v >= 0.125 && v <= 1024))
-		return fail("--gib: expected a number in 0.125..1024, got '%s'", s);
+		return td_fail("--gib: expected a number in 0.125..1024, got '%s'", s);
 	*out = v;
 	return 0;
-}
-
-static void cpu_model(char *out, size_t len)
-{
-	FILE *f = fopen("/proc/cpuinfo", "r");
-	char line[512];
-
-	snprintf(out, len, "unknown");
-	if (!f)
-		return;
-	while (fgets(line, sizeof(line), f)) {
-		char *colon = strchr(line, ':');
-
-		if (strncmp(line, "model name", 10) != 0 || !colon)
-			continue;
-		colon++;
-		colon += strspn(colon, " \t");
-		colon[strcspn(colon, "\n")] = '\0';
-		snprintf(out, len, "%s", colon);
-		break;
-	}
-	fclose(f);
 }
 
 /*
@@ -255,8 +168,8 @@ static int gpu_init(void)
 
 	e = cudaGetDeviceCount(&count);
 	if (e != cudaSuccess || count == 0) {
-		fail("no usable GPU: cudaGetDeviceCount: %s (this bench needs cuda:0)",
-		     e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+		td_fail("no usable GPU: cudaGetDeviceCount: %s (this bench needs cuda:0)",
+			e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
 		return 2;
 	}
 	e = cudaSetDevice(0);
@@ -265,7 +178,7 @@ static int gpu_init(void)
 	if (e == cudaSuccess)
 		e = cudaGetDeviceProperties(&prop, 0);
 	if (e != cudaSuccess) {
-		fail("cuda:0 is not usable: %s", cudaGetErrorString(e));
+		td_fail("cuda:0 is not usable: %s", cudaGetErrorString(e));
 		return 2;
 	}
 	cudaDriverGetVersion(&drv);
@@ -277,157 +190,6 @@ static int gpu_init(void)
 	       count, prop.name, prop.major, prop.minor, bus, total_b / 1073741824.0,
 	       free_b / 1073741824.0, drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
 	return 0;
-}
-
-static int write_all(int fd, const void *buf, size_t len)
-{
-	const uint8_t *p = buf;
-
-	while (len) {
-		ssize_t n = write(fd, p, len);
-
-		if (n < 0 && errno == EINTR && !interrupted)
-			continue;
-		if (n <= 0)
-			return n < 0 ? -errno : -EIO;
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
-/*
- * The bytes td_write_npy would write, a word at a time (as in
- * host_throughput.c, which checked them identical with cmp).  The fsync
- * leaves no dirty pages whose writeback could land inside the timed epoch.
- */
-static int write_dataset(const char *path, uint64_t rows)
-{
-	const uint64_t shape[1] = {ROW_BYTES};
-	uint8_t hdr[256];
-	size_t hlen = npygen_header(hdr, sizeof(hdr), 1, "<u1", rows, shape, 1);
-	struct progress pg;
-	uint64_t *chunk = NULL;
-	int fd = -1, rc;
-
-	if (!hlen)
-		return fail("npygen_header: header does not fit");
-	chunk = malloc(BATCH_BYTES);
-	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (!chunk || fd < 0) {
-		rc = fail("%s: %s", path, strerror(chunk ? errno : ENOMEM));
-		goto out;
-	}
-	progress_start(&pg, "writing the dataset");
-	rc = write_all(fd, hdr, hlen);
-	for (uint64_t r0 = 0; r0 < rows && !rc && !interrupted; r0 += BATCH_ROWS) {
-		uint64_t n = rows - r0 < BATCH_ROWS ? rows - r0 : BATCH_ROWS;
-
-		for (uint64_t r = 0; r < n; r++) {
-			uint64_t key = npygen_row_key(DATA_SEED, r0 + r);
-			uint64_t *row = chunk + r * ROW_WORDS;
-
-			/* npygen's words are little-endian; so is every host this
-			 * daemon serves. */
-			for (uint64_t w = 0; w < ROW_WORDS; w++)
-				row[w] = npygen_word(key, w);
-		}
-		rc = write_all(fd, chunk, n * ROW_BYTES);
-		progress(&pg, r0 + n, rows, "rows");
-	}
-	if (rc)
-		rc = fail("%s: write: %s", path, strerror(-rc));
-	else if (interrupted)
-		rc = fail("interrupted");
-	else if (fsync(fd) != 0)
-		rc = fail("%s: fsync: %s", path, strerror(errno));
-out:
-	if (fd >= 0 && close(fd) != 0 && !rc)
-		rc = fail("%s: close: %s", path, strerror(errno));
-	free(chunk);
-	return rc;
-}
-
-/*
- * Reads the whole file once, which puts it in the page cache; the first
- * pin_bytes of rows land in the reference's pinned buffer, the rest pass
- * through `chunk`.  Rows 0, rows/2 and rows-1 are checked against the
- * formula on the way, so a writer bug cannot hide behind the bench's own
- * checks.  Then mincore says how much of the file is resident, so the
- * output can say the epoch was timed from memory rather than assume it.
- */
-static int warm_file(const char *path, uint64_t rows, uint8_t *pinned, uint64_t pin_bytes,
-		     uint8_t *chunk, double *resident)
-{
-	const uint64_t probe_rows[3] = {0, rows / 2, rows - 1};
-	struct stat st;
-	uint64_t data_off, bytes = rows * ROW_BYTES, done = 0, pages, in = 0;
-	long page = sysconf(_SC_PAGESIZE);
-	unsigned char *vec = NULL;
-	void *map = MAP_FAILED;
-	struct progress pg;
-	int fd, rc = 0;
-
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0 || fstat(fd, &st) != 0) {
-		rc = fail("%s: %s", path, strerror(errno));
-		goto out;
-	}
-	if ((uint64_t)st.st_size < bytes) {
-		rc = fail("%s: %lld bytes, expected at least %" PRIu64, path, (long long)st.st_size,
-			  bytes);
-		goto out;
-	}
-	data_off = (uint64_t)st.st_size - bytes;
-	progress_start(&pg, "reading the dataset into the page cache");
-	while (done < bytes && !interrupted) {
-		uint64_t want = bytes - done < BATCH_BYTES ? bytes - done : BATCH_BYTES;
-		uint8_t *dst = done < pin_bytes ? pinned + done : chunk;
-		ssize_t n;
-
-		/* pin_bytes is a multiple of BATCH_BYTES: a read never straddles. */
-		n = pread(fd, dst, want, (off_t)(data_off + done));
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n != (ssize_t)want) {
-			rc = fail("%s: read: %s", path, n < 0 ? strerror(errno) : "short read");
-			goto out;
-		}
-		for (int i = 0; i < 3; i++) {
-			uint64_t r = probe_rows[i];
-
-			if (r * ROW_BYTES < done || r * ROW_BYTES >= done + want)
-				continue;
-			if (!td_row_ok(dst + (r * ROW_BYTES - done), ROW_BYTES, DATA_SEED, r)) {
-				rc = fail("row %" PRIu64 " of %s does not hold npygen's bytes", r,
-					  path);
-				goto out;
-			}
-		}
-		done += want;
-		progress(&pg, done >> 20, bytes >> 20, "MiB");
-	}
-	if (interrupted) {
-		rc = fail("interrupted");
-		goto out;
-	}
-	pages = ((uint64_t)st.st_size + (uint64_t)page - 1) / (uint64_t)page;
-	map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-	vec = malloc(pages);
-	if (map == MAP_FAILED || !vec || mincore(map, (size_t)st.st_size, vec) != 0) {
-		rc = fail("%s: mincore: %s", path, strerror(vec ? errno : ENOMEM));
-		goto out;
-	}
-	for (uint64_t i = 0; i < pages; i++)
-		in += vec[i] & 1;
-	*resident = (double)in / (double)pages;
-out:
-	if (map != MAP_FAILED)
-		munmap(map, (size_t)st.st_size);
-	free(vec);
-	if (fd >= 0)
-		close(fd);
-	return rc;
 }
 
 /*
@@ -482,8 +244,8 @@ static int ref_h2d(const uint8_t *pinned, uint64_t pin_bytes, uint64_t bytes, do
 		}
 		if (pass >= 0 && (pass == 0 || dt < *best_s))
 			*best_s = dt;
-		if (interrupted) {
-			rc = fail("interrupted");
+		if (td_interrupted) {
+			rc = td_fail("interrupted");
 			goto out;
 		}
 	}
@@ -495,9 +257,9 @@ static int ref_h2d(const uint8_t *pinned, uint64_t pin_bytes, uint64_t bytes, do
 	}
 	want = npygen_word(npygen_row_key(DATA_SEED, last / ROW_BYTES), 0);
 	if (got != want)
-		rc = fail("reference: the last copy left %016" PRIx64 " on the device, expected "
-			  "%016" PRIx64 " (row %" PRIu64 ")",
-			  got, want, last / ROW_BYTES);
+		rc = td_fail("reference: the last copy left %016" PRIx64 " on the device, expected "
+			     "%016" PRIx64 " (row %" PRIu64 ")",
+			     got, want, last / ROW_BYTES);
 out:
 	for (unsigned i = 0; i < REF_SLOTS; i++)
 		if (slot[i])
@@ -522,7 +284,7 @@ static int ref_h2d_registered(const uint8_t *src, uint64_t pin_bytes, uint64_t b
 	int rc;
 
 	if (p == MAP_FAILED)
-		return fail("mmap %" PRIu64 " bytes: %s", pin_bytes, strerror(errno));
+		return td_fail("mmap %" PRIu64 " bytes: %s", pin_bytes, strerror(errno));
 	if (huge)
 		madvise(p, pin_bytes, MADV_HUGEPAGE);
 	memcpy(p, src, pin_bytes);
@@ -585,7 +347,7 @@ static int ref_gather(const char *path, uint64_t rows, unsigned threads, double 
 	int fd = open(path, O_RDONLY), rc = 0;
 
 	if (fd < 0 || fstat(fd, &st) < 0 || !args || !tids || !perm) {
-		rc = fail("gather reference: %s: %s", path, strerror(errno));
+		rc = td_fail("gather reference: %s: %s", path, strerror(errno));
 		goto out;
 	}
 	map_bytes = (uint64_t)st.st_size;
@@ -593,12 +355,12 @@ static int ref_gather(const char *path, uint64_t rows, unsigned threads, double 
 	g.file = mmap(NULL, map_bytes, PROT_READ, MAP_SHARED, fd, 0);
 	if (g.file == MAP_FAILED) {
 		g.file = NULL;
-		rc = fail("gather reference: mmap: %s", strerror(errno));
+		rc = td_fail("gather reference: mmap: %s", strerror(errno));
 		goto out;
 	}
 	g.bufs = malloc((uint64_t)threads * BATCH_BYTES);
 	if (!g.bufs) {
-		rc = fail("out of memory");
+		rc = td_fail("out of memory");
 		goto out;
 	}
 	memset(g.bufs, 0, (uint64_t)threads * BATCH_BYTES);
@@ -713,7 +475,7 @@ static int check_batch(struct bench *bn, const struct pf_batch *b)
 	uint32_t last = b->count - 1;
 
 	if (bn->npend == bn->cap)
-		return fail("check: more than %zu batches in one phase", bn->cap);
+		return td_fail("check: more than %zu batches in one phase", bn->cap);
 	pc = &bn->pend[bn->npend];
 	w = bn->spans + bn->npend * SPAN_WORDS;
 	memset(pc, 0, sizeof(*pc));
@@ -735,7 +497,7 @@ static int check_batch(struct bench *bn, const struct pf_batch *b)
 	if (b->seq % FULL_CHECK_EVERY == 0 && bn->nfull < bn->full_cap) {
 		pc->full_picks = malloc(b->count * sizeof(uint64_t));
 		if (!pc->full_picks)
-			return fail("out of memory");
+			return td_fail("out of memory");
 		pc->full = (int)bn->nfull++;
 		memcpy(pc->full_picks, b->picks, b->count * sizeof(uint64_t));
 		if (queue_copy_back(bn, bn->full + (uint64_t)pc->full * BATCH_BYTES, base,
@@ -753,9 +515,9 @@ static int word_ok(const struct bench *bn, const struct pending_check *pc, uint6
 
 	if (got == want)
 		return 0;
-	return fail("batch %" PRIu64 " (epoch %" PRIu64 "), %s (pick %" PRIu64 "), word %u: "
-		    "got %016" PRIx64 ", expected %016" PRIx64,
-		    pc->seq, pc->epoch, what, pick, w, got, want);
+	return td_fail("batch %" PRIu64 " (epoch %" PRIu64 "), %s (pick %" PRIu64 "), word %u: "
+		       "got %016" PRIx64 ", expected %016" PRIx64,
+		       pc->seq, pc->epoch, what, pick, w, got, want);
 }
 
 /* Waits for the queued check copies and verifies them all. */
@@ -804,8 +566,8 @@ static int start_epoch(struct bench *bn, uint64_t seed, uint64_t *expected)
 	int rc = pf_start_epoch(bn->c, &eo, expected);
 
 	if (rc)
-		return fail("pf_start_epoch (seed %" PRIu64 "): %s (%s)", seed, pf_errmsg(bn->c),
-			    strerror(-rc));
+		return td_fail("pf_start_epoch (seed %" PRIu64 "): %s (%s)", seed, pf_errmsg(bn->c),
+			       strerror(-rc));
 	return 0;
 }
 
@@ -823,14 +585,14 @@ static int run_phase(struct bench *bn, const struct phase_opts *o, struct phase_
 {
 	struct pf_stats s0 = {0}, s1;
 	struct pf_batch *b;
-	struct progress pg;
+	struct td_progress pg;
 	uint64_t in_epoch = 0, expected = 0;
 	bool open_epoch;
 	double t0;
 	int rc;
 
 	memset(res, 0, sizeof(*res));
-	progress_start(&pg, o->name);
+	td_progress_start(&pg, o->name);
 	t0 = td_now();
 	if (start_epoch(bn, o->seed, &expected))
 		return -1;
@@ -840,20 +602,20 @@ static int run_phase(struct bench *bn, const struct phase_opts *o, struct phase_
 	while (res->batches < o->limit) {
 		double tn, dt;
 
-		if (interrupted)
-			return fail("interrupted");
+		if (td_interrupted)
+			return td_fail("interrupted");
 		tn = td_now();
 		rc = pf_next(bn->c, NEXT_TIMEOUT_MS, &b);
 		dt = td_now() - tn;
 		if (rc)
-			return fail("%s: pf_next after %" PRIu64 " batches: %s (%s)", o->name,
-				    res->batches, pf_errmsg(bn->c), strerror(-rc));
+			return td_fail("%s: pf_next after %" PRIu64 " batches: %s (%s)", o->name,
+				       res->batches, pf_errmsg(bn->c), strerror(-rc));
 		if (!b) {
 			open_epoch = false;
 			if (in_epoch != expected)
-				return fail("%s: epoch ended after %" PRIu64 " batches; "
-					    "pf_start_epoch announced %" PRIu64,
-					    o->name, in_epoch, expected);
+				return td_fail("%s: epoch ended after %" PRIu64 " batches; "
+					       "pf_start_epoch announced %" PRIu64,
+					       o->name, in_epoch, expected);
 			if (!o->roll)
 				break;
 			if (start_epoch(bn, o->seed + res->epochs, &expected))
@@ -871,19 +633,21 @@ static int run_phase(struct bench *bn, const struct phase_opts *o, struct phase_
 			o->next_s[res->nnext++] = dt;
 		if (b->nfields != 1 || b->count == 0 || b->count > BATCH_ROWS || !b->on_device ||
 		    !b->data[0] || (res->epochs == 1 && res->rows + b->count > bn->rows)) {
-			rc = fail("%s: batch %" PRIu64 ": %u fields, %u rows, %s, data %p (after "
-				  "%" PRIu64 " rows)",
-				  o->name, b->seq, b->nfields, b->count,
-				  b->on_device ? "on device" : "NOT on device",
-				  b->nfields ? b->data[0] : NULL, res->rows);
+			rc = td_fail("%s: batch %" PRIu64
+				     ": %u fields, %u rows, %s, data %p (after "
+				     "%" PRIu64 " rows)",
+				     o->name, b->seq, b->nfields, b->count,
+				     b->on_device ? "on device" : "NOT on device",
+				     b->nfields ? b->data[0] : NULL, res->rows);
 			pf_release(bn->c, b, NULL);
 			return rc;
 		}
 		for (uint32_t k = 0; k < b->count; k++) {
 			if (b->picks[k] < bn->rows)
 				continue;
-			rc = fail("%s: batch %" PRIu64 ": pick %" PRIu64 " is not below %" PRIu64,
-				  o->name, b->seq, b->picks[k], bn->rows);
+			rc = td_fail("%s: batch %" PRIu64 ": pick %" PRIu64
+				     " is not below %" PRIu64,
+				     o->name, b->seq, b->picks[k], bn->rows);
 			pf_release(bn->c, b, NULL);
 			return rc;
 		}
@@ -902,12 +666,12 @@ static int run_phase(struct bench *bn, const struct phase_opts *o, struct phase_
 		/* Released behind the check copies queued on our stream. */
 		rc = pf_release(bn->c, b, (void *)bn->stream);
 		if (rc)
-			return fail("%s: pf_release: %s (%s)", o->name, pf_errmsg(bn->c),
-				    strerror(-rc));
+			return td_fail("%s: pf_release: %s (%s)", o->name, pf_errmsg(bn->c),
+				       strerror(-rc));
 		if (o->sleep_us)
 			usleep(o->sleep_us);
-		progress(&pg, res->batches, o->limit == UINT64_MAX ? expected : o->limit,
-			 "batches");
+		td_progress(&pg, res->batches, o->limit == UINT64_MAX ? expected : o->limit,
+			    "batches");
 	}
 	res->seconds = td_now() - t0;
 	if (o->check && verify_checks(bn))
@@ -915,8 +679,8 @@ static int run_phase(struct bench *bn, const struct phase_opts *o, struct phase_
 	if (open_epoch && in_epoch < expected) {
 		rc = pf_abandon(bn->c);
 		if (rc)
-			return fail("%s: pf_abandon: %s (%s)", o->name, pf_errmsg(bn->c),
-				    strerror(-rc));
+			return td_fail("%s: pf_abandon: %s (%s)", o->name, pf_errmsg(bn->c),
+				       strerror(-rc));
 	}
 	pf_stats(bn->c, &s1);
 	if (res->batches) {
@@ -924,23 +688,6 @@ static int run_phase(struct bench *bn, const struct phase_opts *o, struct phase_
 		res->busy_s = s1.busy_s - s0.busy_s;
 	}
 	return 0;
-}
-
-/* True when every row 0..rows-1 appears exactly once among picks. */
-static bool is_permutation(const uint64_t *picks, uint64_t n, uint64_t rows)
-{
-	uint8_t *seen = calloc((rows + 7) / 8, 1);
-	bool ok = seen && n == rows;
-
-	for (uint64_t i = 0; ok && i < n; i++) {
-		uint64_t r = picks[i];
-
-		ok = r < rows && !(seen[r / 8] & (1u << (r % 8)));
-		if (ok)
-			seen[r / 8] |= (uint8_t)(1u << (r % 8));
-	}
-	free(seen);
-	return ok;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -982,25 +729,6 @@ static void wait_for_probe(const char *sock, uint64_t session)
 	}
 }
 
-static void show_log(const struct tdaemon *t)
-{
-	char line[512];
-	FILE *f = fopen(t->log, "r");
-	long size;
-
-	if (!f)
-		return;
-	/* The last few KiB say why; a verbose log of a long run is mostly noise. */
-	fseek(f, 0, SEEK_END);
-	size = ftell(f);
-	fseek(f, size > 4096 ? size - 4096 : 0, SEEK_SET);
-	fprintf(stderr, "---- tail of %s ----\n", t->log);
-	while (fgets(line, sizeof(line), f))
-		fputs(line, stderr);
-	fprintf(stderr, "----\n");
-	fclose(f);
-}
-
 /* The daemon's own view of the session, printed just before pf_close. */
 static void print_status(const char *sock, uint64_t session)
 {
@@ -1037,19 +765,18 @@ int main(int argc, char **argv)
 	/* The consumer, the daemon's loop thread and its transfer thread each
 	 * want a CPU of their own; the readers get the rest. */
 	unsigned readers = online > 5 ? (unsigned)online - 3 : 2, depth = DEFAULT_DEPTH;
-	double gib = DEFAULT_GIB, t0, resident = 0, t_ref = 0, gbs, ref_gbs, batch_s;
+	double gib = DEFAULT_GIB, t_ref = 0, gbs, ref_gbs, batch_s;
 	double t_reg = 0, t_reg_huge = 0, t_gather = 0;
 	enum pf_ipc ipc = PF_IPC_FD;
 	struct tdaemon td = {0};
 	struct bench bn = {0};
-	struct sigaction sa = {.sa_handler = on_signal};
 	struct phase_result warm, ep, lat, stall;
 	struct pf_stats ps;
 	struct pf_field fi;
-	uint8_t *pinned = NULL, *chunk = NULL;
+	uint8_t *pinned = NULL;
 	uint64_t *picks = NULL, rows, bytes, pin_bytes, session_bytes;
 	double *next_s = NULL;
-	char model[256], data_path[400], extra[512], datasets[600], msg[256] = "";
+	char data_path[400], extra[512], datasets[600], msg[256] = "";
 	bool started = false; /* the daemon was launched: its log is worth showing */
 	int opt, rc = 1, st;
 	cudaError_t e;
@@ -1061,11 +788,11 @@ int main(int argc, char **argv)
 				return 2;
 			break;
 		case 'r':
-			if (parse_uint("--readers", optarg, 1, 256, &readers))
+			if (td_parse_uint("--readers", optarg, 1, 256, &readers))
 				return 2;
 			break;
 		case 'd':
-			if (parse_uint("--depth", optarg, 1, 4096, &depth))
+			if (td_parse_uint("--depth", optarg, 1, 4096, &depth))
 				return 2;
 			break;
 		case 'i':
@@ -1074,7 +801,7 @@ int main(int argc, char **argv)
 			} else if (strcmp(optarg, "legacy") == 0) {
 				ipc = PF_IPC_LEGACY;
 			} else {
-				fail("--ipc: expected fd or legacy, got '%s'", optarg);
+				td_fail("--ipc: expected fd or legacy, got '%s'", optarg);
 				return 2;
 			}
 			break;
@@ -1086,9 +813,7 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
-	signal(SIGPIPE, SIG_IGN);
+	td_catch_signals();
 
 	rows = (uint64_t)(gib * 1073741824.0) / ROW_BYTES;
 	bytes = rows * ROW_BYTES;
@@ -1102,8 +827,7 @@ int main(int argc, char **argv)
 	 * is never trimmed by session_bytes whatever a slot's padding. */
 	session_bytes = 2 * ((uint64_t)depth + 2) * BATCH_BYTES;
 
-	cpu_model(model, sizeof(model));
-	printf("machine: %ld online CPUs, %s\n", online, model);
+	td_print_machine(online);
 	st = gpu_init();
 	if (st)
 		return st;
@@ -1145,31 +869,20 @@ int main(int argc, char **argv)
 		cuda_fail("cudaHostAlloc (full checks)", e);
 		goto out;
 	}
-	chunk = malloc(BATCH_BYTES);
 	picks = malloc(rows * sizeof(*picks));
 	next_s = malloc((LATENCY_BATCHES + 1) * sizeof(*next_s));
-	if (!chunk || !picks || !next_s || !bn.pend) {
-		fail("out of memory");
+	if (!picks || !next_s || !bn.pend) {
+		td_fail("out of memory");
 		goto out;
 	}
 
-	st = td_init(&td, "bench");
-	if (st) {
-		fail("td_init: %s", strerror(-st));
-		td.dir[0] = '\0';
+	if (td_bench_dataset(&td,
+			     &(struct td_rows){.rows = rows,
+					       .row_bytes = ROW_BYTES,
+					       .seed = DATA_SEED,
+					       .progress = true},
+			     data_path, sizeof(data_path), pinned, pin_bytes))
 		goto out;
-	}
-	td_path(&td, "rows.npy", data_path, sizeof(data_path));
-	t0 = td_now();
-	if (write_dataset(data_path, rows))
-		goto out;
-	printf("wrote %s in %.2f s\n", data_path, td_now() - t0);
-	t0 = td_now();
-	if (warm_file(data_path, rows, pinned, pin_bytes, chunk, &resident))
-		goto out;
-	printf("page cache: read the whole file once before timing (%.2f s); mincore: %.1f%% "
-	       "resident\n",
-	       td_now() - t0, resident * 100);
 	fflush(stdout);
 
 	fprintf(stderr, "cuda_throughput: reference: pinned cudaMemcpyAsync ...\n");
@@ -1188,7 +901,7 @@ int main(int argc, char **argv)
 
 	st = pfcuda_open(0, &bn.dev, msg, sizeof(msg));
 	if (st) {
-		fail("pfcuda_open(0): %s (%s)", msg, strerror(-st));
+		td_fail("pfcuda_open(0): %s (%s)", msg, strerror(-st));
 		goto out;
 	}
 	bn.rows = rows;
@@ -1203,13 +916,13 @@ int main(int argc, char **argv)
 	started = true;
 	st = td_start(&td, extra, datasets);
 	if (st) {
-		fail("td_start: %s (prefetchd %s)", strerror(-st),
-		     st == -ECHILD ? "exited at start" : "did not answer within 10 s");
+		td_fail("td_start: %s (prefetchd %s)", strerror(-st),
+			st == -ECHILD ? "exited at start" : "did not answer within 10 s");
 		goto out;
 	}
 	st = pf_connect(td.sock, &bn.c);
 	if (st) {
-		fail("pf_connect %s: %s (%s)", td.sock, pf_errmsg(bn.c), strerror(-st));
+		td_fail("pf_connect %s: %s (%s)", td.sock, pf_errmsg(bn.c), strerror(-st));
 		goto out;
 	}
 	st = pf_open(bn.c, &(struct pf_open_opts){.dataset = "bench",
@@ -1219,14 +932,14 @@ int main(int argc, char **argv)
 						  .ipc = ipc,
 						  .name = "cuda_throughput"});
 	if (st) {
-		fail("pf_open cuda:0: %s (%s)", pf_errmsg(bn.c), strerror(-st));
+		td_fail("pf_open cuda:0: %s (%s)", pf_errmsg(bn.c), strerror(-st));
 		goto out;
 	}
 	if (pf_num_samples(bn.c) != rows || pf_num_fields(bn.c) != 1 ||
 	    pf_field_info(bn.c, 0, &fi) != 0 || fi.sample_bytes != ROW_BYTES) {
-		fail("daemon serves %" PRIu64 " samples in %u fields; wrote %" PRIu64
-		     " rows of %u B in 1",
-		     pf_num_samples(bn.c), pf_num_fields(bn.c), rows, ROW_BYTES);
+		td_fail("daemon serves %" PRIu64 " samples in %u fields; wrote %" PRIu64
+			" rows of %u B in 1",
+			pf_num_samples(bn.c), pf_num_fields(bn.c), rows, ROW_BYTES);
 		goto out;
 	}
 	pf_stats(bn.c, &ps);
@@ -1257,10 +970,10 @@ int main(int argc, char **argv)
 					   .picks = picks},
 		      &ep))
 		goto out;
-	if (ep.batches != ep.expected || !is_permutation(picks, ep.rows, rows)) {
-		fail("the epoch did not deliver every row exactly once (%" PRIu64 " rows in "
-		     "%" PRIu64 " of %" PRIu64 " batches)",
-		     ep.rows, ep.batches, ep.expected);
+	if (ep.batches != ep.expected || !td_is_permutation(picks, ep.rows, rows)) {
+		td_fail("the epoch did not deliver every row exactly once (%" PRIu64 " rows in "
+			"%" PRIu64 " of %" PRIu64 " batches)",
+			ep.rows, ep.batches, ep.expected);
 		goto out;
 	}
 
@@ -1275,7 +988,7 @@ int main(int argc, char **argv)
 		      &lat))
 		goto out;
 	if (lat.nnext == 0) {
-		fail("hand-off latency: no pf_next to time");
+		td_fail("hand-off latency: no pf_next to time");
 		goto out;
 	}
 	qsort(next_s, lat.nnext, sizeof(*next_s), cmp_double);
@@ -1294,7 +1007,7 @@ int main(int argc, char **argv)
 	bn.c = NULL;
 	st = td_stop(&td, 10000);
 	if (st != 0) {
-		fail("prefetchd did not exit cleanly on SIGTERM (status %d)", st);
+		td_fail("prefetchd did not exit cleanly on SIGTERM (status %d)", st);
 		goto out;
 	}
 
@@ -1334,13 +1047,7 @@ int main(int argc, char **argv)
 	rc = 0;
 out:
 	pf_close(bn.c);
-	if (td.pid > 0)
-		td_stop(&td, 5000);
-	/* Whatever went wrong after the daemon started, its log says its side. */
-	if (rc && started)
-		show_log(&td);
-	if (td.dir[0])
-		td_cleanup(&td);
+	td_bench_end(&td, rc && started);
 	pfcuda_close(bn.dev);
 	if (pinned)
 		cudaFreeHost(pinned);
@@ -1353,7 +1060,6 @@ out:
 	for (size_t i = 0; i < bn.npend; i++)
 		free(bn.pend[i].full_picks);
 	free(bn.pend);
-	free(chunk);
 	free(picks);
 	free(next_s);
 	return rc;

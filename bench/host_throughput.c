@@ -35,14 +35,11 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -65,29 +62,8 @@
 #define DEFAULT_MIB	1024u
 #define DEFAULT_DEPTH	8u
 
-static volatile sig_atomic_t interrupted;
 /* Keeps the reference copies observable so they cannot be optimised away. */
 static volatile uint8_t sink;
-
-static void on_signal(int sig)
-{
-	interrupted = sig;
-}
-
-static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-/* Prints the reason for giving up; returns -1 so callers can `return fail()`. */
-static int fail(const char *fmt, ...)
-{
-	va_list ap;
-
-	fprintf(stderr, "host_throughput: ");
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	return -1;
-}
 
 static void usage(FILE *f)
 {
@@ -100,175 +76,12 @@ static void usage(FILE *f)
 		DEFAULT_MIB, ROW_BYTES, DEFAULT_DEPTH);
 }
 
-static int parse_uint(const char *opt, const char *s, unsigned lo, unsigned hi, unsigned *out)
-{
-	char *end;
-	unsigned long v;
-
-	errno = 0;
-	v = strtoul(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi)
-		return fail("%s: expected an integer in %u..%u, got '%s'", opt, lo, hi, s);
-	*out = (unsigned)v;
-	return 0;
-}
-
-static void cpu_model(char *out, size_t len)
-{
-	FILE *f = fopen("/proc/cpuinfo", "r");
-	char line[512];
-
-	snprintf(out, len, "unknown");
-	if (!f)
-		return;
-	while (fgets(line, sizeof(line), f)) {
-		char *colon = strchr(line, ':');
-
-		if (strncmp(line, "model name", 10) != 0 || !colon)
-			continue;
-		colon++;
-		colon += strspn(colon, " \t");
-		colon[strcspn(colon, "\n")] = '\0';
-		snprintf(out, len, "%s", colon);
-		break;
-	}
-	fclose(f);
-}
-
-static int write_all(int fd, const void *buf, size_t len)
-{
-	const uint8_t *p = buf;
-
-	while (len) {
-		ssize_t n = write(fd, p, len);
-
-		if (n < 0 && errno == EINTR && !interrupted)
-			continue;
-		if (n <= 0)
-			return n < 0 ? -errno : -EIO;
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
 /*
- * The bytes td_write_npy would write (row r, byte p = npygen_byte(seed, r, p);
- * checked identical with cmp), produced a word at a time: td_write_npy
- * hashes once per byte, 2.4 s of CPU per GiB against 0.3 s here on the
- * CI-class machine (2 vCPU EPYC, 2026-12-01).  The fsync leaves no dirty
- * pages whose writeback could land inside the timed epoch.
- */
-static int write_dataset(const char *path, uint64_t rows)
-{
-	const uint64_t shape[1] = {ROW_BYTES};
-	uint8_t hdr[256];
-	size_t hlen = npygen_header(hdr, sizeof(hdr), 1, "<u1", rows, shape, 1);
-	uint64_t *chunk = NULL;
-	int fd = -1, rc;
-
-	if (!hlen)
-		return fail("npygen_header: header does not fit");
-	chunk = malloc(BATCH_BYTES);
-	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (!chunk || fd < 0) {
-		rc = fail("%s: %s", path, strerror(chunk ? errno : ENOMEM));
-		goto out;
-	}
-	rc = write_all(fd, hdr, hlen);
-	for (uint64_t r0 = 0; r0 < rows && !rc && !interrupted; r0 += BATCH_ROWS) {
-		uint64_t n = rows - r0 < BATCH_ROWS ? rows - r0 : BATCH_ROWS;
-
-		for (uint64_t r = 0; r < n; r++) {
-			uint64_t key = npygen_row_key(DATA_SEED, r0 + r);
-			uint64_t *row = chunk + r * (ROW_BYTES / 8);
-
-			/* npygen's words are little-endian; so is every host this
-			 * daemon serves (it refuses big-endian dtypes too). */
-			for (uint64_t w = 0; w < ROW_BYTES / 8; w++)
-				row[w] = npygen_word(key, w);
-		}
-		rc = write_all(fd, chunk, n * ROW_BYTES);
-	}
-	if (rc)
-		rc = fail("%s: write: %s", path, strerror(-rc));
-	else if (interrupted)
-		rc = fail("interrupted");
-	else if (fsync(fd) != 0)
-		rc = fail("%s: fsync: %s", path, strerror(errno));
-out:
-	if (fd >= 0 && close(fd) != 0 && !rc)
-		rc = fail("%s: close: %s", path, strerror(errno));
-	free(chunk);
-	return rc;
-}
-
-/*
- * Reads the whole file once into `copy` (rows only, header skipped): this is
- * what puts it in the page cache, and the copy feeds the references.  Then
- * asks mincore how much of the file is resident, so the output can say the
- * epoch was timed from memory rather than assume it.
- */
-static int warm_file(const char *path, uint64_t rows, uint8_t *copy, double *resident)
-{
-	struct stat st;
-	uint64_t data_off, bytes = rows * ROW_BYTES, done = 0, pages, in = 0;
-	long page = sysconf(_SC_PAGESIZE);
-	unsigned char *vec = NULL;
-	void *map = MAP_FAILED;
-	int fd, rc = 0;
-
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0 || fstat(fd, &st) != 0) {
-		rc = fail("%s: %s", path, strerror(errno));
-		goto out;
-	}
-	if ((uint64_t)st.st_size < bytes) {
-		rc = fail("%s: %lld bytes, expected at least %" PRIu64, path, (long long)st.st_size,
-			  bytes);
-		goto out;
-	}
-	data_off = (uint64_t)st.st_size - bytes;
-	while (done < bytes && !interrupted) {
-		size_t want = bytes - done < BATCH_BYTES ? bytes - done : BATCH_BYTES;
-		ssize_t n = pread(fd, copy + done, want, (off_t)(data_off + done));
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			rc = fail("%s: read: %s", path, n < 0 ? strerror(errno) : "short file");
-			goto out;
-		}
-		done += (uint64_t)n;
-	}
-	if (interrupted) {
-		rc = fail("interrupted");
-		goto out;
-	}
-	pages = ((uint64_t)st.st_size + (uint64_t)page - 1) / (uint64_t)page;
-	map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-	vec = malloc(pages);
-	if (map == MAP_FAILED || !vec || mincore(map, (size_t)st.st_size, vec) != 0) {
-		rc = fail("%s: mincore: %s", path, strerror(vec ? errno : ENOMEM));
-		goto out;
-	}
-	for (uint64_t i = 0; i < pages; i++)
-		in += vec[i] & 1;
-	*resident = (double)in / (double)pages;
-out:
-	if (map != MAP_FAILED)
-		munmap(map, (size_t)st.st_size);
-	free(vec);
-	if (fd >= 0)
-		close(fd);
-	return rc;
-}
-
-/*
- * Starts prefetchd like td_start does, but with our own [daemon] section:
- * td_start always writes `readers = 2`, and the config refuses a key set
- * twice, so a bench that chooses its reader count has to write the file.
- * Leaves t->pid set (td_stop / td_cleanup stop it) or 0 when it never ran.
+ * Starts prefetchd like td_start does, but for a run by hand: the child
+ * ignores SIGINT, so Ctrl-C reaches only the bench, which stops the daemon
+ * through its cleanup; the wait gives up on td_interrupted; a missing
+ * binary or an early exit is said on stderr.  Leaves t->pid set (td_stop /
+ * td_cleanup stop it) or 0 when it never ran.
  */
 static int start_daemon(struct tdaemon *t, unsigned readers, const char *read,
 			uint64_t session_bytes, unsigned max_depth, const char *data_path)
@@ -279,20 +92,20 @@ static int start_daemon(struct tdaemon *t, unsigned readers, const char *read,
 	int status;
 
 	if (!f)
-		return fail("%s: %s", t->conf, strerror(errno));
+		return td_fail("%s: %s", t->conf, strerror(errno));
 	fprintf(f,
 		"[daemon]\nsocket = %s\nreaders = %u\nread = %s\nsession_bytes = %" PRIu64 "\n"
 		"max_depth = %u\n\n[dataset.bench]\nformat = npy\nfield.rows = %s\n",
 		t->sock, readers, read, session_bytes, max_depth, data_path);
 	if (fclose(f) != 0)
-		return fail("%s: %s", t->conf, strerror(errno));
+		return td_fail("%s: %s", t->conf, strerror(errno));
 	if (access(bin, X_OK) != 0)
-		return fail("%s: %s (run from the repository root, or set PREFETCHD_BIN)", bin,
-			    strerror(errno));
+		return td_fail("%s: %s (run from the repository root, or set PREFETCHD_BIN)", bin,
+			       strerror(errno));
 	t->pid = fork();
 	if (t->pid < 0) {
 		t->pid = 0;
-		return fail("fork: %s", strerror(errno));
+		return td_fail("fork: %s", strerror(errno));
 	}
 	if (t->pid == 0) {
 		int fd = open(t->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
@@ -308,13 +121,13 @@ static int start_daemon(struct tdaemon *t, unsigned readers, const char *read,
 		_exit(127);
 	}
 	deadline = td_now() + 10;
-	while (td_now() < deadline && !interrupted) {
+	while (td_now() < deadline && !td_interrupted) {
 		struct pf_client *c = NULL;
 
 		if (waitpid(t->pid, &status, WNOHANG) == t->pid) {
 			t->pid = 0;
-			return fail("prefetchd exited at start (status %d)",
-				    WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+			return td_fail("prefetchd exited at start (status %d)",
+				       WIFEXITED(status) ? WEXITSTATUS(status) : -1);
 		}
 		if (pf_connect(t->sock, &c) == 0) {
 			pf_close(c);
@@ -323,26 +136,7 @@ static int start_daemon(struct tdaemon *t, unsigned readers, const char *read,
 		pf_close(c);
 		usleep(10000);
 	}
-	return fail(interrupted ? "interrupted" : "prefetchd did not answer within 10 s");
-}
-
-static void show_log(const struct tdaemon *t)
-{
-	char line[512];
-	FILE *f = fopen(t->log, "r");
-	long size;
-
-	if (!f)
-		return;
-	/* The last few KiB say why; a verbose log of a long run is mostly noise. */
-	fseek(f, 0, SEEK_END);
-	size = ftell(f);
-	fseek(f, size > 4096 ? size - 4096 : 0, SEEK_SET);
-	fprintf(stderr, "---- tail of %s ----\n", t->log);
-	while (fgets(line, sizeof(line), f))
-		fputs(line, stderr);
-	fprintf(stderr, "----\n");
-	fclose(f);
+	return td_fail(td_interrupted ? "interrupted" : "prefetchd did not answer within 10 s");
 }
 
 struct epoch_result {
@@ -373,22 +167,23 @@ static int run_epoch(struct pf_client *c, uint64_t seed, uint64_t limit, uint64_
 	t0 = td_now();
 	rc = pf_start_epoch(c, &eo, &expected);
 	if (rc)
-		return fail("pf_start_epoch: %s (%s)", pf_errmsg(c), strerror(-rc));
+		return td_fail("pf_start_epoch: %s (%s)", pf_errmsg(c), strerror(-rc));
 	while (res->batches < limit) {
 		const uint8_t *base;
 
-		if (interrupted)
-			return fail("interrupted");
+		if (td_interrupted)
+			return td_fail("interrupted");
 		rc = pf_next(c, NEXT_TIMEOUT_MS, &b);
 		if (rc)
-			return fail("pf_next after %" PRIu64 " batches: %s (%s)", res->batches,
-				    pf_errmsg(c), strerror(-rc));
+			return td_fail("pf_next after %" PRIu64 " batches: %s (%s)", res->batches,
+				       pf_errmsg(c), strerror(-rc));
 		if (!b)
 			break;
 		if (b->nfields != 1 || b->count == 0 || b->count > BATCH_ROWS ||
 		    res->rows + b->count > rows) {
-			rc = fail("batch %" PRIu64 ": %u fields, %u rows (after %" PRIu64 " rows)",
-				  b->seq, b->nfields, b->count, res->rows);
+			rc = td_fail("batch %" PRIu64 ": %u fields, %u rows (after %" PRIu64
+				     " rows)",
+				     b->seq, b->nfields, b->count, res->rows);
 			pf_release(c, b, NULL);
 			return rc;
 		}
@@ -409,40 +204,23 @@ static int run_epoch(struct pf_client *c, uint64_t seed, uint64_t limit, uint64_
 		res->batches++;
 		rc = pf_release(c, b, NULL);
 		if (rc)
-			return fail("pf_release: %s (%s)", pf_errmsg(c), strerror(-rc));
+			return td_fail("pf_release: %s (%s)", pf_errmsg(c), strerror(-rc));
 	}
 	res->seconds = td_now() - t0;
 	if (res->batches < limit) {
 		if (res->batches != expected)
-			return fail("epoch ended after %" PRIu64 " batches; pf_start_epoch "
-				    "announced %" PRIu64,
-				    res->batches, expected);
+			return td_fail("epoch ended after %" PRIu64 " batches; pf_start_epoch "
+				       "announced %" PRIu64,
+				       res->batches, expected);
 	} else if (res->batches < expected) {
 		rc = pf_abandon(c);
 		if (rc)
-			return fail("pf_abandon: %s (%s)", pf_errmsg(c), strerror(-rc));
+			return td_fail("pf_abandon: %s (%s)", pf_errmsg(c), strerror(-rc));
 	}
 	pf_stats(c, &s1);
 	res->wait_s = s1.wait_s - s0.wait_s;
 	res->busy_s = s1.busy_s - s0.busy_s;
 	return 0;
-}
-
-/* True when every row 0..rows-1 appears exactly once among picks. */
-static bool is_permutation(const uint64_t *picks, uint64_t n, uint64_t rows)
-{
-	uint8_t *seen = calloc((rows + 7) / 8, 1);
-	bool ok = seen && n == rows;
-
-	for (uint64_t i = 0; ok && i < n; i++) {
-		uint64_t r = picks[i];
-
-		ok = r < rows && !(seen[r / 8] & (1u << (r % 8)));
-		if (ok)
-			seen[r / 8] |= (uint8_t)(1u << (r % 8));
-	}
-	free(seen);
-	return ok;
 }
 
 /* Best of REF_PASSES: copies `bytes` from src in 4 MiB chunks into the ring. */
@@ -513,31 +291,30 @@ int main(int argc, char **argv)
 	struct tdaemon td = {0};
 	struct pf_client *c = NULL;
 	struct epoch_result warm, ep;
-	struct sigaction sa = {.sa_handler = on_signal};
 	uint8_t *copy = NULL, *ring = NULL;
 	uint64_t *picks = NULL, rows, bytes;
-	char model[256], data_path[400];
-	double t0, resident = 0, t_memcpy, t_gather, gbs, memcpy_gbs, gather_gbs;
+	char data_path[400];
+	double t_memcpy, t_gather, gbs, memcpy_gbs, gather_gbs;
 	bool started = false; /* the daemon was launched: its log is worth showing */
 	int opt, rc = 1, st;
 
 	while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (opt) {
 		case 'm':
-			if (parse_uint("--mib", optarg, 4, 1u << 20, &mib))
+			if (td_parse_uint("--mib", optarg, 4, 1u << 20, &mib))
 				return 2;
 			break;
 		case 'r':
-			if (parse_uint("--readers", optarg, 1, 256, &readers))
+			if (td_parse_uint("--readers", optarg, 1, 256, &readers))
 				return 2;
 			break;
 		case 'd':
-			if (parse_uint("--depth", optarg, 1, 4096, &depth))
+			if (td_parse_uint("--depth", optarg, 1, 4096, &depth))
 				return 2;
 			break;
 		case 'R':
 			if (strcmp(optarg, "mmap") != 0 && strcmp(optarg, "pread") != 0) {
-				fail("--read: expected mmap or pread, got '%s'", optarg);
+				td_fail("--read: expected mmap or pread, got '%s'", optarg);
 				return 2;
 			}
 			read_method = optarg;
@@ -550,17 +327,14 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
-	signal(SIGPIPE, SIG_IGN);
+	td_catch_signals();
 
 	rows = (uint64_t)mib * (1u << 20) / ROW_BYTES;
 	bytes = rows * ROW_BYTES;
 	/* The session's slots: max_depth in flight plus what the consumer may
 	 * hold (sess.h's SESS_HOLD_SLOTS = 2).  The reference ring has as many. */
 	nslots = depth + 2;
-	cpu_model(model, sizeof(model));
-	printf("machine: %ld online CPUs, %s\n", online, model);
+	td_print_machine(online);
 	printf("dataset: %" PRIu64 " rows x %u B = %u MiB, one '<u1' field; batch %u rows "
 	       "(%.0f MiB); readers %u (read = %s), max_depth %u\n",
 	       rows, ROW_BYTES, mib, BATCH_ROWS, BATCH_BYTES / 1048576.0, readers, read_method,
@@ -571,41 +345,17 @@ int main(int argc, char **argv)
 	ring = malloc((uint64_t)nslots * BATCH_BYTES);
 	picks = malloc(rows * sizeof(*picks));
 	if (!copy || !ring || !picks) {
-		fail("cannot allocate %.0f MiB for the in-memory copy and references",
-		     (bytes + nslots * BATCH_BYTES + rows * 8) / 1048576.0);
+		td_fail("cannot allocate %.0f MiB for the in-memory copy and references",
+			(bytes + nslots * BATCH_BYTES + rows * 8) / 1048576.0);
 		goto out;
 	}
 	/* Faulted in now so that no reference pays for its first touch. */
 	memset(ring, 0, (uint64_t)nslots * BATCH_BYTES);
 
-	st = td_init(&td, "bench");
-	if (st) {
-		fail("td_init: %s", strerror(-st));
-		td.dir[0] = '\0';
+	if (td_bench_dataset(
+		    &td, &(struct td_rows){.rows = rows, .row_bytes = ROW_BYTES, .seed = DATA_SEED},
+		    data_path, sizeof(data_path), copy, bytes))
 		goto out;
-	}
-	td_path(&td, "rows.npy", data_path, sizeof(data_path));
-	t0 = td_now();
-	if (write_dataset(data_path, rows))
-		goto out;
-	printf("wrote %s in %.2f s\n", data_path, td_now() - t0);
-	t0 = td_now();
-	if (warm_file(data_path, rows, copy, &resident))
-		goto out;
-	printf("page cache: read the whole file once before timing (%.2f s); mincore: %.1f%% "
-	       "resident\n",
-	       td_now() - t0, resident * 100);
-	/* The copy is checked against the formula at both ends and the middle,
-	 * so a writer bug cannot hide behind the bench's own check. */
-	for (uint64_t r = 0; r<rows; r += rows / 2> 0 ? rows / 2 : 1)
-		if (!td_row_ok(copy + r * ROW_BYTES, ROW_BYTES, DATA_SEED, r)) {
-			fail("row %" PRIu64 " of %s does not hold npygen's bytes", r, data_path);
-			goto out;
-		}
-	if (!td_row_ok(copy + (rows - 1) * ROW_BYTES, ROW_BYTES, DATA_SEED, rows - 1)) {
-		fail("last row of %s does not hold npygen's bytes", data_path);
-		goto out;
-	}
 
 	/* Twice the slots it needs, so a session of this depth is never
 	 * trimmed by session_bytes. */
@@ -615,7 +365,7 @@ int main(int argc, char **argv)
 		goto out;
 	st = pf_connect(td.sock, &c);
 	if (st) {
-		fail("pf_connect %s: %s (%s)", td.sock, pf_errmsg(c), strerror(-st));
+		td_fail("pf_connect %s: %s (%s)", td.sock, pf_errmsg(c), strerror(-st));
 		goto out;
 	}
 	st = pf_open(c, &(struct pf_open_opts){.dataset = "bench",
@@ -623,12 +373,12 @@ int main(int argc, char **argv)
 					       .max_depth = depth,
 					       .name = "host_throughput"});
 	if (st) {
-		fail("pf_open: %s (%s)", pf_errmsg(c), strerror(-st));
+		td_fail("pf_open: %s (%s)", pf_errmsg(c), strerror(-st));
 		goto out;
 	}
 	if (pf_num_samples(c) != rows || pf_num_fields(c) != 1) {
-		fail("daemon serves %" PRIu64 " samples in %u fields; wrote %" PRIu64 " in 1",
-		     pf_num_samples(c), pf_num_fields(c), rows);
+		td_fail("daemon serves %" PRIu64 " samples in %u fields; wrote %" PRIu64 " in 1",
+			pf_num_samples(c), pf_num_fields(c), rows);
 		goto out;
 	}
 
@@ -636,28 +386,28 @@ int main(int argc, char **argv)
 	if (run_epoch(c, WARMUP_SEED, WARMUP_BATCHES, rows, NULL, &warm))
 		goto out;
 	if (warm.mismatches) {
-		fail("warm-up: %" PRIu64 " rows had wrong bytes (first: pick %" PRIu64 ")",
-		     warm.mismatches, warm.first_bad_pick);
+		td_fail("warm-up: %" PRIu64 " rows had wrong bytes (first: pick %" PRIu64 ")",
+			warm.mismatches, warm.first_bad_pick);
 		goto out;
 	}
 	if (run_epoch(c, SHUFFLE_SEED, UINT64_MAX, rows, picks, &ep))
 		goto out;
 	if (ep.mismatches) {
-		fail("%" PRIu64 " of %" PRIu64 " delivered rows had wrong bytes (first: pick "
-		     "%" PRIu64 ")",
-		     ep.mismatches, ep.rows, ep.first_bad_pick);
+		td_fail("%" PRIu64 " of %" PRIu64 " delivered rows had wrong bytes (first: pick "
+			"%" PRIu64 ")",
+			ep.mismatches, ep.rows, ep.first_bad_pick);
 		goto out;
 	}
-	if (!is_permutation(picks, ep.rows, rows)) {
-		fail("the epoch did not deliver every row exactly once (%" PRIu64 " rows taken)",
-		     ep.rows);
+	if (!td_is_permutation(picks, ep.rows, rows)) {
+		td_fail("the epoch did not deliver every row exactly once (%" PRIu64 " rows taken)",
+			ep.rows);
 		goto out;
 	}
 	pf_close(c);
 	c = NULL;
 	st = td_stop(&td, 10000);
 	if (st != 0) {
-		fail("prefetchd did not exit cleanly on SIGTERM (status %d)", st);
+		td_fail("prefetchd did not exit cleanly on SIGTERM (status %d)", st);
 		goto out;
 	}
 
@@ -684,13 +434,7 @@ int main(int argc, char **argv)
 	rc = 0;
 out:
 	pf_close(c);
-	if (td.pid > 0)
-		td_stop(&td, 5000);
-	/* Whatever went wrong after the daemon started, its log says its side. */
-	if (rc && started)
-		show_log(&td);
-	if (td.dir[0])
-		td_cleanup(&td);
+	td_bench_end(&td, rc && started);
 	free(copy);
 	free(ring);
 	free(picks);

@@ -1,15 +1,22 @@
 /*
- * testutil.c — a real daemon on a temporary socket, known .npy bytes, and
- * status over the real protocol (see testutil.h).
+ * testutil.c — a real daemon on a temporary socket, known .npy bytes,
+ * status over the real protocol, and the benches' plumbing (see
+ * testutil.h).
+ *
+ * DESIGN: called from one thread, the test's or the bench's; no locks.
+ * td_interrupted is the one value written elsewhere, by the signal handler.
  */
 #include "testutil.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -32,8 +39,12 @@ int td_init(struct tdaemon *t, const char *tag)
 {
 	memset(t, 0, sizeof(*t));
 	snprintf(t->dir, sizeof(t->dir), "/tmp/pf-%s-XXXXXX", tag);
-	if (!mkdtemp(t->dir))
-		return -errno;
+	if (!mkdtemp(t->dir)) {
+		int rc = -errno;
+
+		t->dir[0] = '\0';
+		return rc;
+	}
 	snprintf(t->sock, sizeof(t->sock), "%s/prefetchd.sock", t->dir);
 	snprintf(t->conf, sizeof(t->conf), "%s/prefetchd.conf", t->dir);
 	snprintf(t->log, sizeof(t->log), "%s/daemon.log", t->dir);
@@ -202,4 +213,329 @@ Pf__SessionStatus *td_session(Pf__Envelope *status, uint64_t session)
 		if (r->sessions[i]->session == session)
 			return r->sessions[i];
 	return NULL;
+}
+
+volatile sig_atomic_t td_interrupted;
+
+static void on_signal(int sig)
+{
+	td_interrupted = sig;
+}
+
+void td_catch_signals(void)
+{
+	struct sigaction sa = {.sa_handler = on_signal};
+
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+}
+
+int td_fail(const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "%s: ", program_invocation_short_name);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	return -1;
+}
+
+int td_parse_uint(const char *opt, const char *s, unsigned lo, unsigned hi, unsigned *out)
+{
+	char *end;
+	unsigned long v;
+
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (errno || end == s || *end || v < lo || v > hi)
+		return td_fail("%s: expected an integer in %u..%u, got '%s'", opt, lo, hi, s);
+	*out = (unsigned)v;
+	return 0;
+}
+
+void td_print_machine(long online)
+{
+	FILE *f = fopen("/proc/cpuinfo", "r");
+	char line[512], model[256] = "unknown";
+
+	while (f && fgets(line, sizeof(line), f)) {
+		char *colon = strchr(line, ':');
+
+		if (strncmp(line, "model name", 10) != 0 || !colon)
+			continue;
+		colon++;
+		colon += strspn(colon, " \t");
+		colon[strcspn(colon, "\n")] = '\0';
+		snprintf(model, sizeof(model), "%s", colon);
+		break;
+	}
+	if (f)
+		fclose(f);
+	printf("machine: %ld online CPUs, %s\n", online, model);
+}
+
+void td_progress_start(struct td_progress *p, const char *what)
+{
+	p->what = what;
+	p->last = td_now();
+	if (what)
+		fprintf(stderr, "%s: %s ...\n", program_invocation_short_name, what);
+}
+
+void td_progress(struct td_progress *p, uint64_t done, uint64_t total, const char *unit)
+{
+	double now;
+
+	if (!p->what)
+		return;
+	now = td_now();
+	if (now - p->last < 1.0)
+		return;
+	p->last = now;
+	if (total)
+		fprintf(stderr, "%s: %s: %" PRIu64 "/%" PRIu64 " %s (%.0f%%)\n",
+			program_invocation_short_name, p->what, done, total, unit,
+			100.0 * (double)done / (double)total);
+	else
+		fprintf(stderr, "%s: %s: %" PRIu64 " %s\n", program_invocation_short_name, p->what,
+			done, unit);
+}
+
+/* The bench datasets' unit of writing and reading: a batch of 4 KiB rows. */
+#define CHUNK_BYTES (4u << 20)
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+	const uint8_t *p = buf;
+
+	while (len) {
+		ssize_t n = write(fd, p, len);
+
+		if (n < 0 && errno == EINTR && !td_interrupted)
+			continue;
+		if (n <= 0)
+			return n < 0 ? -errno : -EIO;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+/*
+ * The bytes td_write_npy would write (row r, byte p = npygen_byte(seed, r, p);
+ * checked identical with cmp), produced a word at a time: td_write_npy
+ * hashes once per byte, 2.4 s of CPU per GiB against 0.3 s here on the
+ * CI-class machine (2 vCPU EPYC, 2026-12-01).  The fsync leaves no dirty
+ * pages whose writeback could land inside a timed phase.
+ */
+static int write_rows(const char *path, const struct td_rows *d)
+{
+	const uint64_t shape[1] = {d->row_bytes};
+	const uint64_t chunk_rows = CHUNK_BYTES / d->row_bytes, row_words = d->row_bytes / 8;
+	uint8_t hdr[256];
+	size_t hlen = npygen_header(hdr, sizeof(hdr), 1, "<u1", d->rows, shape, 1);
+	struct td_progress pg;
+	uint64_t *chunk = NULL;
+	int fd = -1, rc;
+
+	if (!hlen)
+		return td_fail("npygen_header: header does not fit");
+	chunk = malloc(CHUNK_BYTES);
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (!chunk || fd < 0) {
+		rc = td_fail("%s: %s", path, strerror(chunk ? errno : ENOMEM));
+		goto out;
+	}
+	td_progress_start(&pg, d->progress ? "writing the dataset" : NULL);
+	rc = write_all(fd, hdr, hlen);
+	for (uint64_t r0 = 0; r0 < d->rows && !rc && !td_interrupted; r0 += chunk_rows) {
+		uint64_t n = d->rows - r0 < chunk_rows ? d->rows - r0 : chunk_rows;
+
+		for (uint64_t r = 0; r < n; r++) {
+			uint64_t key = npygen_row_key(d->seed, r0 + r);
+			uint64_t *row = chunk + r * row_words;
+
+			/* npygen's words are little-endian; so is every host this
+			 * daemon serves (it refuses big-endian dtypes too). */
+			for (uint64_t w = 0; w < row_words; w++)
+				row[w] = npygen_word(key, w);
+		}
+		rc = write_all(fd, chunk, n * d->row_bytes);
+		td_progress(&pg, r0 + n, d->rows, "rows");
+	}
+	if (rc)
+		rc = td_fail("%s: write: %s", path, strerror(-rc));
+	else if (td_interrupted)
+		rc = td_fail("interrupted");
+	else if (fsync(fd) != 0)
+		rc = td_fail("%s: fsync: %s", path, strerror(errno));
+out:
+	if (fd >= 0 && close(fd) != 0 && !rc)
+		rc = td_fail("%s: close: %s", path, strerror(errno));
+	free(chunk);
+	return rc;
+}
+
+/*
+ * Reads the whole file once (see td_bench_dataset): the first copy_bytes
+ * of rows land in copy, the rest pass through a chunk of our own.  Then
+ * mincore says how much of the file is resident, so the output can say a
+ * phase was timed from memory rather than assume it.
+ */
+static int warm_rows(const char *path, const struct td_rows *d, uint8_t *copy, uint64_t copy_bytes,
+		     double *resident)
+{
+	const uint64_t probe_rows[3] = {0, d->rows / 2, d->rows - 1};
+	const uint64_t row_bytes = d->row_bytes, bytes = d->rows * row_bytes;
+	struct stat st;
+	uint64_t data_off, done = 0, pages, in = 0;
+	long page = sysconf(_SC_PAGESIZE);
+	unsigned char *vec = NULL;
+	uint8_t *chunk = NULL;
+	void *map = MAP_FAILED;
+	struct td_progress pg;
+	int fd, rc = 0;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0 || fstat(fd, &st) != 0) {
+		rc = td_fail("%s: %s", path, strerror(errno));
+		goto out;
+	}
+	if ((uint64_t)st.st_size < bytes) {
+		rc = td_fail("%s: %lld bytes, expected at least %" PRIu64, path,
+			     (long long)st.st_size, bytes);
+		goto out;
+	}
+	if (copy_bytes < bytes && !(chunk = malloc(CHUNK_BYTES))) {
+		rc = td_fail("out of memory");
+		goto out;
+	}
+	data_off = (uint64_t)st.st_size - bytes;
+	td_progress_start(&pg, d->progress ? "reading the dataset into the page cache" : NULL);
+	while (done < bytes && !td_interrupted) {
+		uint64_t want = bytes - done < CHUNK_BYTES ? bytes - done : CHUNK_BYTES;
+		uint8_t *dst = done < copy_bytes ? copy + done : chunk;
+		ssize_t n;
+
+		/* copy_bytes is a multiple of CHUNK_BYTES or all of it, and
+		 * CHUNK_BYTES of whole rows: a read never straddles the two, nor
+		 * a row two reads. */
+		n = pread(fd, dst, want, (off_t)(data_off + done));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n != (ssize_t)want) {
+			rc = td_fail("%s: read: %s", path, n < 0 ? strerror(errno) : "short read");
+			goto out;
+		}
+		for (int i = 0; i < 3; i++) {
+			uint64_t r = probe_rows[i];
+
+			if (r * row_bytes < done || r * row_bytes >= done + want)
+				continue;
+			if (!td_row_ok(dst + (r * row_bytes - done), row_bytes, d->seed, r)) {
+				rc = td_fail("row %" PRIu64 " of %s does not hold npygen's bytes",
+					     r, path);
+				goto out;
+			}
+		}
+		done += want;
+		td_progress(&pg, done >> 20, bytes >> 20, "MiB");
+	}
+	if (td_interrupted) {
+		rc = td_fail("interrupted");
+		goto out;
+	}
+	pages = ((uint64_t)st.st_size + (uint64_t)page - 1) / (uint64_t)page;
+	map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	vec = malloc(pages);
+	if (map == MAP_FAILED || !vec || mincore(map, (size_t)st.st_size, vec) != 0) {
+		rc = td_fail("%s: mincore: %s", path, strerror(vec ? errno : ENOMEM));
+		goto out;
+	}
+	for (uint64_t i = 0; i < pages; i++)
+		in += vec[i] & 1;
+	*resident = (double)in / (double)pages;
+out:
+	if (map != MAP_FAILED)
+		munmap(map, (size_t)st.st_size);
+	free(vec);
+	free(chunk);
+	if (fd >= 0)
+		close(fd);
+	return rc;
+}
+
+int td_bench_dataset(struct tdaemon *t, const struct td_rows *d, char *path, size_t len,
+		     uint8_t *copy, uint64_t copy_bytes)
+{
+	double t0, resident = 0;
+	int rc;
+
+	if (d->rows == 0 || d->row_bytes % 8 || CHUNK_BYTES % d->row_bytes ||
+	    (copy_bytes % CHUNK_BYTES && copy_bytes < d->rows * d->row_bytes))
+		return td_fail("td_bench_dataset: %" PRIu64 " rows of %u B, copy of %" PRIu64
+			       " B: not a layout it reads",
+			       d->rows, d->row_bytes, copy_bytes);
+	rc = td_init(t, "bench");
+	if (rc)
+		return td_fail("td_init: %s", strerror(-rc));
+	td_path(t, "rows.npy", path, len);
+	t0 = td_now();
+	if (write_rows(path, d))
+		return -1;
+	printf("wrote %s in %.2f s\n", path, td_now() - t0);
+	t0 = td_now();
+	if (warm_rows(path, d, copy, copy_bytes, &resident))
+		return -1;
+	printf("page cache: read the whole file once before timing (%.2f s); mincore: %.1f%% "
+	       "resident\n",
+	       td_now() - t0, resident * 100);
+	return 0;
+}
+
+bool td_is_permutation(const uint64_t *picks, uint64_t n, uint64_t rows)
+{
+	uint8_t *seen = calloc((rows + 7) / 8, 1);
+	bool ok = seen && n == rows;
+
+	for (uint64_t i = 0; ok && i < n; i++) {
+		uint64_t r = picks[i];
+
+		ok = r < rows && !(seen[r / 8] & (1u << (r % 8)));
+		if (ok)
+			seen[r / 8] |= (uint8_t)(1u << (r % 8));
+	}
+	free(seen);
+	return ok;
+}
+
+static void print_log_tail(const struct tdaemon *t)
+{
+	char line[512];
+	FILE *f = fopen(t->log, "r");
+	long size;
+
+	if (!f)
+		return;
+	/* The last few KiB say why; a verbose log of a long run is mostly noise. */
+	fseek(f, 0, SEEK_END);
+	size = ftell(f);
+	fseek(f, size > 4096 ? size - 4096 : 0, SEEK_SET);
+	fprintf(stderr, "---- tail of %s ----\n", t->log);
+	while (fgets(line, sizeof(line), f))
+		fputs(line, stderr);
+	fprintf(stderr, "----\n");
+	fclose(f);
+}
+
+void td_bench_end(struct tdaemon *t, bool show_log)
+{
+	if (t->pid > 0)
+		td_stop(t, 5000);
+	if (show_log)
+		print_log_tail(t);
+	td_cleanup(t);
 }

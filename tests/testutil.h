@@ -1,11 +1,14 @@
 /*
  * testutil.h — what integration tests and benchmarks share: a real
  * prefetchd started on a temporary socket, .npy files whose every byte is
- * known (tools/npygen.h), and status read through the real protocol.
+ * known (tools/npygen.h), and status read through the real protocol; for
+ * the benchmarks also their plumbing: messages, signals, arguments, the
+ * dataset they write and warm before timing, and their cleanup.
  */
 #ifndef PF_TESTUTIL_H
 #define PF_TESTUTIL_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -21,7 +24,8 @@ struct tdaemon {
 	pid_t pid;
 };
 
-/* A fresh temporary directory in t->dir.  0 or -errno. */
+/* A fresh temporary directory in t->dir.  0 or -errno; on failure t->dir
+ * is empty, so td_cleanup removes nothing. */
 int td_init(struct tdaemon *t, const char *tag);
 /* Writes t->conf: a [daemon] section with the socket in t->dir plus
  * `daemon_extra` lines, then `datasets` verbatim; starts build/prefetchd
@@ -52,5 +56,72 @@ Pf__Envelope *td_status(const char *sock);
 Pf__SessionStatus *td_session(Pf__Envelope *status, uint64_t session);
 
 double td_now(void);
+
+/*
+ * Benchmarks.  They run on one thread; messages go to stderr behind the
+ * program's name (program_invocation_short_name, as err(3) does).
+ */
+
+/* Set to the signal's number by SIGINT or SIGTERM once td_catch_signals has
+ * run: a bench's loops check it and leave through their cleanup, which
+ * stops the daemon. */
+extern volatile sig_atomic_t td_interrupted;
+/* SIGINT and SIGTERM set td_interrupted; SIGPIPE is ignored, so a daemon
+ * that died is an EPIPE from the client library, not the bench's death. */
+void td_catch_signals(void);
+/* Prints "<program>: <message>" on stderr; returns -1 so that callers can
+ * `return td_fail(...)`. */
+int td_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Parses option opt's decimal argument s into *out if it lies in lo..hi.
+ * 0, or -1 after td_fail said why. */
+int td_parse_uint(const char *opt, const char *s, unsigned lo, unsigned hi, unsigned *out);
+/* Prints the "machine: N online CPUs, <model>" line on stdout (the model
+ * from /proc/cpuinfo, "unknown" without one). */
+void td_print_machine(long online);
+
+/* At most one progress line a second on stderr, so that a timed loop pays
+ * for one fprintf a second and nothing else. */
+struct td_progress {
+	const char *what; /* borrowed: valid while the progress is reported; NULL: silent */
+	double last;	  /* td_now() of the last line */
+};
+
+/* Prints "<program>: <what> ..." and starts the clock; what NULL: p stays
+ * silent. */
+void td_progress_start(struct td_progress *p, const char *what);
+/* "<what>: done/total <unit> (P%)" (total 0: "<what>: done <unit>") when a
+ * second has passed since the last line. */
+void td_progress(struct td_progress *p, uint64_t done, uint64_t total, const char *unit);
+
+/* A bench's dataset: `rows` rows of one '<u1' field, row_bytes each (a
+ * multiple of 8 that divides 4 MiB), holding the bytes td_write_npy writes
+ * under seed. */
+struct td_rows {
+	uint64_t rows;
+	unsigned row_bytes;
+	uint64_t seed;
+	bool progress; /* a td_progress line a second while writing and reading */
+};
+
+/*
+ * What a bench does before it starts the daemon: td_init(t, "bench"),
+ * writes d's rows to rows.npy in t->dir (its path into path/len) and
+ * fsyncs it, so that no writeback lands inside a timed phase; then reads
+ * the whole file once, which puts it in the page cache, and asks mincore
+ * how much is resident.  Rows 0, rows/2 and rows-1 are checked against
+ * the formula on the way, so that a writer bug cannot hide behind the
+ * bench's own checks.  The first copy_bytes of the rows (a multiple of
+ * 4 MiB, or all of them; header skipped) land in copy.  Prints the
+ * "wrote" and "page cache" lines with their times on stdout.  0, or -1
+ * after td_fail said why.
+ */
+int td_bench_dataset(struct tdaemon *t, const struct td_rows *d, char *path, size_t len,
+		     uint8_t *copy, uint64_t copy_bytes);
+/* True when every row 0..rows-1 appears exactly once among picks[0..n). */
+bool td_is_permutation(const uint64_t *picks, uint64_t n, uint64_t rows);
+/* A bench's last word: stops the daemon if it runs, prints the tail of its
+ * log on stderr when show_log (whatever went wrong after it started, the
+ * log says its side), and removes t->dir (td_cleanup). */
+void td_bench_end(struct tdaemon *t, bool show_log);
 
 #endif
