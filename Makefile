@@ -129,8 +129,11 @@ $(B)/libprefetch.pc: client/libprefetch.pc.in Makefile
 # plain `test_integration%` would not match test_integration itself.)
 $(UNIT_TESTS): $(B)/tests/%: $(B)/tests/%.o $(DAEMON_OBJ) $(B)/daemon/gpu_fake.o $(WIRE_OBJ) $(TEST_UTIL) $(B)/libprefetch.a
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) -ldl $(LDLIBS)
-$(INTEG_TESTS) $(CUDA_TESTS): $(B)/tests/%: $(B)/tests/%.o $(TEST_UTIL) $(B)/libprefetch.a $(B)/prefetchd
+$(INTEG_TESTS): $(B)/tests/%: $(B)/tests/%.o $(TEST_UTIL) $(B)/libprefetch.a $(B)/prefetchd
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) -ldl $(LDLIBS)
+# CUDA tests' trainers also queue GPU work of their own through the runtime.
+$(CUDA_TESTS): $(B)/tests/%: $(B)/tests/%.o $(TEST_UTIL) $(B)/libprefetch.a $(B)/prefetchd
+	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) $(CUDA_LIBS) -ldl $(LDLIBS)
 # Benches get the CUDA runtime (static) for their raw-copy references; one
 # that never calls it pulls nothing from the archive.
 $(B)/bench/%: $(B)/bench/%.o $(B)/libprefetch.a $(TEST_UTIL)

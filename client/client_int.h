@@ -33,6 +33,8 @@
  * lower (a few slots); more than this is a daemon bug, treated as a protocol
  * error rather than as a reason to grow without limit. */
 #define PFC_MAX_QUEUED 4096
+/* While releases wait for the GPU, pf_next checks them this often. */
+#define PFC_RELEASE_POLL_NS 200000
 /* Arena ids index a table; the daemon makes a handful per session. */
 #define PFC_MAX_ARENAS 1024
 /* Slots per session; the bitmap of slots this client holds is this big at

@@ -84,6 +84,7 @@ static struct {
 	PFN_cuEventQuery_v2000 event_query;
 	PFN_cuEventDestroy_v4000 event_destroy;
 	PFN_cuMemGetInfo_v3020 mem_get_info;
+	PFN_cuCtxSynchronize_v2000 ctx_synchronize;
 	PFN_cuMemcpyDtoH_v3020 memcpy_dtoh;
 	/* Tests only (pfcuda_mem_alloc): optional, NULL when not found. */
 	PFN_cuMemAlloc_v3020 mem_alloc;
@@ -184,6 +185,7 @@ static void load(void)
 	SYM(event_query, "cuEventQuery");
 	SYM(event_destroy, "cuEventDestroy");
 	SYM(mem_get_info, "cuMemGetInfo");
+	SYM(ctx_synchronize, "cuCtxSynchronize");
 	SYM(memcpy_dtoh, "cuMemcpyDtoH");
 	if (missing) {
 		drv.rc = -EOPNOTSUPP;
@@ -497,6 +499,19 @@ void pfcuda_event_destroy(struct pfcuda_dev *d, void *ev)
 	pop();
 }
 
+int pfcuda_sync(struct pfcuda_dev *d, char *msg, size_t msglen)
+{
+	CUresult r;
+	int rc;
+
+	rc = push(d, msg, msglen);
+	if (rc < 0)
+		return rc;
+	r = drv.ctx_synchronize();
+	pop();
+	return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuCtxSynchronize", msg, msglen);
+}
+
 int pfcuda_mem_info(struct pfcuda_dev *d, uint64_t *free_bytes, uint64_t *total_bytes, char *msg,
 		    size_t msglen)
 {
@@ -638,6 +653,11 @@ int pfcuda_event_query(struct pfcuda_dev *d, void *ev, char *msg, size_t msglen)
 
 void pfcuda_event_destroy(struct pfcuda_dev *d, void *ev)
 {
+}
+
+int pfcuda_sync(struct pfcuda_dev *d, char *msg, size_t msglen)
+{
+	return NO_CUDA(msg, msglen);
 }
 
 int pfcuda_mem_info(struct pfcuda_dev *d, uint64_t *free_bytes, uint64_t *total_bytes, char *msg,

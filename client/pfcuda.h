@@ -85,6 +85,9 @@ int pfcuda_event_query(struct pfcuda_dev *d, void *ev, char *msg, size_t msglen)
 /* NULL is a no-op. */
 void pfcuda_event_destroy(struct pfcuda_dev *d, void *ev);
 
+/* Waits for all work queued in d's primary context (pf_close, before it
+ * unmaps arenas that queued work might still read). */
+int pfcuda_sync(struct pfcuda_dev *d, char *msg, size_t msglen);
 /* Free and total memory of d's device now (cuMemGetInfo): the honest probe. */
 int pfcuda_mem_info(struct pfcuda_dev *d, uint64_t *free_bytes, uint64_t *total_bytes, char *msg,
 		    size_t msglen);

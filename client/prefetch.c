@@ -1305,7 +1305,23 @@ static int next_batch(struct pf_client *c, int timeout_ms, struct pf_batch **bat
 			break;
 		if (!blocked_since)
 			blocked_since = now_ns();
-		rc = read_env(c, deadline, &env);
+		/* Releases waiting for the GPU may be what the daemon needs to
+		 * send the next batch (every slot can be held by them): wait in
+		 * short slices and send each one as its work retires. */
+		if (c->releases) {
+			int64_t slice = now_ns() + PFC_RELEASE_POLL_NS;
+
+			rc = read_env(c, deadline >= 0 && deadline < slice ? deadline : slice,
+				      &env);
+			if (rc == -ETIMEDOUT && (deadline < 0 || now_ns() < deadline)) {
+				rc = flush_releases(c, 0);
+				if (rc)
+					break;
+				continue;
+			}
+		} else {
+			rc = read_env(c, deadline, &env);
+		}
 		if (rc == -ETIMEDOUT) {
 			pfc_set_err(c, rc, "no batch from %s within %d ms", c->where, timeout_ms);
 			break;
@@ -1481,6 +1497,20 @@ PF_API void pf_close(struct pf_client *c)
 		free_batch(b);
 	}
 	flush_releases(c, c->timeout_ms);
+	/* Work that has not retired by now still gets its release dropped
+	 * (the socket is closing, which returns every slot), but its events
+	 * are disposed of, and the arenas are unmapped only after the device
+	 * has finished with them: a queued kernel must not fault. */
+	while (c->releases) {
+		struct pfc_release *r = c->releases;
+
+		c->releases = r->next;
+		if (r->free_event)
+			r->free_event(r->event);
+		free(r);
+	}
+	if (c->cuda)
+		pfcuda_sync(c->cuda, NULL, 0);
 	for (uint32_t a = 0; a < c->narenas; a++) {
 		struct pfc_arena *ar = &c->arenas[a];
 

@@ -70,11 +70,9 @@ static void on_signal(uv_signal_t *h, int signum)
 	d->readers = NULL;
 	/* After the readers: their last completions may still queue copies
 	 * (of dead sessions: none), and sessions freed now release arenas. */
-	for (int g = 0; d->xfers && g < d->ngpus; g++) {
+	for (int g = 0; d->xfers && g < d->ngpus; g++)
 		if (d->xfers[g])
 			xfer_stop(d->xfers[g]);
-		d->xfers[g] = NULL;
-	}
 	uv_timer_stop(&d->tick);
 	uv_close((uv_handle_t *)&d->tick, NULL);
 	uv_close((uv_handle_t *)&d->sig_term, NULL);
@@ -200,8 +198,10 @@ int main(int argc, char **argv)
 	rc = uv_loop_close(d.loop);
 	if (rc)
 		log_warn("loop closed with handles still open: %s", uv_strerror(rc));
-	ring_destroy(&d.ring);
+	for (int g = 0; d.xfers && g < d.ngpus; g++)
+		xfer_free(d.xfers[g]);
 	free(d.xfers);
+	ring_destroy(&d.ring);
 	for (size_t i = 0; i < d.ndatasets; i++)
 		ds_close(&d.datasets[i]);
 	free(d.datasets);

@@ -773,7 +773,9 @@ static void give_up_alloc(struct sess *s, const char *why)
 	s->gov.prepared++;
 }
 
-static void alloc_done(struct sess *s, struct xfer_job *job)
+/* Returns true when the job was handed back to the transfer thread (it is
+ * no longer the caller's). */
+static bool alloc_done(struct sess *s, struct xfer_job *job)
 {
 	struct gpu_arena *t;
 	uint64_t k;
@@ -790,14 +792,14 @@ static void alloc_done(struct sess *s, struct xfer_job *job)
 			uv_timer_start(&s->retry, on_retry, SESS_OOM_PAUSE_MS * s->oom_tries, 0);
 		else
 			give_up_alloc(s, job->err);
-		return;
+		return false;
 	}
 	t = realloc(s->garenas, (s->ngarenas + 1) * sizeof(*t));
 	if (!t) {
 		log_err("session %" PRIu64 ": out of memory keeping a device arena", s->id);
 		job->kind = XFER_FREE;
 		xfer_submit(s->xfer, job);
-		return;
+		return true;
 	}
 	s->garenas = t;
 	s->garenas[s->ngarenas] = job->arena;
@@ -819,6 +821,7 @@ static void alloc_done(struct sess *s, struct xfer_job *job)
 	log_debug("session %" PRIu64 ": device arena %u, %.1f MiB, %" PRIu64 " slots (%u in all)",
 		  s->id, s->ngarenas - 1, job->arena.bytes / 1048576.0, k, s->npresent);
 	push_garena(s, s->ngarenas - 1);
+	return false;
 }
 
 /* A transfer job of a live or dead session came back (loop thread). */
@@ -837,9 +840,8 @@ void sess_xfer_done(struct xfer_job *job, void *arg)
 				job = NULL;
 			}
 		} else {
-			alloc_done(s, job);
-			if (job->kind == XFER_FREE)
-				job = NULL; /* alloc_done handed it back */
+			if (alloc_done(s, job))
+				job = NULL; /* handed back: no longer ours */
 		}
 		goto out;
 	}

@@ -368,9 +368,19 @@ void xfer_stop(struct xfer *x)
 		gpu_event_destroy(x->pool[--x->npool]);
 	free(x->pool);
 	gpu_stream_destroy(x->stream);
+	/* x stays allocated: sessions freed later in this shutdown (their
+	 * connections close after this) still submit their arena frees,
+	 * which now run inline.  xfer_free releases it after the loop. */
+	uv_close((uv_handle_t *)&x->async, NULL);
+}
+
+void xfer_free(struct xfer *x)
+{
+	if (!x)
+		return;
 	pthread_mutex_destroy(&x->lock);
 	pthread_cond_destroy(&x->more);
-	uv_close((uv_handle_t *)&x->async, free_xfer);
+	free(x);
 }
 
 int xfer_device(const struct xfer *x)

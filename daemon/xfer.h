@@ -11,9 +11,8 @@
  *   XFER_FREE   releases an arena (the job then only frees itself).
  * Copies are pipelined: the thread queues every copy it has, records an
  * event after each, and retires them oldest first as their events complete
- * (polled, never blocking: a new copy is queued the moment it arrives).  A copy's event is recorded after
- * the copy from its ring slot, so "done" means the ring slot may be
- * rewritten.
+ * (polled, never blocking: a new copy is queued the moment it arrives).  A copy's event is recorded
+ * after the copy from its ring slot, so "done" means the ring slot may be rewritten.
  *
  * DESIGN: threads: the loop thread submits and receives (through one
  * mutex-protected queue each way plus one uv_async, like reader.h); the
@@ -70,6 +69,8 @@ void xfer_submit(struct xfer *x, struct xfer_job *job);
  * the last completions, destroys the stream.  Jobs submitted afterwards
  * (frees from sessions that end during the drain) run on the caller. */
 void xfer_stop(struct xfer *x);
+/* Frees x once the loop has stopped (its async handle is closed). */
+void xfer_free(struct xfer *x);
 int xfer_device(const struct xfer *x);
 /* Copies in flight on the stream, and totals (for status). */
 void xfer_figures(struct xfer *x, unsigned *in_flight, uint64_t *bytes, uint64_t *busy_ns);

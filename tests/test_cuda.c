@@ -381,6 +381,57 @@ static void log_status(const char *when, const Pf__SessionStatus *ss)
 }
 
 /* mode=epochs: `epochs` shuffled epochs, seeds seed, seed+1, ... */
+#if PF_CUDA
+#include <cuda_runtime_api.h>
+
+/* mode=lag: the trainer runs ahead of its GPU, as one that never syncs
+ * does: after each batch it queues ~0.5 ms of device copies on its own
+ * stream and releases the batch behind them.  With max_depth 2 every slot
+ * is soon waiting for such a release, so pf_next must send each release as
+ * its work retires while it waits; otherwise the daemon has no free slot
+ * and pf_next times out. */
+static void mode_lag(struct trainer *t)
+{
+	const size_t big = 256u << 20;
+	cudaStream_t st;
+	void *a = NULL, *b2 = NULL;
+	struct pf_batch *b;
+	double t0;
+	int rc;
+
+	if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess ||
+	    cudaMalloc(&a, big) != cudaSuccess || cudaMalloc(&b2, big) != cudaSuccess)
+		tfail("CUDA runtime: cannot make a stream and 2 x 256 MiB");
+	t_open(t, 1, 2);
+	t0 = td_now();
+	t_start(t, t->o.seed);
+	for (;;) {
+		rc = t_next(t, &b);
+		if (rc)
+			tfail("pf_next with releases waiting for the GPU: %d %s", rc,
+			      pf_errmsg(t->c));
+		if (!b)
+			break;
+		for (int k = 0; k < 4; k++)
+			if (cudaMemcpyAsync(a, b2, big, cudaMemcpyDeviceToDevice, st) !=
+			    cudaSuccess)
+				tfail("cudaMemcpyAsync D2D failed");
+		rc = pf_release(t->c, b, (void *)st);
+		if (rc)
+			tfail("pf_release on a busy stream: %d %s", rc, pf_errmsg(t->c));
+	}
+	t_epoch_complete(t);
+	tlog("epoch with the GPU lagging: %" PRIu64 " batches, %" PRIu64
+	     " picks once each, every byte checked, %.2f s",
+	     t->ep.announced, t->ep.delivered, td_now() - t0);
+	t_close(t);
+	cudaStreamSynchronize(st);
+	cudaFree(a);
+	cudaFree(b2);
+	cudaStreamDestroy(st);
+}
+#endif
+
 static void mode_epochs(struct trainer *t)
 {
 	t_open(t, t->o.min_depth, t->o.max_depth);
@@ -697,6 +748,10 @@ static int trainer_main(int argc, char **argv)
 		tfail("trainer needs sock=PATH");
 	if (!strcmp(t.o.mode, "epochs"))
 		mode_epochs(&t);
+#if PF_CUDA
+	else if (!strcmp(t.o.mode, "lag"))
+		mode_lag(&t);
+#endif
 	else if (!strcmp(t.o.mode, "stream"))
 		mode_stream(&t);
 	else if (!strcmp(t.o.mode, "hold"))
@@ -1275,6 +1330,17 @@ static void probe_on_a_free_gpu_raises_the_target_to_max_depth(void **state)
 	fx.done = true;
 }
 
+static void trainer_ahead_of_its_gpu_gets_every_batch_as_releases_retire(void **state)
+{
+	const char *args[] = {"mode=lag", "seed=51", NULL};
+
+	need_gpu();
+	start_daemon(NULL, NULL);
+	run_trainer("lagger", args, 120000);
+	stop_daemon();
+	fx.done = true;
+}
+
 static void failed_device_allocation_halves_the_target_and_loses_no_sample(void **state)
 {
 	const char *args[] = {"mode=epochs", "epochs=1", "halved=1",
@@ -1310,6 +1376,7 @@ int main(int argc, char **argv)
 		CASE(killed_trainers_give_back_all_device_memory_over_legacy_ipc),
 		CASE(probe_on_a_nearly_full_gpu_lowers_the_target_to_one),
 		CASE(probe_on_a_free_gpu_raises_the_target_to_max_depth),
+		CASE(trainer_ahead_of_its_gpu_gets_every_batch_as_releases_retire),
 		CASE(failed_device_allocation_halves_the_target_and_loses_no_sample),
 		CASE(allocation_failing_four_times_is_one_error_batch_and_the_epoch_goes_on),
 	};
