@@ -4,8 +4,9 @@
 #   make            build everything (CUDA=1 when nvcc/the toolkit is found)
 #   make CUDA=0     build without the CUDA toolkit
 #   make run        build, generate a demo dataset, serve it, bench one epoch
-#   make check      the whole test suite (CUDA tests skip without a GPU)
-#   make check-cuda the CUDA tests (needs a GPU)
+#   make check      the whole test suite, Python's included (CUDA tests skip
+#                   without a GPU)
+#   make check-cuda the CUDA tests, C and torch (needs a GPU)
 #   make bench-host / bench-cuda
 #   make install PREFIX=/usr/local DESTDIR=
 #   make deps       install missing Debian packages with apt-get
@@ -139,6 +140,34 @@ $(CUDA_TESTS): $(B)/tests/%: $(B)/tests/%.o $(TEST_UTIL) $(B)/libprefetch.a $(B)
 $(B)/bench/%: $(B)/bench/%.o $(B)/libprefetch.a $(TEST_UTIL)
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(shell pkg-config --libs libprotobuf-c) $(CUDA_LIBS) -ldl $(LDLIBS)
 
+# ---- Python tests -------------------------------------------------------------
+# tests/python/test_*.py run through tests/python/run.py, which reports as
+# cmocka does, from wrapper scripts in build/tests that run.sh runs like the
+# test binaries.  Each runs under the first of PY_CANDIDATES that imports
+# what it needs, looked up whenever a check target runs (so a module
+# installed since is found); with none, plain python3, and the test says
+# what is missing.
+PY_CANDIDATES := python3 /usr/bin/python3
+find_python = $(shell for p in $(PY_CANDIDATES); do \
+  $$p -c 'import sys; [__import__(m) for m in sys.argv[1:]]' $(1) >/dev/null 2>&1 && \
+  { command -v $$p; exit 0; }; done; echo python3)
+PY_HOST := $(B)/tests/py_host
+PY_CUDA := $(B)/tests/py_torch_cuda
+
+# $(1): the modules the test imports, $(2): the test file.
+define py_wrapper
+	@mkdir -p $(@D)
+	$(call say,GEN,$@)printf '#!/bin/sh\nexec %s -B %s %s "$$@"\n' '$(call find_python,$(1))' \
+	  '$(CURDIR)/tests/python/run.py' '$(CURDIR)/tests/python/$(2)' > $@.tmp && \
+	  chmod +x $@.tmp && mv $@.tmp $@
+endef
+
+.PHONY: $(PY_HOST) $(PY_CUDA)
+$(PY_HOST):
+	$(call py_wrapper,numpy,test_host.py)
+$(PY_CUDA):
+	$(call py_wrapper,numpy torch,test_torch_cuda.py)
+
 # ---- user targets -----------------------------------------------------------
 deps:
 	@sh tools/deps.sh
@@ -148,11 +177,11 @@ run: deps
 	@sh tools/demo.sh
 
 check: deps
-	@$(MAKE) --no-print-directory all
-	@sh tests/run.sh $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS)
+	@$(MAKE) --no-print-directory all $(PY_HOST) $(PY_CUDA)
+	@sh tests/run.sh $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(PY_HOST) $(PY_CUDA)
 
-check-cuda: all
-	@PF_REQUIRE_GPU=1 sh tests/run.sh $(CUDA_TESTS)
+check-cuda: all $(PY_CUDA)
+	@PF_REQUIRE_GPU=1 sh tests/run.sh $(CUDA_TESTS) $(PY_CUDA)
 
 bench-host: all
 	@$(B)/bench/host_throughput

@@ -1,0 +1,185 @@
+"""ctypes view of libprefetch (client/prefetch.h): the library, its structs
+and the prototypes of the functions the package calls.
+
+The structs mirror prefetch.h field for field; ctypes lays them out with the
+platform C ABI, so the offsets match the compiler's (tests/python/test_host.py
+compiles prefetch.h and compares them).  Nothing here holds state beyond the
+loaded library, which is loaded once per process on first use.
+
+Where the library comes from, first match wins:
+
+1. ``$PREFETCH_LIB``: a path to libprefetch.so (an error if it does not load:
+   a path someone set on purpose must not be silently replaced);
+2. ``libprefetch.so`` next to this file (a copy dropped into the package);
+3. ``build/libprefetch.so`` of the source tree this package sits in
+   (``python/prefetch/../../build``), so a checkout works after ``make``;
+4. the system path: ``ctypes.util.find_library("prefetch")``, then
+   ``libprefetch.so.0`` (what ``make install`` puts in ``$PREFIX/lib``).
+"""
+
+import ctypes
+import ctypes.util
+import os
+import threading
+
+PF_ORDER_SEQUENTIAL = 0
+PF_ORDER_SHUFFLE = 1
+PF_ORDER_EXPLICIT = 2
+
+PF_IPC = {"default": 0, "fd": 1, "legacy": 2}
+
+_u64p = ctypes.POINTER(ctypes.c_uint64)
+
+
+class OpenOpts(ctypes.Structure):
+    """struct pf_open_opts"""
+
+    _fields_ = [
+        ("dataset", ctypes.c_char_p),
+        ("device", ctypes.c_char_p),
+        ("batch_size", ctypes.c_uint32),
+        ("drop_last", ctypes.c_bool),
+        ("augment", ctypes.c_uint32),
+        ("min_depth", ctypes.c_uint32),
+        ("max_depth", ctypes.c_uint32),
+        ("ipc", ctypes.c_int),  # enum pf_ipc
+        ("name", ctypes.c_char_p),
+    ]
+
+
+class EpochOpts(ctypes.Structure):
+    """struct pf_epoch_opts"""
+
+    _fields_ = [
+        ("order", ctypes.c_int),  # enum pf_order
+        ("seed", ctypes.c_uint64),
+        ("rank", ctypes.c_uint32),
+        ("world", ctypes.c_uint32),
+        ("start_batch", ctypes.c_uint64),
+        ("indices", _u64p),
+        ("nindices", ctypes.c_size_t),
+    ]
+
+
+class Field(ctypes.Structure):
+    """struct pf_field"""
+
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("dtype", ctypes.c_char_p),
+        ("ndim", ctypes.c_int),
+        ("shape", _u64p),
+        ("sample_bytes", ctypes.c_uint64),
+    ]
+
+
+class Batch(ctypes.Structure):
+    """struct pf_batch"""
+
+    _fields_ = [
+        ("epoch", ctypes.c_uint64),
+        ("seq", ctypes.c_uint64),
+        ("count", ctypes.c_uint32),
+        # const uint64_t *, read as an address: the picks are copied out
+        # with one string_at rather than through a ctypes array.
+        ("picks", ctypes.c_void_p),
+        ("nfields", ctypes.c_uint32),
+        ("data", ctypes.POINTER(ctypes.c_void_p)),
+        ("on_device", ctypes.c_bool),
+    ]
+
+
+class Stats(ctypes.Structure):
+    """struct pf_stats"""
+
+    _fields_ = [
+        ("session", ctypes.c_uint64),
+        ("batches", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+        ("held", ctypes.c_uint64),
+        ("wait_s", ctypes.c_double),
+        ("busy_s", ctypes.c_double),
+        ("stall_fraction", ctypes.c_double),
+    ]
+
+
+# Every struct the package passes, by its C name (the layout test uses it).
+STRUCTS = {
+    "pf_open_opts": OpenOpts,
+    "pf_epoch_opts": EpochOpts,
+    "pf_field": Field,
+    "pf_batch": Batch,
+    "pf_stats": Stats,
+}
+
+_client_p = ctypes.c_void_p  # struct pf_client *, opaque
+_batch_p = ctypes.POINTER(Batch)
+
+# name: (restype, argtypes)
+_PROTOTYPES = {
+    "pf_connect": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(_client_p)]),
+    "pf_open": (ctypes.c_int, [_client_p, ctypes.POINTER(OpenOpts)]),
+    "pf_num_samples": (ctypes.c_uint64, [_client_p]),
+    "pf_num_fields": (ctypes.c_uint32, [_client_p]),
+    "pf_field_info": (ctypes.c_int, [_client_p, ctypes.c_uint32, ctypes.POINTER(Field)]),
+    "pf_start_epoch": (ctypes.c_int, [_client_p, ctypes.POINTER(EpochOpts), _u64p]),
+    "pf_next": (ctypes.c_int, [_client_p, ctypes.c_int, ctypes.POINTER(_batch_p)]),
+    "pf_release": (ctypes.c_int, [_client_p, _batch_p, ctypes.c_void_p]),
+    "pf_set_depth": (ctypes.c_int, [_client_p, ctypes.c_uint64, ctypes.c_uint32]),
+    "pf_abandon": (ctypes.c_int, [_client_p]),
+    "pf_stats": (ctypes.c_int, [_client_p, ctypes.POINTER(Stats)]),
+    "pf_close": (None, [_client_p]),
+    "pf_errmsg": (ctypes.c_char_p, [_client_p]),
+}
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def candidates():
+    """The places the library is looked for, in order, as (how, path) pairs:
+    how is "env", "package", "build" or "system"."""
+    out = []
+    env = os.environ.get("PREFETCH_LIB")
+    if env:
+        out.append(("env", env))
+    out.append(("package", os.path.join(_PKG_DIR, "libprefetch.so")))
+    out.append(("build", os.path.normpath(os.path.join(_PKG_DIR, "..", "..", "build",
+                                                       "libprefetch.so"))))
+    found = ctypes.util.find_library("prefetch")
+    if found:
+        out.append(("system", found))
+    out.append(("system", "libprefetch.so.0"))
+    return out
+
+
+def _load():
+    tried = []
+    for how, path in candidates():
+        if how in ("package", "build") and not os.path.exists(path):
+            tried.append(path + " (absent)")
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            if how == "env":
+                raise OSError("PREFETCH_LIB=%s does not load: %s" % (path, e)) from None
+            tried.append("%s (%s)" % (path, e))
+            continue
+        for name, (restype, argtypes) in _PROTOTYPES.items():
+            fn = getattr(lib, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
+        return lib
+    raise OSError("libprefetch not found; tried: " + "; ".join(tried) +
+                  ". Build it with `make`, or set PREFETCH_LIB to its path.")
+
+
+def lib():
+    """The loaded library (loaded on the first call); its path is lib()._name."""
+    global _lib
+    with _lib_lock:
+        if _lib is None:
+            _lib = _load()
+        return _lib

@@ -1,0 +1,516 @@
+"""Loader and Batch: a prefetchd session seen from a Python trainer.
+
+A Loader is one libprefetch client with one session open on a dataset.
+``loader.epoch(n)`` starts epoch n and yields its batches; each Batch maps
+field names to arrays that share the daemon's slot memory (zero-copy):
+numpy arrays for host sessions, torch tensors (or, without torch, objects
+exposing ``__cuda_array_interface__``) for CUDA sessions.
+
+The release rule.  A slot goes back to the daemon when the trainer asks for
+the next batch, when the epoch loop ends or is left, or on
+``batch.release()``.  For a CUDA session the release is queued behind the
+work already on ``torch.cuda.current_stream()``: libprefetch records an
+event there and returns the slot only once that event has completed, so a
+kernel still reading the batch never sees it overwritten, and the trainer
+never blocks on it.  Host arrays are read synchronously by the trainer, so
+their slot goes back at once: an array (or tensor) taken from a batch must
+not be used after its release; ``arr.copy()`` keeps the data.
+
+Threads: a Loader is used from one thread at a time (as a pf_client is).
+"""
+
+import errno
+import math
+import os
+import sys
+from collections.abc import Mapping
+
+import ctypes
+
+import numpy as np
+
+from . import _lib
+
+# pf_next waits in slices this long, so that a Ctrl-C in a trainer waiting
+# for a stalled daemon is seen within this time (a signal only reaches
+# Python code once the C call returns).
+_WAIT_SLICE_MS = 200
+
+
+class PrefetchError(Exception):
+    """A libprefetch call failed.  ``code`` is its negative errno value and
+    the message is the library's (``pf_errmsg``), which carries the daemon's
+    own text when the daemon refused."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    @property
+    def errno(self):
+        """The positive errno (``errno.ENOENT``, ...)."""
+        return -self.code
+
+
+class DeviceArray:
+    """A field of a CUDA batch when no CUDA-enabled torch can be imported:
+    device memory described by ``__cuda_array_interface__`` (version 3),
+    which CuPy, Numba and torch consume without a copy."""
+
+    __slots__ = ("ptr", "shape", "dtype", "__weakref__")
+
+    def __init__(self, ptr, shape, dtype):
+        self.ptr = ptr
+        self.shape = shape
+        self.dtype = dtype
+
+    @property
+    def __cuda_array_interface__(self):
+        # "stream": None: nothing to synchronise with, a batch is announced
+        # only after its copy has completed.  Not marked read-only although
+        # it is the daemon's slot: torch refuses read-only interfaces.
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "data": (self.ptr, False),
+            "strides": None,
+            "version": 3,
+            "stream": None,
+        }
+
+    def __repr__(self):
+        return "DeviceArray(ptr=0x%x, shape=%r, dtype=%s)" % (self.ptr, self.shape, self.dtype)
+
+
+class Batch(Mapping):
+    """One batch: ``batch[field]`` is that field's ``count`` samples, shaped
+    ``(count, *sample_shape)`` with the .npy file's dtype.  ``picks`` (a copy,
+    kept after release) are the schedule-space indices of the samples,
+    ``seq`` the batch's number within this rank's share of the epoch and
+    ``epoch`` the epoch number given to ``Loader.epoch``.
+
+    The arrays share the slot's memory and are valid until the batch is
+    released (see the module's release rule); ``batch[field]`` after that
+    raises RuntimeError."""
+
+    def __init__(self, loader, ptr, epoch):
+        b = ptr.contents
+        self._loader = loader
+        self._ptr = ptr  # None once released
+        self._data = [b.data[i] for i in range(b.nfields)]
+        self._cache = {}
+        self.on_device = bool(b.on_device)
+        self.count = b.count
+        self.seq = b.seq
+        self.epoch = epoch
+        self.picks = np.frombuffer(bytearray(ctypes.string_at(b.picks, 8 * b.count)),
+                                   dtype=np.uint64)
+
+    @property
+    def released(self):
+        return self._ptr is None
+
+    def __getitem__(self, name):
+        if self._ptr is None:
+            raise RuntimeError("batch %d of epoch %d was released; copy its arrays to keep "
+                               "their data" % (self.seq, self.epoch))
+        arr = self._cache.get(name)
+        if arr is None:
+            index = self._loader._field_index[name]  # KeyError for a field it lacks
+            arr = self._loader._view(self._data[index], index, self.count)
+            self._cache[name] = arr
+        return arr
+
+    def __iter__(self):
+        return iter(self._loader._field_index)
+
+    def __len__(self):
+        return len(self._loader._field_index)
+
+    def release(self):
+        """Gives the slot back now (behind the current stream for CUDA
+        batches).  Releasing twice is harmless."""
+        if self._ptr is not None:
+            self._loader._release(self)
+
+    def __repr__(self):
+        return "<prefetch.Batch epoch=%d seq=%d count=%d%s>" % (
+            self.epoch, self.seq, self.count, " released" if self._ptr is None else "")
+
+
+def _cuda_torch():
+    """torch, when it is importable and built with CUDA that sees a GPU;
+    else None (a CPU-only torch cannot hold device tensors)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+def _env_int(name, default):
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError("$%s=%r is not an integer" % (name, value)) from None
+
+
+class Loader:
+    """A session on ``dataset`` at the node's prefetchd.
+
+    ``device``: "cpu" or "host" (numpy arrays in host memory), "cuda:N"
+    (torch tensors on GPU N in this process's numbering), "cuda" (torch's
+    current device), or a torch.device.  ``seed``: epoch n is shuffled with
+    seed + n.  ``rank``/``world_size``: this trainer's share of each epoch
+    (DistributedSampler-style), by default from torchrun's $RANK and
+    $WORLD_SIZE, else 0 and 1.  ``socket``: the daemon's socket, by default
+    $PREFETCHD_SOCKET, else /run/prefetchd/prefetchd.sock.  ``augment``,
+    ``min_depth``, ``max_depth``, ``ipc`` ("default", "fd" or "legacy") and
+    ``name`` go to the session as in ``struct pf_open_opts``.  ``timeout``:
+    seconds a batch may take before PrefetchError (-ETIMEDOUT); None waits
+    for ever.
+
+    Raises PrefetchError (with the daemon's message) when the daemon cannot
+    be reached or refuses the session.
+    """
+
+    def __init__(self, dataset, batch_size=256, device="cpu", shuffle=True, seed=0,
+                 drop_last=False, rank=None, world_size=None, socket=None, augment=1,
+                 min_depth=0, max_depth=0, ipc="default", name=None, timeout=None):
+        self._client = None
+        self._held = None  # the batch last yielded, until released
+        self._active = None  # token of the epoch generator that may call pf_next
+        self.dataset = dataset
+        self.batch_size = int(batch_size)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else int(world_size)
+        self.rank = _env_int("RANK", 0) if rank is None else int(rank)
+        self.augment = int(augment)
+        self.timeout = timeout
+        if self.batch_size <= 0:
+            raise ValueError("batch_size must be positive, not %d" % self.batch_size)
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError("rank %d of world_size %d: need 0 <= rank < world_size"
+                             % (self.rank, self.world_size))
+        if ipc not in _lib.PF_IPC:
+            raise ValueError("ipc must be one of %s, not %r" % (", ".join(_lib.PF_IPC), ipc))
+        self.device = self._parse_device(device)
+        self._torch = None
+        self._device_index = None if self.device == "host" else int(self.device[5:])
+        if name is None:
+            prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+            name = "%s[%d]" % (prog, os.getpid())
+        self.name = name
+
+        # Epoch bookkeeping for state_dict: the epoch last started, how many
+        # batches of it were taken (counting from 0, including any skipped
+        # by a resume), and whether it ran to its end.
+        self._epoch = None
+        self._taken = 0
+        self._finished = False
+        self._resume = None  # (epoch, start_batch) from load_state_dict
+
+        lib = _lib.lib()
+        self._libref = lib
+        client = ctypes.c_void_p()
+        path = None if socket is None else os.fsencode(socket)
+        rc = lib.pf_connect(path, ctypes.byref(client))
+        if rc:
+            message = lib.pf_errmsg(client).decode(errors="replace")
+            lib.pf_close(client)
+            raise PrefetchError(rc, message)
+        self._client = client
+        opts = _lib.OpenOpts(dataset=dataset.encode(), device=self.device.encode(),
+                             batch_size=self.batch_size, drop_last=self.drop_last,
+                             augment=self.augment, min_depth=int(min_depth),
+                             max_depth=int(max_depth), ipc=_lib.PF_IPC[ipc],
+                             name=str(name).encode())
+        try:
+            self._check(lib.pf_open(client, ctypes.byref(opts)))
+            self._read_fields()
+            if self._device_index is not None:
+                self._torch = _cuda_torch()
+                if self._torch is not None:
+                    self._torch_device = self._torch.device("cuda", self._device_index)
+                    # Asked once per batch: torch's private getter returns
+                    # the handle without building a Stream object.
+                    self._raw_stream = getattr(
+                        self._torch._C, "_cuda_getCurrentRawStream",
+                        lambda i, torch=self._torch: torch.cuda.current_stream(i).cuda_stream)
+                    # Before the first tensor: torch's lazy CUDA set-up, in
+                    # the primary context the arenas are mapped into.
+                    self._torch.cuda.init()
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- set-up ------------------------------------------------------------
+
+    @staticmethod
+    def _parse_device(device):
+        if device is None:
+            return "host"
+        device = str(device)  # a torch.device prints as "cuda:0" or "cpu"
+        if device in ("cpu", "host"):
+            return "host"
+        if device == "cuda":
+            torch = _cuda_torch()
+            return "cuda:%d" % (torch.cuda.current_device() if torch is not None else 0)
+        if device.startswith("cuda:") and device[5:].isdigit():
+            return device
+        raise ValueError("device must be \"cpu\", \"host\", \"cuda\" or \"cuda:N\", not %r"
+                         % device)
+
+    def _read_fields(self):
+        lib = self._libref
+        self.num_samples = lib.pf_num_samples(self._client)
+        self.fields = []
+        self._field_index = {}
+        self._layout = []  # per field: (numpy dtype, sample shape)
+        for i in range(lib.pf_num_fields(self._client)):
+            f = _lib.Field()
+            self._check(lib.pf_field_info(self._client, i, ctypes.byref(f)))
+            name = f.name.decode()
+            dtype = np.dtype(f.dtype.decode())
+            shape = tuple(int(f.shape[d]) for d in range(f.ndim))
+            self.fields.append((name, f.dtype.decode(), shape))
+            self._field_index[name] = i
+            self._layout.append((dtype, shape))
+
+    # ---- errors --------------------------------------------------------------
+
+    def _check(self, rc):
+        if rc:
+            raise PrefetchError(rc, self._errmsg(rc))
+        return rc
+
+    def _errmsg(self, rc):
+        msg = self._libref.pf_errmsg(self._client).decode(errors="replace")
+        return msg or os.strerror(-rc)
+
+    def _check_open(self):
+        if self._client is None:
+            raise ValueError("this Loader is closed")
+
+    # ---- batches -------------------------------------------------------------
+
+    def _view(self, addr, index, count):
+        """Field `index` of a batch at addr: a read-only numpy view of host
+        memory, or a tensor / DeviceArray on the GPU."""
+        dtype, shape = self._layout[index]
+        full = (count,) + shape
+        if self.device == "host":
+            nbytes = count * dtype.itemsize * math.prod(shape)
+            buf = (ctypes.c_char * nbytes).from_address(addr)
+            arr = np.frombuffer(buf, dtype=dtype).reshape(full)
+            # The arena is mapped read-only: a write would be SIGSEGV, so
+            # numpy refuses it instead.
+            arr.flags.writeable = False
+            return arr
+        dev = DeviceArray(addr, full, dtype)
+        if self._torch is None:
+            return dev
+        return self._torch.as_tensor(dev, device=self._torch_device)
+
+    def _stream(self):
+        """The cudaStream_t a CUDA release waits for: torch's current stream
+        on this device, else the legacy default stream (NULL)."""
+        if self._torch is None:
+            return None
+        return self._raw_stream(self._device_index) or None
+
+    def _release(self, batch):
+        ptr, batch._ptr = batch._ptr, None
+        batch._cache.clear()
+        if self._held is batch:
+            self._held = None
+        if self._client is None:
+            return
+        # Forgotten here even if the call fails: the library has then either
+        # dropped the batch (a broken connection) or keeps it until pf_close,
+        # and it refuses a batch it does not hold, so nothing is freed twice.
+        rc = self._libref.pf_release(self._client, ptr,
+                                     self._stream() if batch.on_device else None)
+        self._check(rc)
+
+    def _next(self):
+        """pf_next in slices (see _WAIT_SLICE_MS); a batch pointer, or None
+        at the end of the epoch."""
+        ptr = ctypes.POINTER(_lib.Batch)()
+        waited = 0.0
+        while True:
+            rc = self._libref.pf_next(self._client, _WAIT_SLICE_MS, ctypes.byref(ptr))
+            if rc != -errno.ETIMEDOUT:
+                self._check(rc)
+                return ptr if ptr else None
+            waited += _WAIT_SLICE_MS / 1000.0
+            if self.timeout is not None and waited >= self.timeout:
+                raise PrefetchError(rc, "no batch from prefetchd within %g s" % self.timeout)
+
+    def epoch(self, n):
+        """Starts epoch n (shuffled with seed + n) and yields its batches.
+
+        Leaving the loop early (break, an exception, the generator closed or
+        dropped) abandons the epoch: the daemon stops filling at once.  After
+        ``load_state_dict``, ``epoch(d["epoch"])`` resumes after the batches
+        the saved loader had taken.  Starting another epoch ends this one."""
+        self._check_open()
+        n = int(n)
+        if n < 0:
+            raise ValueError("epoch numbers start at 0, not %d" % n)
+        return self._run_epoch(n)
+
+    def _run_epoch(self, n):
+        lib = self._libref
+        start = 0
+        if self._resume is not None:
+            if self._resume[0] == n:
+                start = self._resume[1]
+            self._resume = None
+        self._end_epoch()
+        token = object()
+        self._active = token
+        opts = _lib.EpochOpts(order=_lib.PF_ORDER_SHUFFLE if self.shuffle
+                              else _lib.PF_ORDER_SEQUENTIAL,
+                              seed=(self.seed + n) & (2**64 - 1), rank=self.rank,
+                              world=self.world_size, start_batch=start)
+        self._epoch, self._taken, self._finished = n, start, False
+        try:
+            self._check(lib.pf_start_epoch(self._client, ctypes.byref(opts), None))
+            while True:
+                self._check_open()
+                if self._active is not token:
+                    raise RuntimeError("epoch %d was ended by another epoch started on the "
+                                       "same Loader" % n)
+                if self._held is not None:
+                    self._held.release()
+                ptr = self._next()
+                if ptr is None:
+                    self._finished = True
+                    return
+                batch = Batch(self, ptr, n)
+                self._held = batch
+                self._taken += 1
+                yield batch
+        finally:
+            if self._active is token:
+                self._end_epoch()
+
+    def _end_epoch(self):
+        """Releases the batch in hand and abandons an unfinished epoch."""
+        self._active = None
+        if self._client is None:
+            return
+        if self._held is not None:
+            try:
+                self._held.release()
+            except PrefetchError:
+                pass  # the connection is broken: the next call says so
+        if self._epoch is not None and not self._finished:
+            # An abandon that fails means the connection is gone; this may
+            # run while another exception propagates (or from the garbage
+            # collector), so it must not raise in its place.
+            self._libref.pf_abandon(self._client)
+
+    # ---- resume ----------------------------------------------------------------
+
+    def state_dict(self):
+        """Where this loader stands: ``epoch`` and ``batches_taken`` (batches
+        of that epoch taken so far, the one in hand included), so that
+        ``epoch(d["epoch"])`` after ``load_state_dict(d)`` goes on with the
+        next one; after an epoch ran to its end, the next epoch and 0.  The
+        other keys describe the schedule and are checked on load."""
+        if self._resume is not None:
+            epoch, taken = self._resume
+        elif self._epoch is None:
+            epoch, taken = 0, 0
+        elif self._finished:
+            epoch, taken = self._epoch + 1, 0
+        else:
+            epoch, taken = self._epoch, self._taken
+        return {
+            "epoch": epoch,
+            "batches_taken": taken,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "augment": self.augment,
+            "dataset": self.dataset,
+            "num_samples": self.num_samples,
+        }
+
+    def load_state_dict(self, state):
+        """Makes the next ``epoch(state["epoch"])`` start after
+        ``state["batches_taken"]`` batches, with the saved seed.  The batch
+        size, world size, shuffle, drop_last, augment and sample count must
+        match (they decide which samples the batches hold): ValueError
+        otherwise."""
+        for key in ("batch_size", "world_size", "shuffle", "drop_last", "augment",
+                    "num_samples"):
+            if key in state and state[key] != getattr(self, key):
+                raise ValueError("state_dict has %s=%r but this Loader has %r: the saved "
+                                 "position means other samples here"
+                                 % (key, state[key], getattr(self, key)))
+        epoch, taken = int(state["epoch"]), int(state["batches_taken"])
+        if epoch < 0 or taken < 0:
+            raise ValueError("state_dict has epoch %d, batches_taken %d" % (epoch, taken))
+        if "seed" in state:
+            self.seed = int(state["seed"])
+        self._resume = (epoch, taken)
+
+    # ---- the rest ------------------------------------------------------------------
+
+    def stats(self):
+        """This client's counters: batches and bytes taken, batches held,
+        seconds waiting in pf_next (wait_s) and between calls (busy_s), and
+        stall_fraction = wait / (wait + busy)."""
+        self._check_open()
+        s = _lib.Stats()
+        self._check(self._libref.pf_stats(self._client, ctypes.byref(s)))
+        return {k: getattr(s, k) for k, _ in _lib.Stats._fields_}
+
+    def set_depth(self, target):
+        """Sets this session's target depth (0: automatic)."""
+        self._check_open()
+        self._check(self._libref.pf_set_depth(self._client, 0, int(target)))
+
+    def close(self):
+        """Returns every slot and closes the connection.  Arrays and tensors
+        of this loader's batches must not be used afterwards."""
+        if self._client is None:
+            return
+        self._active = None
+        if self._held is not None:
+            # pf_close releases it (behind the legacy default stream, which
+            # waits for torch's blocking streams).
+            self._held._ptr = None
+            self._held._cache.clear()
+            self._held = None
+        client, self._client = self._client, None
+        self._libref.pf_close(client)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        return "<prefetch.Loader %s on %s, batch_size=%d%s>" % (
+            self.dataset, self.device, self.batch_size,
+            "" if self._client is not None else ", closed")

@@ -1,0 +1,465 @@
+"""The Python binding over host sessions: a real prefetchd on a temporary
+socket, .npy files written with numpy, and every delivered sample compared
+with the array it came from.
+
+The daemon runs with CUDA_VISIBLE_DEVICES="" so that it serves host
+sessions only, on a GPU machine too.  Run through tests/run.py (make check)
+or with `python3 -m unittest` from this directory.
+"""
+
+import ctypes
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+try:
+    import numpy as np
+except ImportError as e:  # run.py turns this into one failed case
+    raise ImportError("%s cannot import numpy (%s): install python3-numpy (make deps)"
+                      % (sys.executable, e)) from None
+
+import pfutil
+from pfutil import prefetch
+
+N = 1000
+SEED = 5
+
+
+def make_arrays():
+    rng = np.random.default_rng(1234)
+    return {
+        "x": rng.standard_normal((N, 3, 5), dtype=np.float32),
+        "y": rng.integers(-2**62, 2**62, size=N, dtype=np.int64),
+        "z": rng.integers(0, 256, size=(N, 7), dtype=np.uint8),
+        "b": rng.integers(0, 2, size=N).astype(np.bool_),
+        "h": rng.standard_normal((N, 2)).astype(np.float16),
+        "d": rng.standard_normal((N, 2, 2)),
+        "u": rng.integers(0, 65536, size=(N, 4), dtype=np.uint16),
+    }
+
+
+def cuda_driver_loads():
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
+class HostSessions(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="pf-pyhost-")
+        cls.arrays = make_arrays()
+        fields = {}
+        for name, arr in cls.arrays.items():
+            if name == "y":
+                # Two shards, concatenated on axis 0 by the daemon.
+                parts = []
+                for i, part in enumerate((arr[:600], arr[600:])):
+                    parts.append(os.path.join(cls.tmp, "y-%d.npy" % i))
+                    np.save(parts[-1], part)
+                fields[name] = parts
+            else:
+                fields[name] = os.path.join(cls.tmp, name + ".npy")
+                np.save(fields[name], arr)
+        cls.late = np.random.default_rng(7).integers(0, 256, size=(200, 64), dtype=np.uint8)
+        cls.late_path = os.path.join(cls.tmp, "late.npy")
+        np.save(cls.late_path, cls.late)
+        cls.daemon = pfutil.Daemon("host", {"multi": fields, "late": {"x": cls.late_path}},
+                                   env={"CUDA_VISIBLE_DEVICES": ""}, tmpdir=cls.tmp)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.stop()
+        if not os.environ.get("PF_KEEP_TMP"):
+            shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def loader(self, dataset="multi", **kw):
+        kw.setdefault("socket", self.daemon.sock)
+        kw.setdefault("timeout", 30)
+        return prefetch.Loader(dataset, **kw)
+
+    def check_batch(self, batch, loader):
+        """Every field of batch holds the rows its picks name, with the
+        .npy's dtype and sample shape."""
+        self.assertEqual(batch.picks.dtype, np.uint64)
+        self.assertEqual(batch.picks.shape, (batch.count,))
+        self.assertEqual(sorted(batch), sorted(self.arrays))
+        rows = batch.picks % N
+        for name, src in self.arrays.items():
+            arr = batch[name]
+            self.assertIsInstance(arr, np.ndarray)
+            self.assertEqual(arr.dtype, src.dtype, name)
+            self.assertEqual(arr.shape, (batch.count,) + src.shape[1:], name)
+            np.testing.assert_array_equal(arr, src[rows], "field %s, batch %d" % (name,
+                                                                                   batch.seq))
+
+    def run_epoch(self, loader, n, check=True):
+        """Picks of epoch n in delivery order, batches' seq and counts."""
+        picks, seqs, counts = [], [], []
+        for batch in loader.epoch(n):
+            if check:
+                self.check_batch(batch, loader)
+            self.assertEqual(batch.epoch, n)
+            picks.append(batch.picks)
+            seqs.append(batch.seq)
+            counts.append(batch.count)
+        return (np.concatenate(picks) if picks else np.zeros(0, np.uint64)), seqs, counts
+
+    # ---- delivery ------------------------------------------------------------
+
+    def test_fields_report_the_npy_dtypes_and_shapes(self):
+        with self.loader(batch_size=10) as loader:
+            self.assertEqual(loader.num_samples, N)
+            want = [(name, arr.dtype.str.lstrip("<|"), arr.shape[1:])
+                    for name, arr in self.arrays.items()]
+            self.assertEqual(sorted(loader.fields), sorted(want))
+
+    def test_shuffled_epochs_deliver_every_sample_once_with_its_bytes(self):
+        with self.loader(batch_size=64, seed=SEED) as loader:
+            orders = []
+            for n in (0, 1):
+                picks, seqs, counts = self.run_epoch(loader, n)
+                self.assertEqual(sorted(picks.tolist()), list(range(N)))
+                # docs/SHUFFLE.md's shuffle under seed + n, batch by batch.
+                self.assertEqual(picks.tolist(), pfutil.shuffle(N, SEED + n))
+                self.assertEqual(seqs, list(range(16)))
+                self.assertEqual(counts, [64] * 15 + [N - 15 * 64])
+                orders.append(picks.tolist())
+            self.assertNotEqual(orders[0], orders[1])
+
+    def test_sequential_epoch_without_drop_last_ends_with_a_short_batch(self):
+        with self.loader(batch_size=64, shuffle=False) as loader:
+            picks, seqs, counts = self.run_epoch(loader, 0)
+            self.assertEqual(picks.tolist(), list(range(N)))
+            self.assertEqual(counts[-1], N % 64)
+
+    def test_drop_last_drops_the_short_batch(self):
+        with self.loader(batch_size=64, shuffle=False, drop_last=True) as loader:
+            picks, seqs, counts = self.run_epoch(loader, 0)
+            self.assertEqual(counts, [64] * (N // 64))
+            self.assertEqual(picks.tolist(), list(range(N // 64 * 64)))
+
+    def test_augmented_picks_range_over_k_times_the_samples(self):
+        with self.loader(batch_size=128, augment=2, seed=3) as loader:
+            picks, _, _ = self.run_epoch(loader, 0)  # check_batch reads rows pick % N
+            self.assertEqual(sorted(picks.tolist()), list(range(2 * N)))
+
+    def test_two_ranks_share_an_epoch_and_their_union_is_the_epoch(self):
+        shares = []
+        for rank in (0, 1):
+            with self.loader(batch_size=50, seed=SEED, rank=rank, world_size=2) as loader:
+                picks, _, _ = self.run_epoch(loader, 4)
+                self.assertEqual(picks.tolist(),
+                                 pfutil.shard(pfutil.shuffle(N, SEED + 4), rank, 2))
+                shares.append(picks)
+        self.assertEqual(len(shares[0]), N // 2)
+        self.assertEqual(sorted(np.concatenate(shares).tolist()), list(range(N)))
+
+    def test_three_ranks_get_padded_distributed_sampler_shares(self):
+        perm = pfutil.shuffle(N, SEED)
+        for rank in range(3):
+            with self.loader(batch_size=100, seed=SEED, rank=rank, world_size=3) as loader:
+                picks, _, _ = self.run_epoch(loader, 0, check=False)
+                self.assertEqual(picks.tolist(), pfutil.shard(perm, rank, 3))
+
+    def test_rank_and_world_size_default_from_torchrun_environment(self):
+        saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE")}
+        os.environ.update(RANK="1", WORLD_SIZE="2")
+        try:
+            with self.loader(batch_size=100, seed=SEED) as loader:
+                self.assertEqual((loader.rank, loader.world_size), (1, 2))
+                picks, _, _ = self.run_epoch(loader, 0, check=False)
+                self.assertEqual(picks.tolist(), pfutil.shard(pfutil.shuffle(N, SEED), 1, 2))
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        with self.loader(batch_size=100) as loader:
+            self.assertEqual((loader.rank, loader.world_size), (0, 1))
+
+    def test_stats_count_batches_and_bytes_taken(self):
+        row_bytes = sum(a.itemsize * int(np.prod(a.shape[1:])) for a in self.arrays.values())
+        with self.loader(batch_size=64) as loader:
+            self.run_epoch(loader, 0, check=False)
+            st = loader.stats()
+            self.assertEqual(st["batches"], 16)
+            self.assertEqual(st["bytes"], N * row_bytes)
+            self.assertEqual(st["held"], 0)
+            self.assertGreaterEqual(st["stall_fraction"], 0.0)
+            self.assertLessEqual(st["stall_fraction"], 1.0)
+
+    # ---- resume --------------------------------------------------------------
+
+    def test_resume_from_state_dict_delivers_exactly_the_rest(self):
+        k = 6
+        with self.loader(batch_size=64, seed=SEED) as first:
+            head = []
+            for batch in first.epoch(2):
+                head.append(batch.picks)
+                if len(head) == k:
+                    state = first.state_dict()
+                    break
+        self.assertEqual((state["epoch"], state["batches_taken"], state["seed"]), (2, k, SEED))
+        state = json.loads(json.dumps(state))  # a checkpoint survives serialisation
+        # Another seed at construction: the saved one wins.
+        with self.loader(batch_size=64, seed=999) as second:
+            second.load_state_dict(state)
+            self.assertEqual(second.state_dict()["batches_taken"], k)
+            tail, seqs, _ = self.run_epoch(second, 2)
+            self.assertEqual(seqs, list(range(k, 16)))
+            whole = np.concatenate(head + [tail]).tolist()
+            self.assertEqual(whole, pfutil.shuffle(N, SEED + 2))
+            # After a whole epoch, the saved position is the next epoch's start.
+            end = second.state_dict()
+            self.assertEqual((end["epoch"], end["batches_taken"]), (3, 0))
+            picks, _, _ = self.run_epoch(second, 3, check=False)
+            self.assertEqual(picks.tolist(), pfutil.shuffle(N, SEED + 3))
+
+    def test_resume_at_the_last_batch_delivers_nothing_more(self):
+        with self.loader(batch_size=64) as loader:
+            state = loader.state_dict()
+            state.update(epoch=0, batches_taken=16)
+            loader.load_state_dict(state)
+            picks, seqs, _ = self.run_epoch(loader, 0)
+            self.assertEqual(seqs, [])
+
+    def test_load_state_dict_refuses_another_batch_size(self):
+        with self.loader(batch_size=64) as a:
+            state = a.state_dict()
+        with self.loader(batch_size=32) as b:
+            with self.assertRaisesRegex(ValueError, "batch_size"):
+                b.load_state_dict(state)
+
+    # ---- early exit and the release rule -------------------------------------
+
+    def test_leaving_an_epoch_early_abandons_it(self):
+        with self.loader(batch_size=32, shuffle=False) as loader:
+            sid = loader.stats()["session"]
+            for i, batch in enumerate(loader.epoch(0)):
+                if i == 2:
+                    break
+            # The abandon was a request with a reply: the daemon has stopped.
+            s = self.daemon.session(sid)
+            self.assertEqual(s["state"], "idle")
+            self.assertEqual(s["held"], 0)
+            self.assertLess(s["sent"], N // 32)
+            sent = s["sent"]
+            time.sleep(0.2)
+            self.assertEqual(self.daemon.session(sid)["sent"], sent, "still filling")
+            self.assertEqual(loader.stats()["held"], 0)
+            self.assertEqual(loader.state_dict()["batches_taken"], 3)
+
+            with self.assertRaises(KeyError):
+                for batch in loader.epoch(1):
+                    batch["no such field"]
+            s = self.daemon.session(sid)
+            self.assertEqual((s["state"], s["held"]), ("idle", 0))
+
+            picks, _, _ = self.run_epoch(loader, 2)
+            self.assertEqual(picks.tolist(), list(range(N)))
+            self.assertEqual(self.daemon.session(sid)["held"], 0)
+
+    def test_starting_an_epoch_ends_the_one_before(self):
+        with self.loader(batch_size=100) as loader:
+            old = loader.epoch(0)
+            first = next(old)
+            picks, _, _ = self.run_epoch(loader, 1)
+            self.assertEqual(sorted(picks.tolist()), list(range(N)))
+            self.assertTrue(first.released)
+            with self.assertRaisesRegex(RuntimeError, "another epoch"):
+                next(old)
+
+    def test_host_batch_is_released_when_the_next_is_taken(self):
+        with self.loader(batch_size=50) as loader:
+            sid = loader.stats()["session"]
+            it = loader.epoch(0)
+            b0 = next(it)
+            self.assertEqual(loader.stats()["held"], 1)
+            s = self.daemon.wait_session(sid, lambda s: s["held"] == 1)
+            self.assertEqual(s["held"], 1)
+            view = b0["z"]
+            self.assertFalse(view.flags.writeable)
+            with self.assertRaises(ValueError):
+                view[0, 0] = 1
+            b1 = next(it)
+            self.assertTrue(b0.released)
+            self.assertFalse(b1.released)
+            with self.assertRaisesRegex(RuntimeError, "released"):
+                b0["z"]
+            # Picks are a copy: they outlive the slot.
+            self.assertEqual(b0.picks.tolist(), pfutil.shuffle(N, 0)[:50])
+            self.assertEqual(loader.stats()["held"], 1)
+            self.assertEqual(self.daemon.wait_session(sid, lambda s: s["held"] == 1)["held"], 1)
+            it.close()
+            self.assertTrue(b1.released)
+            self.assertEqual(self.daemon.session(sid)["held"], 0)
+
+    def test_released_slot_is_reused_so_only_a_copy_keeps_the_data(self):
+        z = self.arrays["z"]
+        with self.loader(batch_size=50, shuffle=False, min_depth=1, max_depth=1) as loader:
+            it = loader.epoch(0)
+            b0 = next(it)
+            view, copy = b0["z"], b0["z"].copy()
+            addr = view.ctypes.data
+            reused = None
+            for batch in it:
+                if batch["z"].ctypes.data == addr:
+                    reused = batch
+                    break
+            self.assertIsNotNone(reused, "batch 0's slot was never filled again")
+            # The old view shows the new batch's rows: it aliased the slot.
+            np.testing.assert_array_equal(view, z[reused.picks])
+            self.assertFalse(np.array_equal(view, copy))
+            np.testing.assert_array_equal(copy, z[b0.picks])
+
+    def test_batch_release_gives_the_slot_back_early(self):
+        with self.loader(batch_size=50) as loader:
+            sid = loader.stats()["session"]
+            for batch in loader.epoch(0):
+                self.assertEqual(self.daemon.wait_session(sid, lambda s: s["held"] == 1)["held"],
+                                 1)
+                batch.release()
+                self.assertTrue(batch.released)
+                self.assertEqual(loader.stats()["held"], 0)
+                batch.release()  # twice: harmless
+                self.assertEqual(self.daemon.wait_session(sid, lambda s: s["held"] == 0)["held"],
+                                 0)
+                break
+
+    # ---- errors ----------------------------------------------------------------
+
+    def test_unknown_dataset_raises_the_daemons_message(self):
+        with self.assertRaises(prefetch.PrefetchError) as cm:
+            self.loader("no_such_dataset")
+        self.assertEqual(cm.exception.code, -errno.ENOENT)
+        self.assertIn("unknown dataset 'no_such_dataset'", str(cm.exception))
+
+    def test_cuda_device_on_a_gpu_less_daemon_raises_prefetch_error(self):
+        with self.assertRaises(prefetch.PrefetchError) as cm:
+            self.loader(device="cuda:0")
+        msg = str(cm.exception)
+        print("refused: %s (%d)" % (msg, cm.exception.code))
+        if "host sessions" in msg:
+            # The client opened its GPU and the daemon refused the session.
+            self.assertEqual(cm.exception.code, -errno.ENODEV)
+            self.assertIn("device cuda:0: this daemon serves host sessions only", msg)
+        else:
+            # No usable driver in this process: the library refuses first.
+            self.assertFalse(cuda_driver_loads() and "no CUDA driver" in msg)
+            self.assertTrue(msg.startswith("pf_open: cuda:0: "), msg)
+        with self.loader(batch_size=100) as loader:  # the daemon still serves
+            self.assertEqual(self.run_epoch(loader, 0, check=False)[0].size, N)
+
+    def test_unreachable_socket_raises_prefetch_error(self):
+        path = os.path.join(self.tmp, "nobody.sock")
+        with self.assertRaises(prefetch.PrefetchError) as cm:
+            prefetch.Loader("multi", socket=path)
+        self.assertEqual(cm.exception.code, -errno.ENOENT)
+        self.assertIn(path, str(cm.exception))
+        self.assertIn("is the daemon running?", str(cm.exception))
+
+    def test_error_batch_raises_naming_the_file_and_abandons_the_epoch(self):
+        hdr = os.path.getsize(self.late_path) - self.late.nbytes
+        with self.loader("late", batch_size=50, shuffle=False) as loader:
+            sid = loader.stats()["session"]
+            # Rows 150.. vanish after the daemon loaded the file.
+            os.truncate(self.late_path, hdr + 150 * 64)
+            good = 0
+            with self.assertRaises(prefetch.PrefetchError) as cm:
+                for batch in loader.epoch(0):
+                    np.testing.assert_array_equal(batch["x"], self.late[batch.picks])
+                    good += 1
+            self.assertEqual(good, 3)
+            self.assertEqual(cm.exception.code, -errno.EIO)
+            self.assertIn("late.npy", str(cm.exception))
+            self.assertEqual(self.daemon.session(sid)["state"], "idle")
+
+    def test_closed_loader_refuses_use(self):
+        loader = self.loader(batch_size=100)
+        it = loader.epoch(0)
+        next(it)
+        loader.close()
+        loader.close()  # twice: harmless
+        with self.assertRaisesRegex(ValueError, "closed"):
+            next(it)
+        with self.assertRaisesRegex(ValueError, "closed"):
+            loader.epoch(1)
+        with self.assertRaisesRegex(ValueError, "closed"):
+            loader.stats()
+
+    # ---- the binding itself ------------------------------------------------------
+
+    def test_ctypes_structs_match_prefetch_h(self):
+        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        if not cc:
+            self.skipTest("no C compiler to read prefetch.h's layout")
+        src = ["#include <stddef.h>", "#include <stdio.h>", '#include "prefetch.h"',
+               "int main(void) {"]
+        want = []
+        for cname, cls in pfutil._lib.STRUCTS.items():
+            src.append('printf("%%zu\\n", sizeof(struct %s));' % cname)
+            want.append((cname, "sizeof", ctypes.sizeof(cls)))
+            for field, _ in cls._fields_:
+                src.append('printf("%%zu\\n", offsetof(struct %s, %s));' % (cname, field))
+                want.append((cname, field, getattr(cls, field).offset))
+        src.append("return 0; }")
+        exe = os.path.join(self.tmp, "layout")
+        c_file = exe + ".c"
+        with open(c_file, "w") as f:
+            f.write("\n".join(src) + "\n")
+        subprocess.run([cc, "-I", os.path.join(pfutil.ROOT, "client"), "-o", exe, c_file],
+                       check=True)
+        got = subprocess.run([exe], check=True, capture_output=True, text=True).stdout.split()
+        self.assertEqual(len(got), len(want))
+        for (cname, what, size), c_value in zip(want, got):
+            self.assertEqual(size, int(c_value), "struct %s: %s" % (cname, what))
+
+    def test_device_array_describes_itself_by_cuda_array_interface_v3(self):
+        # What a CUDA batch's field is without a CUDA-enabled torch.
+        arr = prefetch.DeviceArray(0x7f0000001000, (4, 3, 5), np.dtype("f2"))
+        self.assertEqual(arr.__cuda_array_interface__, {
+            "shape": (4, 3, 5), "typestr": "<f2", "data": (0x7f0000001000, False),
+            "strides": None, "version": 3, "stream": None})
+        self.assertEqual(prefetch.DeviceArray(1, (2,), np.dtype("b1"))
+                         .__cuda_array_interface__["typestr"], "|b1")
+
+    def test_library_is_found_through_prefetch_lib_then_the_build_dir(self):
+        code = ("import sys; sys.path.insert(0, %r); import prefetch; "
+                "print(prefetch.library_path())" % os.path.join(pfutil.ROOT, "python"))
+        built = os.path.join(pfutil.ROOT, "build", "libprefetch.so")
+        copy = os.path.join(self.tmp, "libprefetch-copy.so")
+        shutil.copy(built, copy)
+
+        def run(lib):
+            env = dict(os.environ)
+            env.pop("PREFETCH_LIB", None)
+            if lib is not None:
+                env["PREFETCH_LIB"] = lib
+            return subprocess.run([sys.executable, "-B", "-c", code], env=env, capture_output=True,
+                                  text=True)
+
+        out = run(copy)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.strip(), copy)
+        out = run(os.path.join(self.tmp, "missing.so"))
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("PREFETCH_LIB=", out.stderr)
+        if not os.path.exists(os.path.join(pfutil.ROOT, "python", "prefetch",
+                                           "libprefetch.so")):
+            out = run(None)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertEqual(out.stdout.strip(), built)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,199 @@
+"""The Python binding over CUDA sessions, with torch: a real prefetchd with
+a GPU, tensors checked against the .npy files they came from, and the
+release rule checked against a deliberately long kernel.
+
+Every case skips, saying why, when torch cannot be imported, has no CUDA,
+or the daemon has no GPU; PF_REQUIRE_GPU=1 (make check-cuda) turns those
+skips into failures.  Run through tests/run.py or `python3 -m unittest`.
+"""
+
+import errno
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+import pfutil
+from pfutil import prefetch
+
+try:
+    import torch
+    _TORCH_WHY = None if torch.cuda.is_available() else (
+        "torch %s under %s sees no CUDA device (CPU-only build or no GPU)"
+        % (torch.__version__, sys.executable))
+except ImportError as e:
+    torch = None
+    _TORCH_WHY = "torch is not importable by %s (%s)" % (sys.executable, e)
+
+N = 1000
+SEED = 9
+# Cycles of torch.cuda._sleep for the race: about 0.5 s at the 1.98 GHz of
+# an H200's boost clock, against the few milliseconds the trainer needs to
+# take the next batches; long enough that a slot given back early would be
+# refilled (the daemon fills one in well under a millisecond) while the
+# kernel waits.
+SLEEP_CYCLES = 1 << 30
+
+
+def make_arrays():
+    rng = np.random.default_rng(4321)
+    return {
+        "x": rng.standard_normal((N, 3, 5), dtype=np.float32),
+        "y": rng.integers(-2**62, 2**62, size=N, dtype=np.int64),
+        "z": rng.integers(0, 256, size=(N, 7), dtype=np.uint8),
+        "b": rng.integers(0, 2, size=N).astype(np.bool_),
+        "h": rng.standard_normal((N, 2)).astype(np.float16),
+        "d": rng.standard_normal((N, 2, 2)),
+        "s": rng.integers(-2**15, 2**15, size=(N, 3), dtype=np.int16),
+        # The race's field: 4 KiB rows, so that a batch is a real slot's worth.
+        "w": rng.integers(-2**31, 2**31, size=(N, 1024), dtype=np.int32),
+    }
+
+
+class CudaSessions(unittest.TestCase):
+    tmp = None
+    daemon = None
+    race_daemon = None
+    why = _TORCH_WHY
+
+    @classmethod
+    def setUpClass(cls):
+        if cls.why:
+            return
+        cls.tmp = tempfile.mkdtemp(prefix="pf-pycuda-")
+        cls.arrays = make_arrays()
+        fields = {}
+        for name, arr in cls.arrays.items():
+            fields[name] = os.path.join(cls.tmp, name + ".npy")
+            np.save(fields[name], arr)
+        cls.daemon = pfutil.Daemon("cuda", {"multi": fields}, extra="ring_bytes = 64M",
+                                   tmpdir=cls.tmp)
+        # Two slots per session: 32 rows of 4 KiB are one 128 KiB slot.
+        cls.race_daemon = pfutil.Daemon("race", {"race": {"w": fields["w"]}},
+                                        extra="ring_bytes = 64M\nsession_bytes = 256K",
+                                        tmpdir=cls.tmp)
+        try:
+            with prefetch.Loader("multi", batch_size=8, device="cuda:0",
+                                 socket=cls.daemon.sock):
+                pass
+        except prefetch.PrefetchError as e:
+            if e.code != -errno.ENODEV:
+                raise
+            cls.why = "prefetchd has no usable GPU: %s" % e
+
+    @classmethod
+    def tearDownClass(cls):
+        for d in (cls.daemon, cls.race_daemon):
+            if d:
+                d.stop()
+        if cls.tmp and not os.environ.get("PF_KEEP_TMP"):
+            shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def setUp(self):
+        if self.why:
+            self.skipTest(self.why)
+
+    def loader(self, **kw):
+        kw.setdefault("socket", self.daemon.sock)
+        kw.setdefault("device", "cuda:0")
+        kw.setdefault("timeout", 60)
+        return prefetch.Loader("multi", **kw)
+
+    def check_batch(self, batch):
+        rows = batch.picks % N
+        for name, src in self.arrays.items():
+            t = batch[name]
+            self.assertIsInstance(t, torch.Tensor, name)
+            self.assertEqual(t.device, torch.device("cuda", 0), name)
+            self.assertEqual(t.dtype, getattr(torch, src.dtype.name), name)
+            self.assertEqual(tuple(t.shape), (batch.count,) + src.shape[1:], name)
+            np.testing.assert_array_equal(t.cpu().numpy(), src[rows],
+                                          "field %s, batch %d" % (name, batch.seq))
+
+    def exact_epochs(self, ipc):
+        with self.loader(batch_size=64, seed=SEED, ipc=ipc) as loader:
+            self.assertEqual(loader.device, "cuda:0")
+            for n in (0, 1):
+                picks = []
+                for batch in loader.epoch(n):
+                    self.check_batch(batch)
+                    picks.append(batch.picks)
+                picks = np.concatenate(picks).tolist()
+                self.assertEqual(picks, pfutil.shuffle(N, SEED + n))
+            self.assertEqual(loader.stats()["held"], 0)
+
+    def test_tensors_hold_the_npy_values_and_dtypes_over_fd(self):
+        self.exact_epochs("fd")
+
+    def test_tensors_hold_the_npy_values_and_dtypes_over_legacy_ipc(self):
+        self.exact_epochs("legacy")
+
+    def race(self, side_stream):
+        """Batch 0 is read by kernels queued behind a long sleep; the
+        trainer takes the next batches at once, which releases batch 0
+        behind the current stream.  The race daemon's sessions have two
+        slots, so the slot must be filled again within two batches, and
+        only after the kernels have read it.
+
+        side_stream: all of it on a torch side stream (non-blocking with
+        respect to the legacy default stream, which stays idle), batch 0
+        given back by batch.release(): a release recorded anywhere but on
+        the current stream would let the daemon refill the slot at once."""
+        w = self.arrays["w"]
+        with prefetch.Loader("race", batch_size=32, shuffle=False, device="cuda:0",
+                             socket=self.race_daemon.sock, timeout=60) as loader:
+            it = loader.epoch(0)
+            stream = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
+            with torch.cuda.stream(stream):
+                b0 = next(it)
+                want = w[b0.picks.astype(np.int64)]
+                t0 = b0["w"]
+                addr = t0.data_ptr()
+                torch.cuda._sleep(SLEEP_CYCLES)
+                total = t0.to(torch.int64).sum(dim=0)
+                snap = t0.clone()
+                if side_stream:
+                    b0.release()
+                later = [next(it)["w"].data_ptr() for _ in range(3)]
+            self.assertIn(addr, later, "batch 0's slot was never filled again: the test "
+                          "proves nothing")
+            stream.synchronize()
+            np.testing.assert_array_equal(snap.cpu().numpy(), want)
+            np.testing.assert_array_equal(total.cpu().numpy(), want.astype(np.int64).sum(0))
+            it.close()
+
+    def test_released_slot_is_not_overwritten_while_a_kernel_reads_it(self):
+        self.race(side_stream=False)
+
+    def test_release_on_a_side_stream_waits_for_that_stream(self):
+        self.race(side_stream=True)
+
+    def test_leaving_a_cuda_epoch_early_returns_every_slot(self):
+        with self.loader(batch_size=32) as loader:
+            sid = loader.stats()["session"]
+            for i, batch in enumerate(loader.epoch(0)):
+                batch["x"].sum()
+                if i == 3:
+                    break
+            s = self.daemon.wait_session(sid, lambda s: s["held"] == 0)
+            self.assertEqual((s["state"], s["held"]), ("idle", 0))
+            picks = []
+            for batch in loader.epoch(1):
+                self.check_batch(batch)
+                picks.append(batch.picks)
+            self.assertEqual(sorted(np.concatenate(picks).tolist()), list(range(N)))
+
+    def test_cuda_device_on_a_gpu_less_daemon_names_host_sessions(self):
+        with pfutil.Daemon("nogpu", {"multi": {"z": os.path.join(self.tmp, "z.npy")}},
+                           env={"CUDA_VISIBLE_DEVICES": ""}, tmpdir=self.tmp) as d:
+            with self.assertRaises(prefetch.PrefetchError) as cm:
+                prefetch.Loader("multi", device="cuda:0", socket=d.sock)
+            self.assertEqual(cm.exception.code, -errno.ENODEV)
+            self.assertIn("this daemon serves host sessions only", str(cm.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
