@@ -139,6 +139,21 @@ class Daemon:
 MASK = (1 << 64) - 1
 
 
+def mixed_arrays(rng, n):
+    """n rows of six fields with different dtypes and sample shapes, drawn
+    from the numpy Generator rng (tests add their own fields after)."""
+    import numpy as np
+
+    return {
+        "x": rng.standard_normal((n, 3, 5), dtype=np.float32),
+        "y": rng.integers(-2**62, 2**62, size=n, dtype=np.int64),
+        "z": rng.integers(0, 256, size=(n, 7), dtype=np.uint8),
+        "b": rng.integers(0, 2, size=n).astype(np.bool_),
+        "h": rng.standard_normal((n, 2)).astype(np.float16),
+        "d": rng.standard_normal((n, 2, 2)),
+    }
+
+
 class SplitMix64:
     def __init__(self, seed):
         self.state = seed & MASK

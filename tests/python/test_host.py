@@ -33,15 +33,9 @@ SEED = 5
 
 def make_arrays():
     rng = np.random.default_rng(1234)
-    return {
-        "x": rng.standard_normal((N, 3, 5), dtype=np.float32),
-        "y": rng.integers(-2**62, 2**62, size=N, dtype=np.int64),
-        "z": rng.integers(0, 256, size=(N, 7), dtype=np.uint8),
-        "b": rng.integers(0, 2, size=N).astype(np.bool_),
-        "h": rng.standard_normal((N, 2)).astype(np.float16),
-        "d": rng.standard_normal((N, 2, 2)),
-        "u": rng.integers(0, 65536, size=(N, 4), dtype=np.uint16),
-    }
+    arrays = pfutil.mixed_arrays(rng, N)
+    arrays["u"] = rng.integers(0, 65536, size=(N, 4), dtype=np.uint16)
+    return arrays
 
 
 def cuda_driver_loads():

@@ -40,17 +40,11 @@ SLEEP_CYCLES = 1 << 30
 
 def make_arrays():
     rng = np.random.default_rng(4321)
-    return {
-        "x": rng.standard_normal((N, 3, 5), dtype=np.float32),
-        "y": rng.integers(-2**62, 2**62, size=N, dtype=np.int64),
-        "z": rng.integers(0, 256, size=(N, 7), dtype=np.uint8),
-        "b": rng.integers(0, 2, size=N).astype(np.bool_),
-        "h": rng.standard_normal((N, 2)).astype(np.float16),
-        "d": rng.standard_normal((N, 2, 2)),
-        "s": rng.integers(-2**15, 2**15, size=(N, 3), dtype=np.int16),
-        # The race's field: 4 KiB rows, so that a batch is a real slot's worth.
-        "w": rng.integers(-2**31, 2**31, size=(N, 1024), dtype=np.int32),
-    }
+    arrays = pfutil.mixed_arrays(rng, N)
+    arrays["s"] = rng.integers(-2**15, 2**15, size=(N, 3), dtype=np.int16)
+    # The race's field: 4 KiB rows, so that a batch is a real slot's worth.
+    arrays["w"] = rng.integers(-2**31, 2**31, size=(N, 1024), dtype=np.int32)
+    return arrays
 
 
 class CudaSessions(unittest.TestCase):
