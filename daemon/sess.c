@@ -569,6 +569,12 @@ static int send_batch(struct sess *s, struct slot *sl)
 		s->bytes_sent += (uint64_t)count * s->ds->sample_bytes;
 	}
 	s->sent++;
+	if (!s->first_sent) {
+		s->first_sent = true;
+		log_debug("session %" PRIu64 ": epoch %" PRIu64 ": first batch sent %.2f ms after "
+			  "StartEpoch",
+			  s->id, s->epoch, (now_ns() - s->epoch_started_ns) / 1e6);
+	}
 	return rc;
 }
 
@@ -976,6 +982,7 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 	struct order_spec spec = {0};
 	uint64_t *picks = NULL, npicks = 0, nbatches;
 	char err[256] = "";
+	uint64_t t_req = now_ns(), t_order;
 	int rc;
 
 	if (req->epoch <= s->epoch && s->epoch != 0)
@@ -992,7 +999,9 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 	spec.nindices = req->n_indices;
 	spec.rank = req->rank;
 	spec.world = req->world;
+	t_order = now_ns();
 	rc = order_build(&spec, s->ds->num_samples * s->augment, &picks, &npicks, err, sizeof(err));
+	t_order = now_ns() - t_order;
 	if (rc)
 		return conn_error(c, id, rc, "epoch %" PRIu64 ": %s", req->epoch,
 				  err[0] ? err : strerror(-rc));
@@ -1018,7 +1027,11 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 	s->next_fill = s->next_send = req->start_batch;
 	s->sent = 0;
 	s->running = true;
-	s->epoch_started_ns = now_ns();
+	s->epoch_started_ns = t_req; /* when the request came */
+	s->first_sent = false;
+	log_debug("session %" PRIu64 ": epoch %" PRIu64 ": order of %" PRIu64
+		  " picks built in %.1f ms",
+		  s->id, s->epoch, npicks, t_order / 1e6);
 	gov_new_epoch(&s->gov);
 
 	{

@@ -128,6 +128,7 @@ struct sess {
 	uint64_t sent, bytes_sent, errors, read_ns;
 	double wait_s, busy_s;
 	uint64_t opened_ns, epoch_started_ns;
+	bool first_sent; /* this epoch's first batch went out (debug timing) */
 };
 
 /* OpenSession on connection c: creates c->sess, replies SessionOpened and
