@@ -109,6 +109,44 @@ static void shuffle_is_a_permutation_for_every_size(void **unused)
 	}
 }
 
+/* The spec's Fisher-Yates written as plainly as possible: long lists are
+ * shuffled with prefetching and with their draws made on another thread,
+ * and must still give exactly this. */
+static void plain_shuffle(uint64_t *perm, uint64_t n, uint64_t seed)
+{
+	uint64_t state = seed;
+
+	for (uint64_t i = 0; i < n; i++)
+		perm[i] = i;
+	for (uint64_t i = n; i > 1; i--) {
+		uint64_t j = order_bounded(&state, i), t = perm[i - 1];
+
+		perm[i - 1] = perm[j];
+		perm[j] = t;
+	}
+}
+
+static void long_shuffles_match_the_plain_algorithm(void **unused)
+{
+	/* Around the threaded path's threshold (2^16) and its ring (2^14). */
+	static const uint64_t sizes[] = {65535, 65536, 65537, 100003, 1u << 20};
+
+	for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+		uint64_t n = sizes[s];
+		uint64_t *a = malloc(n * sizeof(*a)), *b = malloc(n * sizeof(*b));
+
+		assert_non_null(a);
+		assert_non_null(b);
+		for (uint64_t seed = 1; seed <= 2; seed++) {
+			order_shuffle(a, n, seed);
+			plain_shuffle(b, n, seed);
+			assert_memory_equal(a, b, n * sizeof(*a));
+		}
+		free(a);
+		free(b);
+	}
+}
+
 static void shuffle_of_nothing_writes_nothing(void **unused)
 {
 	uint64_t canary = 0xDEADBEEF;
@@ -357,6 +395,7 @@ int main(void)
 		cmocka_unit_test(shuffle_of_10_with_seed_42_matches_the_reference),
 		cmocka_unit_test(shuffle_of_16_with_seed_7_matches_the_reference),
 		cmocka_unit_test(shuffle_is_a_permutation_for_every_size),
+		cmocka_unit_test(long_shuffles_match_the_plain_algorithm),
 		cmocka_unit_test(shuffle_of_nothing_writes_nothing),
 		cmocka_unit_test(shuffle_depends_on_the_seed_only),
 		cmocka_unit_test(sequential_order_is_the_identity),
