@@ -175,17 +175,13 @@ static int make_host_arenas(struct sess *s, char *err, size_t errlen)
 static int pick_gpu(struct daemon *d, const Pf__OpenSession *req, int *gpu, char *err,
 		    size_t errlen)
 {
-	char *end;
-	long n;
+	char *end = NULL;
+	long n = -1;
 
-	if (strncmp(req->device, "cuda:", 5) != 0) {
-		snprintf(err, errlen, "unknown device '%s' (use \"host\" or \"cuda:N\")",
-			 req->device);
-		return -EINVAL;
-	}
 	errno = 0;
-	n = strtol(req->device + 5, &end, 10);
-	if (end == req->device + 5 || *end || n < 0 || errno) {
+	if (strncmp(req->device, "cuda:", 5) == 0)
+		n = strtol(req->device + 5, &end, 10);
+	if (!end || end == req->device + 5 || *end || n < 0 || errno) {
 		snprintf(err, errlen, "unknown device '%s' (use \"host\" or \"cuda:N\")",
 			 req->device);
 		return -EINVAL;
@@ -526,6 +522,22 @@ static void ring_slot_put(struct sess *s, struct slot *sl)
 	sl->ring = -1;
 }
 
+/* Records the error of the batch in sl (its epoch and seq set): the message
+ * names the batch, is logged unless the batch was abandoned, and is what
+ * the trainer's pf_errmsg will say when the error batch is sent. */
+static void slot_set_error(struct sess *s, struct slot *sl, int rc, const char *why)
+{
+	char msg[400];
+
+	snprintf(msg, sizeof(msg), "epoch %" PRIu64 " batch %" PRIu64 ": %s", sl->epoch, sl->seq,
+		 why);
+	if (sl->state != SLOT_ORPHAN)
+		log_warn("session %" PRIu64 ": %s", s->id, msg);
+	free(sl->errmsg);
+	sl->errmsg = strdup(msg);
+	sl->error = sl->errmsg ? rc : -ENOMEM;
+}
+
 static uint32_t batch_count(const struct sess *s, uint64_t seq)
 {
 	uint64_t first = seq * s->batch_size;
@@ -592,7 +604,7 @@ static int send_end(struct sess *s)
 
 /* Hands batch next_fill to the readers, in parts of about SESS_PART_BYTES.
  * The slot is FILLING until every part is back. */
-static int start_fill(struct sess *s, struct slot *sl)
+static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 {
 	uint32_t count = batch_count(s, s->next_fill);
 	const uint64_t *picks = s->picks + s->next_fill * s->batch_size;
@@ -630,8 +642,8 @@ static int start_fill(struct sess *s, struct slot *sl)
 		jobs[p]->count = n;
 	}
 	if (s->gpu >= 0) {
-		sl->ring = free_ring_slot(s);
-		s->ring_busy[sl->ring] = 1;
+		sl->ring = ring;
+		s->ring_busy[ring] = 1;
 		dst = ring_slot_mem(s, sl->ring);
 	} else {
 		dst = sl->host;
@@ -662,6 +674,7 @@ static int start_fill(struct sess *s, struct slot *sl)
 static void pump(struct sess *s)
 {
 	struct slot *sl;
+	int32_t ring;
 
 	if (s->dead || !s->conn || !s->running || s->d->stopping)
 		return;
@@ -685,9 +698,10 @@ static void pump(struct sess *s)
 				grow(s);
 			break;
 		}
-		if (s->gpu >= 0 && free_ring_slot(s) < 0)
+		ring = s->gpu >= 0 ? free_ring_slot(s) : -1;
+		if (s->gpu >= 0 && ring < 0)
 			break;
-		if (start_fill(s, sl)) {
+		if (start_fill(s, sl, ring)) {
 			log_err("session %" PRIu64 ": out of memory starting a read", s->id);
 			return;
 		}
@@ -734,7 +748,6 @@ static void grow(struct sess *s)
 	job->owner = s;
 	job->bytes = k * s->slot_stride;
 	job->ipc = s->ipc;
-	job->arena_index = s->ngarenas;
 	if (s->d->test_fail_allocs > 0) {
 		s->d->test_fail_allocs--;
 		job->inject_enomem = true;
@@ -750,7 +763,7 @@ static void grow(struct sess *s)
 static void give_up_alloc(struct sess *s, const char *why)
 {
 	struct slot *sl = NULL;
-	char msg[400];
+	char why_full[300];
 
 	s->oom_tries = 0;
 	if (s->npresent > 0) {
@@ -766,15 +779,13 @@ static void give_up_alloc(struct sess *s, const char *why)
 			sl = &s->slots[i];
 	if (!sl)
 		return;
-	snprintf(msg, sizeof(msg),
-		 "epoch %" PRIu64 " batch %" PRIu64 ": %s %s: no device slot after %d tries: %s",
-		 s->epoch, s->next_fill, "device out of memory on", s->device, SESS_OOM_TRIES, why);
-	log_warn("session %" PRIu64 ": %s", s->id, msg);
+	snprintf(why_full, sizeof(why_full),
+		 "device out of memory on %s: no device slot after %d tries: %s", s->device,
+		 SESS_OOM_TRIES, why);
 	sl->state = SLOT_READY;
 	sl->epoch = s->epoch;
 	sl->seq = s->next_fill;
-	sl->error = -ENOMEM;
-	sl->errmsg = strdup(msg);
+	slot_set_error(s, sl, -ENOMEM, why_full);
 	s->next_fill++;
 	s->gov.prepared++;
 }
@@ -858,14 +869,8 @@ void sess_xfer_done(struct xfer_job *job, void *arg)
 	if (sl->state == SLOT_ORPHAN) {
 		sl->state = SLOT_FREE;
 	} else if (job->rc) {
-		char msg[400];
-
-		snprintf(msg, sizeof(msg), "epoch %" PRIu64 " batch %" PRIu64 ": %s", job->epoch,
-			 job->seq, job->err);
-		log_warn("session %" PRIu64 ": %s", s->id, msg);
 		sl->state = SLOT_READY;
-		sl->error = job->rc;
-		sl->errmsg = strdup(msg);
+		slot_set_error(s, sl, job->rc, job->err);
 	} else {
 		sl->state = SLOT_READY;
 		s->copy_bytes += job->bytes;
@@ -888,8 +893,7 @@ static void start_copy(struct sess *s, struct slot *sl, const struct reader_job 
 	if (!job) {
 		ring_slot_put(s, sl);
 		sl->state = SLOT_READY;
-		sl->error = -ENOMEM;
-		sl->errmsg = strdup("out of memory queueing a copy to the device");
+		slot_set_error(s, sl, -ENOMEM, "out of memory queueing a copy to the device");
 		return;
 	}
 	job->kind = XFER_COPY;
@@ -918,18 +922,8 @@ void sess_job_done(struct reader_job *job, void *arg)
 	s->jobs--;
 	s->read_ns += job->read_ns;
 	sl->parts--;
-	if (job->rc && !sl->error && !s->dead) {
-		char msg[400];
-
-		snprintf(msg, sizeof(msg), "epoch %" PRIu64 " batch %" PRIu64 ": %s", job->epoch,
-			 job->seq, job->err);
-		if (sl->state != SLOT_ORPHAN)
-			log_warn("session %" PRIu64 ": %s", s->id, msg);
-		sl->error = job->rc;
-		sl->errmsg = strdup(msg);
-		if (!sl->errmsg)
-			sl->error = -ENOMEM;
-	}
+	if (job->rc && !sl->error && !s->dead)
+		slot_set_error(s, sl, job->rc, job->err); /* the first part's error wins */
 	if (s->dead) {
 		if (s->jobs == 0)
 			sess_free(s);

@@ -10,8 +10,8 @@
  * copy goes back to the loop thread, and its event to the thread's pool.
  *
  * DESIGN: the transfer thread makes every CUDA call of its device; the loop
- * thread only submits and drains.  x->lock guards the two queues, the stop
- * flag and the figures.
+ * thread only submits and drains.  x->lock guards the two queues and the stop
+ * flag.
  */
 #include "xfer.h"
 
@@ -39,9 +39,6 @@ struct xfer {
 	uv_async_t async;
 	xfer_done_fn done;
 	void *arg;
-	/* Figures, under lock. */
-	unsigned in_flight;
-	uint64_t bytes, busy_ns;
 	/* Transfer thread only. */
 	uint64_t last_retire_ns;
 	struct gpu_event **pool; /* idle events */
@@ -99,13 +96,6 @@ static void finish(struct xfer *x, struct xfer_job *job)
 		return;
 	}
 	pthread_mutex_lock(&x->lock);
-	if (job->kind == XFER_COPY) {
-		x->in_flight--;
-		if (!job->rc) {
-			x->bytes += job->bytes;
-			x->busy_ns += job->copy_ns;
-		}
-	}
 	push(&x->done_head, &x->done_tail, job);
 	pthread_mutex_unlock(&x->lock);
 	uv_async_send(&x->async);
@@ -348,8 +338,6 @@ void xfer_submit(struct xfer *x, struct xfer_job *job)
 		return;
 	}
 	pthread_mutex_lock(&x->lock);
-	if (job->kind == XFER_COPY)
-		x->in_flight++;
 	push(&x->pending_head, &x->pending_tail, job);
 	pthread_cond_signal(&x->more);
 	pthread_mutex_unlock(&x->lock);
@@ -381,18 +369,4 @@ void xfer_free(struct xfer *x)
 	pthread_mutex_destroy(&x->lock);
 	pthread_cond_destroy(&x->more);
 	free(x);
-}
-
-int xfer_device(const struct xfer *x)
-{
-	return x->dev;
-}
-
-void xfer_figures(struct xfer *x, unsigned *in_flight, uint64_t *bytes, uint64_t *busy_ns)
-{
-	pthread_mutex_lock(&x->lock);
-	*in_flight = x->in_flight;
-	*bytes = x->bytes;
-	*busy_ns = x->busy_ns;
-	pthread_mutex_unlock(&x->lock);
 }

@@ -46,7 +46,6 @@ struct xfer_job {
 	/* XFER_ALLOC: bytes and ipc in, arena out.  XFER_FREE: arena in. */
 	enum gpu_ipc ipc;
 	struct gpu_arena arena;
-	uint32_t arena_index;
 	bool inject_enomem; /* test hook: fail as a full device would */
 	int rc;		    /* 0 or -errno */
 	char err[200];
@@ -71,8 +70,5 @@ void xfer_submit(struct xfer *x, struct xfer_job *job);
 void xfer_stop(struct xfer *x);
 /* Frees x once the loop has stopped (its async handle is closed). */
 void xfer_free(struct xfer *x);
-int xfer_device(const struct xfer *x);
-/* Copies in flight on the stream, and totals (for status). */
-void xfer_figures(struct xfer *x, unsigned *in_flight, uint64_t *bytes, uint64_t *busy_ns);
 
 #endif
