@@ -51,10 +51,9 @@ uint64_t order_bounded(uint64_t *state, uint64_t m)
 	}
 }
 
-/* Swaps are this many draws ahead of their memory: the draws do not
- * depend on the array, so the target of a later swap is prefetched while
- * earlier ones run (a random access into a large array otherwise costs a
- * cache miss per step). */
+/* In the piped shuffle the swaps prefetch the target of the swap this many
+ * draws ahead: the draws do not depend on the array, and a random access
+ * into a large array otherwise costs a cache miss per step. */
 #define SHUFFLE_AHEAD 64u
 
 /* Lists at least this long get their draws from a second thread, which
@@ -149,26 +148,18 @@ static bool shuffle_piped(uint64_t *perm, uint64_t n, uint64_t seed)
 void order_shuffle(uint64_t *perm, uint64_t n, uint64_t seed)
 {
 	uint64_t state = seed;
-	uint64_t ahead[SHUFFLE_AHEAD];
-	uint64_t i, j, t, next;
+	uint64_t i, j, t;
 
+	/* Long lists: the same algorithm with its draws made ahead on a
+	 * second thread.  Short ones fit in cache and gain nothing from it. */
 	if (n >= PIPE_MIN && n <= UINT32_MAX && shuffle_piped(perm, n, seed))
 		return;
 	for (i = 0; i < n; i++)
 		perm[i] = i;
-	if (n < 2)
-		return;
 	/* i counts down to 1 (not 0): a swap of perm[0] with itself would
-	 * still consume a draw and change every later permutation.  Draw
-	 * number k (k = 0, 1, ...) belongs to i = n - k. */
-	next = n;
+	 * still consume a draw and change every later permutation. */
 	for (i = n; i > 1; i--) {
-		while (next > 1 && next + SHUFFLE_AHEAD > i) {
-			ahead[next % SHUFFLE_AHEAD] = order_bounded(&state, next);
-			__builtin_prefetch(&perm[ahead[next % SHUFFLE_AHEAD]], 1);
-			next--;
-		}
-		j = ahead[i % SHUFFLE_AHEAD];
+		j = order_bounded(&state, i);
 		t = perm[i - 1];
 		perm[i - 1] = perm[j];
 		perm[j] = t;
