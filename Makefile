@@ -51,14 +51,24 @@ ALL_CFLAGS := -std=gnu11 $(WARN) $(CFLAGS) -fPIC -fvisibility=hidden \
            -I$(B)/gen -Iproto -Idaemon -Iclient $(PKG_CFLAGS)
 LDLIBS  := -lpthread -lm
 
+# The gather kernel: sm_90 code for Hopper, plus compute_90 PTX that newer
+# GPUs compile at load.  No exceptions or thread-safe statics, so that the
+# object links with cc and needs no libstdc++.
+NVCC    ?= $(CUDA_HOME)/bin/nvcc
+NVCC_GENCODE ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+NVCC_FLAGS := -O3 -std=c++17 $(NVCC_GENCODE) -Xcompiler -fPIC,-fno-exceptions,-fno-threadsafe-statics \
+           -Idaemon -MMD -MP
+
 ifeq ($(CUDA),1)
 CUDA_CFLAGS := -DPF_CUDA=1 -I$(CUDA_HOME)/include
 CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
 GPU_SRC     := daemon/gpu.c
+GATHER_OBJ  := $(B)/daemon/gather.o
 else
 CUDA_CFLAGS := -DPF_CUDA=0
 CUDA_LIBS   :=
 GPU_SRC     := daemon/gpu_none.c
+GATHER_OBJ  :=
 endif
 
 # ---- sources -------------------------------------------------------------
@@ -71,13 +81,15 @@ WIRE_OBJ    := $(B)/gen/prefetch.pb-c.o $(B)/proto/wire.o
 # three interchangeable GPU back ends (real, none, fake for tests).
 DAEMON_CORE := $(filter-out daemon/main.c daemon/gpu.c daemon/gpu_none.c daemon/gpu_fake.c,$(wildcard daemon/*.c))
 DAEMON_OBJ  := $(DAEMON_CORE:%.c=$(B)/%.o)
-GPU_OBJ     := $(GPU_SRC:%.c=$(B)/%.o)
+GPU_OBJ     := $(GPU_SRC:%.c=$(B)/%.o) $(GATHER_OBJ)
 CLIENT_SRC  := $(filter-out client/prefetchctl.c,$(wildcard client/*.c))
 CLIENT_OBJ  := $(CLIENT_SRC:%.c=$(B)/%.o)
 
 UNIT_TESTS  := $(patsubst tests/%.c,$(B)/tests/%,$(filter-out tests/test_integration%.c tests/test_cuda%.c tests/testutil.c,$(wildcard tests/test_*.c)))
 INTEG_TESTS := $(patsubst tests/%.c,$(B)/tests/%,$(wildcard tests/test_integration*.c))
 CUDA_TESTS  := $(patsubst tests/%.c,$(B)/tests/%,$(wildcard tests/test_cuda*.c))
+# The one CUDA test of the GPU layer itself, linked with it, not with a daemon.
+GPU_TESTS   := $(filter $(B)/tests/test_cuda_gather,$(CUDA_TESTS))
 TEST_UTIL   := $(if $(wildcard tests/testutil.c),$(B)/tests/testutil.o)
 BENCHES     := $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/*.c))
 TOOLS       := $(patsubst tools/%.c,$(B)/%,$(wildcard tools/*.c))
@@ -95,7 +107,7 @@ $(B)/gen/%.pb-c.c $(B)/gen/%.pb-c.h: proto/%.proto
 	$(call say,PROTOC,$<)mkdir -p $(B)/gen && protoc-c --proto_path=proto --c_out=$(B)/gen $<
 
 # Everything that includes the generated header must wait for it.
-$(DAEMON_OBJ) $(GPU_OBJ) $(CLIENT_OBJ) $(B)/daemon/main.o $(B)/client/prefetchctl.o \
+$(DAEMON_OBJ) $(filter-out $(GATHER_OBJ),$(GPU_OBJ)) $(CLIENT_OBJ) $(B)/daemon/main.o $(B)/client/prefetchctl.o \
 $(B)/proto/wire.o $(TEST_UTIL): $(GEN_H)
 $(B)/tests/%.o $(B)/bench/%.o $(B)/tools/%.o: $(GEN_H)
 
@@ -108,6 +120,9 @@ $(B)/daemon/gpu.o: daemon/gpu.c
 $(B)/%.o: %.c
 	@mkdir -p $(@D)
 	$(call say,CC,$<)$(CC) $(ALL_CFLAGS) $(CUDA_CFLAGS) -c -o $@ $<
+$(B)/daemon/gather.o: daemon/gather.cu
+	@mkdir -p $(@D)
+	$(call say,NVCC,$<)$(NVCC) $(NVCC_FLAGS) -MF $(@:.o=.d) -c -o $@ $<
 
 # ---- link ------------------------------------------------------------------
 $(B)/prefetchd: $(B)/daemon/main.o $(DAEMON_OBJ) $(GPU_OBJ) $(WIRE_OBJ)
@@ -133,8 +148,12 @@ $(UNIT_TESTS): $(B)/tests/%: $(B)/tests/%.o $(DAEMON_OBJ) $(B)/daemon/gpu_fake.o
 $(INTEG_TESTS): $(B)/tests/%: $(B)/tests/%.o $(TEST_UTIL) $(B)/libprefetch.a $(B)/prefetchd
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) -ldl $(LDLIBS)
 # CUDA tests' trainers also queue GPU work of their own through the runtime.
-$(CUDA_TESTS): $(B)/tests/%: $(B)/tests/%.o $(TEST_UTIL) $(B)/libprefetch.a $(B)/prefetchd
+$(filter-out $(GPU_TESTS),$(CUDA_TESTS)): $(B)/tests/%: $(B)/tests/%.o $(TEST_UTIL) $(B)/libprefetch.a $(B)/prefetchd
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) $(CUDA_LIBS) -ldl $(LDLIBS)
+# ... except the GPU layer's own: the real back end and kernel (gpu_none.o
+# with CUDA=0, where it skips), with no daemon around them.
+$(GPU_TESTS): $(B)/tests/%: $(B)/tests/%.o $(GPU_OBJ) $(B)/daemon/log.o
+	$(call say,LD,$@)$(CC) -o $@ $^ $(CMOCKA_LIBS) $(CUDA_LIBS) -ldl $(LDLIBS)
 # Benches get the CUDA runtime (static) for their raw-copy references; one
 # that never calls it pulls nothing from the archive.
 $(B)/bench/%: $(B)/bench/%.o $(B)/libprefetch.a $(TEST_UTIL)
@@ -201,7 +220,7 @@ install: all
 	install -m 0644 systemd/prefetchd.socket $(DESTDIR)$(UNITDIR)/
 
 format:
-	clang-format -i $(wildcard daemon/*.[ch] client/*.[ch] proto/*.[ch] tests/*.[ch] bench/*.[ch] tools/*.[ch])
+	clang-format -i $(wildcard daemon/*.[ch] daemon/*.cu client/*.[ch] proto/*.[ch] tests/*.[ch] bench/*.[ch] tools/*.[ch])
 
 clean:
 	rm -rf $(B) run

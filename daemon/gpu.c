@@ -1,6 +1,6 @@
 /*
  * gpu.c — the real GPU back end (CUDA=1): the only file in the daemon that
- * calls CUDA.
+ * calls CUDA, apart from the launcher of its one kernel (gather.cu).
  *
  * The CUDA runtime is linked statically (cudart_static) and loads libcuda
  * itself at first use; when there is no driver it answers
@@ -48,6 +48,10 @@ struct gpu_stream {
 	int dev;
 	cudaStream_t stream; /* owned */
 };
+
+/* The gather kernel's launcher (gather.cu, compiled by nvcc): queues the
+ * kernel on a cudaStream_t and returns the launch's cudaError_t. */
+int gpu_gather_launch(void *cuda_stream, const struct gpu_gather *g);
 
 struct gpu_event {
 	int dev;
@@ -400,6 +404,27 @@ int gpu_copy_d2d(struct gpu_stream *s, uint64_t dst, uint64_t src, size_t bytes)
 	return 0;
 }
 
+int gpu_gather(struct gpu_stream *s, const struct gpu_gather *g)
+{
+	cudaError_t e;
+	int rc;
+
+	rc = use_dev(s->dev);
+	if (rc < 0)
+		return rc;
+	/* The kernel cannot report a bad argument, and a wild address there
+	 * is a fault that poisons the daemon's whole context: refuse what we
+	 * can see is wrong before launching. */
+	if (g->nfields > GPU_GATHER_MAX_FIELDS || (uint64_t)g->count + g->nstaged > INT32_MAX)
+		return -EINVAL;
+	if ((g->count && (!g->slot || !g->desc)) || (g->nstaged && (!g->staged || !g->admit)))
+		return -EINVAL;
+	e = (cudaError_t)gpu_gather_launch(s->stream, g);
+	if (e != cudaSuccess)
+		return rt_fail(e, "gather kernel launch", s->dev);
+	return 0;
+}
+
 int gpu_event_create(int dev, struct gpu_event **out)
 {
 	struct gpu_event *ev;
@@ -643,6 +668,30 @@ fail:
 	return rc;
 }
 
+/* The daemon's own memory (pool slabs, staging): never exported, so a plain
+ * cudaMalloc, rounded like the others so that the free-memory accounting
+ * of every kind agrees. */
+static int arena_alloc_none(int dev, uint64_t bytes, struct gpu_arena *a)
+{
+	cudaError_t e;
+	void *p = NULL;
+	uint64_t size;
+
+	size = arena_size(bytes, 1);
+	if (size == 0)
+		return -EINVAL;
+	e = cudaMalloc(&p, size);
+	if (e != cudaSuccess)
+		return rt_fail(e, "cudaMalloc", dev);
+	a->dev = dev;
+	a->bytes = size;
+	a->kind = GPU_IPC_NONE;
+	a->base = (uint64_t)(uintptr_t)p;
+	a->export_fd = -1;
+	a->handle = (uint64_t)(uintptr_t)p;
+	return 0;
+}
+
 int gpu_arena_alloc(int dev, uint64_t bytes, enum gpu_ipc kind, struct gpu_arena *out)
 {
 	int rc;
@@ -654,6 +703,7 @@ int gpu_arena_alloc(int dev, uint64_t bytes, enum gpu_ipc kind, struct gpu_arena
 	switch (kind) {
 	case GPU_IPC_FD: return arena_alloc_fd(dev, bytes, out);
 	case GPU_IPC_LEGACY: return arena_alloc_legacy(dev, bytes, out);
+	case GPU_IPC_NONE: return arena_alloc_none(dev, bytes, out);
 	}
 	return -EINVAL;
 }

@@ -38,6 +38,8 @@
 enum gpu_ipc {
 	GPU_IPC_FD,	/* cuMemCreate + POSIX fd export (VMM) */
 	GPU_IPC_LEGACY, /* cudaMalloc + cudaIpcGetMemHandle */
+	GPU_IPC_NONE,	/* cudaMalloc, not exported: the daemon's own memory
+			 * (VRAM pool slabs, the gather staging area) */
 };
 
 struct gpu_stream; /* one device's non-blocking copy stream */
@@ -94,6 +96,44 @@ int gpu_stream_sync(struct gpu_stream *s);
 int gpu_copy_h2d(struct gpu_stream *s, uint64_t dst, const void *src, size_t bytes);
 /* Queues a device-to-device copy on s (both addresses on s's device). */
 int gpu_copy_d2d(struct gpu_stream *s, uint64_t dst, uint64_t src, size_t bytes);
+
+/* ---- batch assembly from the VRAM pool (gather.cu) ---- */
+
+/* Datasets with more fields than this are served without the pool. */
+#define GPU_GATHER_MAX_FIELDS 16
+/* A desc entry with this bit set names staged row k (its low bits); one
+ * without it is the device address of a pool record. */
+#define GPU_GATHER_STAGED (1ull << 63)
+
+/* One batch's assembly.  Every address is a device address on the stream's
+ * device.  A pool record holds one sample: field f at record + rec_off[f].
+ * Staged rows (a batch's misses, plus rows staged only to be admitted) are
+ * packed field by field: field f of staged row k at
+ * staged + staged_off[f] + k * row_bytes[f]. */
+struct gpu_gather {
+	uint64_t slot;	  /* the batch's slot: field f of row i at slot + slot_off[f] + i *
+			     row_bytes[f] */
+	uint64_t desc;	  /* count uint64: row i's source (a record, or GPU_GATHER_STAGED | k) */
+	uint32_t count;	  /* rows of the batch */
+	uint32_t nstaged; /* staged rows */
+	uint64_t staged;  /* the staged rows */
+	uint64_t admit;	  /* nstaged uint64: the record staged row k is copied into, or 0 */
+	uint32_t nfields;
+	uint64_t slot_off[GPU_GATHER_MAX_FIELDS];
+	uint64_t staged_off[GPU_GATHER_MAX_FIELDS];
+	uint32_t rec_off[GPU_GATHER_MAX_FIELDS];
+	uint32_t row_bytes[GPU_GATHER_MAX_FIELDS];
+};
+
+/* Queues the assembly of one batch on s, ordered after everything queued
+ * before (so desc, admit and the staged rows may come from an H2D copy
+ * queued just before it): row i of the slot is copied from desc[i]'s
+ * source, and each staged row with a nonzero admit entry is copied into
+ * that record.  Rows and admissions run concurrently, in no order: the
+ * destinations of one call must not overlap each other, nor any record a
+ * row of the same call reads (so a hit's record cannot be re-admitted into
+ * by the batch that reads it).  Runs our own kernel (gather.cu). */
+int gpu_gather(struct gpu_stream *s, const struct gpu_gather *g);
 
 /* Events have timing disabled and block (rather than spin) in
  * gpu_event_sync, so a waiting transfer thread does not burn a core. */

@@ -13,19 +13,29 @@
  *    caller that rewrites a host source before its copy has retired, or
  *    reads an arena before the event fired, sees wrong bytes here as it
  *    would on a GPU;
+ *  - gpu_gather is queued like a copy and, when it runs, assembles the batch
+ *    with the kernel's semantics on host memory.  It reads desc, admit and
+ *    the staged rows at run time (an H2D queued just before it wrote them),
+ *    and checks each range it reads or writes against the live arenas: a
+ *    row that leaves them is logged and skipped, so the test sees wrong
+ *    bytes.  An admission into a record that a row of the same call reads
+ *    (or another admission writes) is a race on a GPU, where the blocks run
+ *    concurrently: it is logged and skipped too;
  *  - FD arenas are memfds, so the SCM_RIGHTS path and a client's mmap of the
- *    fd see the very bytes the daemon copied;
+ *    fd see the very bytes the daemon copied; LEGACY and NONE arenas are
+ *    anonymous mappings;
  *  - allocations draw from a settable free-memory figure per device and can
  *    be made to fail (-ENOMEM), for the governor's OOM path;
  *  - nothing works before gpu_init, as with the real back end.
  *
  * DESIGN: one mutex (fake_lock) guards all state, so loop, reader and
- * transfer threads of a test daemon may call in at once.  Queued copies run
- * under the lock.
+ * transfer threads of a test daemon may call in at once.  Queued copies and
+ * gathers run under the lock.
  */
 #include "gpu.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,10 +59,20 @@ struct fake_arena {
 	uint64_t bytes;
 };
 
+enum fake_op_kind {
+	FAKE_COPY,   /* H2D or D2D: a memmove */
+	FAKE_GATHER, /* gpu_gather */
+};
+
 struct fake_op {
+	enum fake_op_kind kind;
+	/* FAKE_COPY */
 	uint64_t dst;
 	const void *src; /* borrowed: the caller keeps it intact until the op runs */
 	size_t bytes;
+	/* FAKE_GATHER: the caller's struct, copied (as the kernel parameter
+	 * is); what its addresses point to is read only when the op runs. */
+	struct gpu_gather *gather; /* owned, freed when the op has run */
 };
 
 struct gpu_stream {
@@ -338,22 +358,6 @@ out:
 
 /* ---- streams and copies -------------------------------------------------- */
 
-/* Runs the queued ops of s up to op number mark (exclusive). */
-static void run_ops(struct gpu_stream *s, uint64_t mark)
-{
-	size_t n = 0, i;
-
-	while (s->done < mark && n < s->nops) {
-		struct fake_op *op = &s->ops[n++];
-
-		memmove((void *)(uintptr_t)op->dst, op->src, op->bytes);
-		s->done++;
-	}
-	for (i = n; i < s->nops; i++)
-		s->ops[i - n] = s->ops[i];
-	s->nops -= n;
-}
-
 /* True when [p, p + bytes) lies inside one live arena of dev. */
 static bool in_arena(int dev, uint64_t p, size_t bytes)
 {
@@ -368,7 +372,168 @@ static bool in_arena(int dev, uint64_t p, size_t bytes)
 	return false;
 }
 
-static int queue_op(struct gpu_stream *s, uint64_t dst, const void *src, size_t bytes)
+/* The problems one gather met when it ran: the first is logged in full, the
+ * rest only counted, so a broken test does not drown its own output. */
+struct gather_report {
+	int dev;
+	int problems;
+};
+
+static __attribute__((format(printf, 2, 3))) void gather_problem(struct gather_report *r,
+								 const char *fmt, ...)
+{
+	char msg[256];
+	va_list ap;
+
+	if (r->problems++)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	log_err("gpu_fake: gather on device %d: %s; skipped", r->dev, msg);
+}
+
+/* The bytes of a record that some field touches: [rec + lo, rec + hi). */
+static void record_extent(const struct gpu_gather *g, uint64_t *lo, uint64_t *hi)
+{
+	uint32_t f;
+
+	*lo = UINT64_MAX;
+	*hi = 0;
+	for (f = 0; f < g->nfields; f++) {
+		if (!g->row_bytes[f])
+			continue;
+		if (g->rec_off[f] < *lo)
+			*lo = g->rec_off[f];
+		if ((uint64_t)g->rec_off[f] + g->row_bytes[f] > *hi)
+			*hi = (uint64_t)g->rec_off[f] + g->row_bytes[f];
+	}
+	if (*lo > *hi)
+		*lo = *hi = 0;
+}
+
+static bool records_overlap(uint64_t a, uint64_t b, uint64_t lo, uint64_t hi)
+{
+	return hi > lo && a + lo < b + hi && b + lo < a + hi;
+}
+
+/* Copies field by field from the sources to the destinations of one row,
+ * or nothing when any range leaves the arenas: a row is all or nothing. */
+static void gather_row(struct gather_report *r, const struct gpu_gather *g, const char *what,
+		       uint64_t row, const uint64_t *dst, const uint64_t *src)
+{
+	uint32_t f;
+
+	for (f = 0; f < g->nfields; f++) {
+		if (!g->row_bytes[f])
+			continue;
+		if (!in_arena(r->dev, src[f], g->row_bytes[f]) ||
+		    !in_arena(r->dev, dst[f], g->row_bytes[f])) {
+			gather_problem(r,
+				       "%s %llu field %u: %u bytes %#llx -> %#llx leave the arenas",
+				       what, (unsigned long long)row, f, g->row_bytes[f],
+				       (unsigned long long)src[f], (unsigned long long)dst[f]);
+			return;
+		}
+	}
+	for (f = 0; f < g->nfields; f++)
+		if (g->row_bytes[f])
+			memmove((void *)(uintptr_t)dst[f], (const void *)(uintptr_t)src[f],
+				g->row_bytes[f]);
+}
+
+/* Runs one gather as the kernel would, rows before admissions (the order a
+ * race-free call cannot tell from the kernel's). */
+static void run_gather(int dev, const struct gpu_gather *g)
+{
+	struct gather_report r = {.dev = dev};
+	uint64_t dst[GPU_GATHER_MAX_FIELDS], src[GPU_GATHER_MAX_FIELDS];
+	const uint64_t *desc = (const uint64_t *)(uintptr_t)g->desc;
+	const uint64_t *admit = (const uint64_t *)(uintptr_t)g->admit;
+	uint64_t i, j, k, lo, hi;
+	uint32_t f;
+
+	if (g->count && !in_arena(dev, g->desc, (size_t)g->count * sizeof(*desc))) {
+		gather_problem(&r, "desc %#llx leaves the arenas", (unsigned long long)g->desc);
+		desc = NULL;
+	}
+	if (g->nstaged && !in_arena(dev, g->admit, (size_t)g->nstaged * sizeof(*admit))) {
+		gather_problem(&r, "admit %#llx leaves the arenas", (unsigned long long)g->admit);
+		admit = NULL;
+	}
+	for (i = 0; desc && i < g->count; i++) {
+		if (desc[i] & GPU_GATHER_STAGED) {
+			k = desc[i] & ~GPU_GATHER_STAGED;
+			if (k >= g->nstaged) {
+				gather_problem(&r, "row %llu names staged row %llu of %u",
+					       (unsigned long long)i, (unsigned long long)k,
+					       g->nstaged);
+				continue;
+			}
+			for (f = 0; f < g->nfields; f++)
+				src[f] = g->staged + g->staged_off[f] + k * g->row_bytes[f];
+		} else {
+			for (f = 0; f < g->nfields; f++)
+				src[f] = desc[i] + g->rec_off[f];
+		}
+		for (f = 0; f < g->nfields; f++)
+			dst[f] = g->slot + g->slot_off[f] + i * g->row_bytes[f];
+		gather_row(&r, g, "row", i, dst, src);
+	}
+
+	record_extent(g, &lo, &hi);
+	for (k = 0; admit && k < g->nstaged; k++) {
+		bool race = false;
+
+		if (!admit[k])
+			continue;
+		for (i = 0; desc && i < g->count && !race; i++)
+			race = !(desc[i] & GPU_GATHER_STAGED) &&
+			       records_overlap(desc[i], admit[k], lo, hi);
+		for (j = 0; j < k && !race; j++)
+			race = admit[j] && records_overlap(admit[j], admit[k], lo, hi);
+		if (race) {
+			gather_problem(&r,
+				       "staged row %llu is admitted into record %#llx, which "
+				       "another row of the call reads or writes (a race on a GPU)",
+				       (unsigned long long)k, (unsigned long long)admit[k]);
+			continue;
+		}
+		for (f = 0; f < g->nfields; f++) {
+			src[f] = g->staged + g->staged_off[f] + k * g->row_bytes[f];
+			dst[f] = admit[k] + g->rec_off[f];
+		}
+		gather_row(&r, g, "admission of staged row", k, dst, src);
+	}
+	if (r.problems > 1)
+		log_err("gpu_fake: gather on device %d: %d more problems skipped", dev,
+			r.problems - 1);
+}
+
+/* Runs the queued ops of s up to op number mark (exclusive). */
+static void run_ops(struct gpu_stream *s, uint64_t mark)
+{
+	size_t n = 0, i;
+
+	while (s->done < mark && n < s->nops) {
+		struct fake_op *op = &s->ops[n++];
+
+		switch (op->kind) {
+		case FAKE_COPY: memmove((void *)(uintptr_t)op->dst, op->src, op->bytes); break;
+		case FAKE_GATHER:
+			run_gather(s->dev, op->gather);
+			free(op->gather);
+			op->gather = NULL;
+			break;
+		}
+		s->done++;
+	}
+	for (i = n; i < s->nops; i++)
+		s->ops[i - n] = s->ops[i];
+	s->nops -= n;
+}
+
+static int queue_op(struct gpu_stream *s, const struct fake_op *op)
 {
 	struct fake_op *ops;
 	size_t cap;
@@ -383,9 +548,7 @@ static int queue_op(struct gpu_stream *s, uint64_t dst, const void *src, size_t 
 		s->ops = ops;
 		s->cap = cap;
 	}
-	s->ops[s->nops].dst = dst;
-	s->ops[s->nops].src = src;
-	s->ops[s->nops].bytes = bytes;
+	s->ops[s->nops] = *op;
 	s->nops++;
 	s->queued++;
 	return 0;
@@ -459,7 +622,9 @@ int gpu_copy_h2d(struct gpu_stream *s, uint64_t dst, const void *src, size_t byt
 			bytes, (unsigned long long)dst, s->dev);
 		rc = -EFAULT;
 	} else {
-		rc = queue_op(s, dst, src, bytes);
+		struct fake_op op = {.kind = FAKE_COPY, .dst = dst, .src = src, .bytes = bytes};
+
+		rc = queue_op(s, &op);
 	}
 	unlock();
 	return rc;
@@ -477,8 +642,87 @@ int gpu_copy_d2d(struct gpu_stream *s, uint64_t dst, uint64_t src, size_t bytes)
 			bytes, (unsigned long long)src, (unsigned long long)dst, s->dev);
 		rc = -EFAULT;
 	} else {
-		rc = queue_op(s, dst, (const void *)(uintptr_t)src, bytes);
+		struct fake_op op = {.kind = FAKE_COPY,
+				     .dst = dst,
+				     .src = (const void *)(uintptr_t)src,
+				     .bytes = bytes};
+
+		rc = queue_op(s, &op);
 	}
+	unlock();
+	return rc;
+}
+
+/* Checks the ranges a gather covers whatever desc and admit will say: the
+ * slot, the staged rows and the two index arrays.  Returns 0 when they lie
+ * in live arenas, else -EFAULT with what does not in what (a message). */
+static int gather_ranges_check(int dev, const struct gpu_gather *g, char *what, size_t len)
+{
+	uint32_t f;
+
+	if (g->count && !in_arena(dev, g->desc, (size_t)g->count * sizeof(uint64_t))) {
+		snprintf(what, len, "desc %#llx", (unsigned long long)g->desc);
+		return -EFAULT;
+	}
+	if (g->nstaged && !in_arena(dev, g->admit, (size_t)g->nstaged * sizeof(uint64_t))) {
+		snprintf(what, len, "admit %#llx", (unsigned long long)g->admit);
+		return -EFAULT;
+	}
+	for (f = 0; f < g->nfields; f++) {
+		uint64_t in_slot = (uint64_t)g->count * g->row_bytes[f];
+		uint64_t staged = (uint64_t)g->nstaged * g->row_bytes[f];
+
+		if (in_slot && !in_arena(dev, g->slot + g->slot_off[f], in_slot)) {
+			snprintf(what, len, "field %u of slot %#llx", f,
+				 (unsigned long long)g->slot);
+			return -EFAULT;
+		}
+		if (staged && !in_arena(dev, g->staged + g->staged_off[f], staged)) {
+			snprintf(what, len, "field %u of the staged rows %#llx", f,
+				 (unsigned long long)g->staged);
+			return -EFAULT;
+		}
+	}
+	return 0;
+}
+
+int gpu_gather(struct gpu_stream *s, const struct gpu_gather *g)
+{
+	struct fake_op op = {.kind = FAKE_GATHER};
+	char what[96];
+	int rc = 0;
+
+	lock();
+	if (!dev_ok(s->dev)) {
+		rc = -ENODEV;
+		goto out;
+	}
+	/* The argument checks of gpu.c, then ours: what can be checked before
+	 * desc and admit are known fails at once, as a bad copy does. */
+	if (g->nfields > GPU_GATHER_MAX_FIELDS || (uint64_t)g->count + g->nstaged > INT32_MAX ||
+	    (g->count && (!g->slot || !g->desc)) || (g->nstaged && (!g->staged || !g->admit))) {
+		rc = -EINVAL;
+		goto out;
+	}
+	if (g->count + g->nstaged == 0 || g->nfields == 0)
+		goto out; /* the kernel is not even launched */
+	rc = gather_ranges_check(s->dev, g, what, sizeof(what));
+	if (rc < 0) {
+		log_err("gpu_fake: gather of %u rows (%u staged): %s leaves the arenas of "
+			"device %d",
+			g->count, g->nstaged, what, s->dev);
+		goto out;
+	}
+	op.gather = malloc(sizeof(*op.gather));
+	if (!op.gather) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	*op.gather = *g;
+	rc = queue_op(s, &op);
+	if (rc < 0)
+		free(op.gather);
+out:
 	unlock();
 	return rc;
 }
@@ -591,7 +835,7 @@ int gpu_arena_alloc(int dev, uint64_t bytes, enum gpu_ipc kind, struct gpu_arena
 		rc = -ENODEV;
 		goto fail;
 	}
-	if (kind != GPU_IPC_FD && kind != GPU_IPC_LEGACY) {
+	if (kind != GPU_IPC_FD && kind != GPU_IPC_LEGACY && kind != GPU_IPC_NONE) {
 		rc = -EINVAL;
 		goto fail;
 	}

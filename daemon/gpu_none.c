@@ -81,6 +81,11 @@ int gpu_copy_d2d(struct gpu_stream *s, uint64_t dst, uint64_t src, size_t bytes)
 	return -ENODEV;
 }
 
+int gpu_gather(struct gpu_stream *s, const struct gpu_gather *g)
+{
+	return -ENODEV;
+}
+
 int gpu_event_create(int dev, struct gpu_event **out)
 {
 	*out = NULL;
