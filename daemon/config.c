@@ -64,6 +64,9 @@ enum daemon_key {
 	K_RESERVE,
 	K_RESERVE_MIN,
 	K_PROBE_INTERVAL,
+	K_POOL,
+	K_POOL_BYTES,
+	K_POOL_SLAB,
 	K_COUNT
 };
 
@@ -86,6 +89,9 @@ static const char *const daemon_keys[K_COUNT] = {
 	[K_RESERVE] = "reserve",
 	[K_RESERVE_MIN] = "reserve_min",
 	[K_PROBE_INTERVAL] = "probe_interval",
+	[K_POOL] = "pool",
+	[K_POOL_BYTES] = "pool_bytes",
+	[K_POOL_SLAB] = "pool_slab",
 };
 
 enum section { SEC_NONE, SEC_DAEMON, SEC_DATASET };
@@ -409,6 +415,17 @@ static int key_reserve(struct parse *st, const char *value)
 	return 1;
 }
 
+static int key_onoff(struct parse *st, const char *name, const char *value, bool *out)
+{
+	if (strcmp(value, "on") == 0)
+		*out = true;
+	else if (strcmp(value, "off") == 0)
+		*out = false;
+	else
+		return fail(st, "%s: '%s' is not on or off", name, value);
+	return 1;
+}
+
 static int daemon_key(struct parse *st, const char *name, const char *value)
 {
 	struct config *cfg = st->cfg;
@@ -502,6 +519,17 @@ static int daemon_key(struct parse *st, const char *name, const char *value)
 			return fail(st, "probe_interval: %s is out of range (0 < seconds <= 86400)",
 				    value);
 		return 1;
+	case K_POOL: return key_onoff(st, name, value, &cfg->pool);
+	case K_POOL_BYTES:
+		if (strcmp(value, "auto") == 0) {
+			cfg->pool_bytes = 0;
+			return 1;
+		}
+		return key_size(st, name, value, 1, UINT64_MAX, &cfg->pool_bytes);
+	case K_POOL_SLAB:
+		/* Below 2M a slab is smaller than the allocation granularity;
+		 * 64G is far above any sane slab and keeps counts small. */
+		return key_size(st, name, value, 2ULL << 20, 64ULL << 30, &cfg->pool_slab);
 	case K_COUNT: break;
 	}
 	return fail(st, "%s: unhandled key", name);
@@ -579,9 +607,19 @@ static int dataset_key(struct parse *st, const char *name, const char *value)
 			return fail(st, "format: '%s' is not npy or tokens", value);
 		return replace_str(st, &ds->format, strdup(value));
 	}
+	if (strcmp(name, "pool") == 0) {
+		if (st->continuation)
+			return fail(st, "pool: a continuation line is only allowed for field.NAME");
+		if (!key_onoff(st, name, value, &(bool){false}))
+			return 0;
+		ds->pool = strcmp(value, "on") == 0 ? CONFIG_POOL_ON : CONFIG_POOL_OFF;
+		return 1;
+	}
 	if (strncmp(name, "field.", 6) != 0)
-		return fail(st, "unknown key '%s' in [dataset.%s] (expected format or field.NAME)",
-			    name, ds->name);
+		return fail(
+			st,
+			"unknown key '%s' in [dataset.%s] (expected format, pool or field.NAME)",
+			name, ds->name);
 	if (!valid_name(name + 6))
 		return fail(st, "%s: field names use letters, digits, '_', '-' and '.'", name);
 
@@ -817,6 +855,9 @@ void config_defaults(struct config *cfg)
 	cfg->reserve_frac = 0.10;
 	cfg->reserve_min = 2ULL << 30;
 	cfg->probe_interval = 5;
+	cfg->pool = true;
+	cfg->pool_bytes = 0;
+	cfg->pool_slab = 256ULL << 20;
 	set_implicit_allow(cfg);
 }
 

@@ -20,11 +20,15 @@
  *   reserve = 10%                   ; device memory left free (at least reserve_min)
  *   reserve_min = 2G
  *   probe_interval = 5              ; seconds between honest-depth probes
+ *   pool = on                       ; VRAM sample pool for CUDA sessions: on | off
+ *   pool_bytes = auto               ; cap of each pool (auto: the probe's budget only)
+ *   pool_slab = 256M                ; the pool's unit of allocation and of release
  *
  *   [dataset.NAME]
  *   format = npy
  *   field.x = /data/x.npy
  *   field.y = /data/y-0.npy, /data/y-1.npy   ; shards, in order
+ *   pool = off                      ; overrides [daemon] pool for this dataset
  *
  * `read = mmap` maps each shard once and copies rows out with memcpy, no
  * system call per row; a file truncated after load still gives an error
@@ -56,6 +60,12 @@ enum config_read {
 	CONFIG_READ_PREAD,
 };
 
+enum config_pool {
+	CONFIG_POOL_DEFAULT, /* [daemon] pool decides: zero, so a zeroed declaration maps */
+	CONFIG_POOL_ON,
+	CONFIG_POOL_OFF,
+};
+
 struct config_dataset {
 	char *name;		     /* owned */
 	char *format;		     /* owned */
@@ -64,6 +74,7 @@ struct config_dataset {
 	/* [daemon] read, copied here by config_load so that ds_load needs
 	 * nothing but the declaration. */
 	enum config_read read;
+	enum config_pool pool;
 };
 
 struct config {
@@ -88,6 +99,9 @@ struct config {
 	double reserve_frac;
 	uint64_t reserve_min;
 	double probe_interval;
+	bool pool;			 /* VRAM pool for CUDA sessions (datasets may override) */
+	uint64_t pool_bytes;		 /* cap per pool, 0: only the probe's budget */
+	uint64_t pool_slab;		 /* bytes per slab */
 	struct config_dataset *datasets; /* owned, in file order */
 	size_t ndatasets;
 };

@@ -108,6 +108,9 @@ static void defaults_are_the_documented_values(void **state)
 	assert_true(cfg->reserve_frac == 0.10);
 	assert_int_equal(cfg->reserve_min, 2ULL << 30);
 	assert_true(cfg->probe_interval == 5.0);
+	assert_true(cfg->pool);
+	assert_int_equal(cfg->pool_bytes, 0);
+	assert_int_equal(cfg->pool_slab, 256ULL << 20);
 	assert_false(cfg->allow_any);
 	assert_int_equal(cfg->ndatasets, 0);
 	/* No allow keys: the daemon's own uid and root. */
@@ -233,6 +236,24 @@ static void read_method_reaches_every_dataset(void **state)
 	assert_int_equal(load_text(fx, "[daemon]\nread = mmap\n[dataset.a]\nfield.x = /a.npy\n"),
 			 0);
 	assert_int_equal(fx->cfg.datasets[0].read, CONFIG_READ_MMAP);
+}
+
+static void pool_keys_set_the_daemon_default_and_each_dataset_override(void **state)
+{
+	struct fixture *fx = *state;
+
+	assert_int_equal(load_text(fx, "[daemon]\npool = off\npool_bytes = 40G\npool_slab = 64M\n"
+				       "[dataset.a]\nfield.x = /a.npy\npool = on\n"
+				       "[dataset.b]\nfield.x = /b.npy\n"),
+			 0);
+	assert_false(fx->cfg.pool);
+	assert_int_equal(fx->cfg.pool_bytes, 40ULL << 30);
+	assert_int_equal(fx->cfg.pool_slab, 64ULL << 20);
+	assert_int_equal(fx->cfg.datasets[0].pool, CONFIG_POOL_ON);
+	assert_int_equal(fx->cfg.datasets[1].pool, CONFIG_POOL_DEFAULT);
+	config_free(&fx->cfg);
+	assert_int_equal(load_text(fx, "[daemon]\npool_bytes = auto\n"), 0);
+	assert_int_equal(fx->cfg.pool_bytes, 0);
 }
 
 static void relative_paths_resolve_against_the_config_directory(void **state)
@@ -402,6 +423,10 @@ static const struct {
 	{"[daemon]\nreserve_min = 1G\nreserve = 4G\n", 3,
 	 "reserve: a size conflicts with reserve_min on line 2"},
 	{"[daemon]\nprobe_interval = 0\n", 2, "probe_interval: 0 is out of range"},
+	{"[daemon]\npool = yes\n", 2, "pool: 'yes' is not on or off"},
+	{"[daemon]\npool_slab = 1M\n", 2, "pool_slab: 1M is out of range"},
+	{"[daemon]\npool_bytes = lots\n", 2, "pool_bytes: 'lots' is not a size"},
+	{"[dataset.a]\nfield.x = /x\npool = maybe\n", 3, "pool: 'maybe' is not on or off"},
 	{"[daemon]\nprobe_interval = 5s\n", 2, "probe_interval: '5s' is not a number"},
 	{"[daemon]\nallow_users = root, no-such-user-pf\n", 2,
 	 "allow_users: no such user 'no-such-user-pf'"},
@@ -417,7 +442,8 @@ static const struct {
 	 "[dataset.a] declares no fields"},
 	{"[daemon]\n[dataset.z]\n; only a comment\n", 2, "[dataset.z] declares no fields"},
 	{"[dataset.a]\nformat = csv\nfield.x = /x\n", 2, "format: 'csv' is not npy or tokens"},
-	{"[dataset.a]\nfield.x = /x\nshape = 3\n", 3, "unknown key 'shape' in [dataset.a]"},
+	{"[dataset.a]\nfield.x = /x\nshape = 3\n", 3,
+	 "unknown key 'shape' in [dataset.a] (expected format, pool or field.NAME)"},
 	{"[dataset.a]\nfield.x = /x\nfield.x = /y\n", 3, "field.x: duplicate field"},
 	{"[dataset.a]\nfield.x = /a.npy,,/b.npy\n", 2, "field.x: empty shard path in list"},
 	{"[dataset.a]\nfield. = /a.npy\n", 2, "field.: field names use"},
@@ -468,6 +494,9 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(full_file_sets_every_key, setup, teardown),
 		cmocka_unit_test_setup_teardown(read_method_reaches_every_dataset, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			pool_keys_set_the_daemon_default_and_each_dataset_override, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(relative_paths_resolve_against_the_config_directory,
 						setup, teardown),
 		cmocka_unit_test(sizes_take_binary_suffixes),

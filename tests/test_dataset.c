@@ -105,7 +105,8 @@ static int setup(void **state)
 	}
 	fx->fields[0] = (struct config_field){"x", fx->x_paths, 3};
 	fx->fields[1] = (struct config_field){"y", fx->y_paths, 1};
-	fx->decl = (struct config_dataset){"train", "npy", fx->fields, 2, CONFIG_READ_MMAP};
+	fx->decl = (struct config_dataset){
+		.name = "train", .format = "npy", .fields = fx->fields, .nfields = 2};
 	*state = fx;
 	return 0;
 }
