@@ -19,6 +19,7 @@ struct conn;
 struct sess;
 struct reader_pool;
 struct xfer;
+struct pool;
 
 struct daemon {
 	uv_loop_t *loop;	  /* borrowed: the default loop */
@@ -43,6 +44,7 @@ struct daemon {
 	struct ring ring;     /* the pinned reader ring (CUDA sessions) */
 	char ring_err[200];   /* why there is none, when ngpus > 0 */
 	struct xfer **xfers;  /* owned, ngpus entries: started on first use */
+	struct pool *pools;   /* owned: VRAM pools, one per (dataset, GPU) used */
 	int test_fail_allocs; /* PREFETCHD_TEST_FAIL_ALLOCS: forced OOMs left */
 	bool stopping;
 };

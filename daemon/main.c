@@ -22,6 +22,7 @@
 #include "log.h"
 #include "reader.h"
 #include "server.h"
+#include "pool.h"
 #include "sess.h"
 #include "xfer.h"
 
@@ -198,6 +199,7 @@ int main(int argc, char **argv)
 	rc = uv_loop_close(d.loop);
 	if (rc)
 		log_warn("loop closed with handles still open: %s", uv_strerror(rc));
+	pool_destroy_all(&d); /* slab frees run inline: the threads are gone */
 	for (int g = 0; d.xfers && g < d.ngpus; g++)
 		xfer_free(d.xfers[g]);
 	free(d.xfers);

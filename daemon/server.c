@@ -29,6 +29,7 @@
 #include "log.h"
 #include "npy.h"
 #include "reader.h"
+#include "pool.h"
 #include "sess.h"
 
 static void conn_update_poll(struct conn *c);
@@ -218,7 +219,9 @@ static int on_status(struct conn *c, uint64_t id)
 	Pf__SessionStatus **ssp = calloc(d->nsessions + 1, sizeof(*ssp));
 	Pf__DatasetStatus *ds = calloc(d->ndatasets + 1, sizeof(*ds));
 	Pf__DatasetStatus **dsp = calloc(d->ndatasets + 1, sizeof(*dsp));
-	size_t nfields = 0, k = 0;
+	size_t nfields = 0, k = 0, npools = 0;
+	Pf__PoolStatus *ps = NULL, **psp = NULL;
+	char(*pool_dev)[16] = NULL;
 	Pf__Field *fields = NULL, **fieldp = NULL;
 	int rc = -ENOMEM;
 
@@ -226,7 +229,12 @@ static int on_status(struct conn *c, uint64_t id)
 		nfields += d->datasets[i].nfields;
 	fields = calloc(nfields + 1, sizeof(*fields));
 	fieldp = calloc(nfields + 1, sizeof(*fieldp));
-	if (!ss || !ssp || !ds || !dsp || !fields || !fieldp) {
+	for (struct pool *p = d->pools; p; p = p->next)
+		npools++;
+	ps = calloc(npools + 1, sizeof(*ps));
+	psp = calloc(npools + 1, sizeof(*psp));
+	pool_dev = calloc(npools + 1, sizeof(*pool_dev));
+	if (!ss || !ssp || !ds || !dsp || !fields || !fieldp || !ps || !psp || !pool_dev) {
 		conn_error(c, id, -ENOMEM, "out of memory");
 		goto out;
 	}
@@ -255,6 +263,14 @@ static int on_status(struct conn *c, uint64_t id)
 	}
 	msg.n_datasets = d->ndatasets;
 	msg.datasets = dsp;
+	k = 0;
+	for (struct pool *p = d->pools; p; p = p->next, k++) {
+		pf__pool_status__init(&ps[k]);
+		pool_status(p, &ps[k], pool_dev[k]);
+		psp[k] = &ps[k];
+	}
+	msg.n_pools = npools;
+	msg.pools = psp;
 	msg.daemon = "prefetchd " PF_VERSION;
 	msg.uptime_s = (now_ns() - d->started_ns) / 1e9;
 	msg.readers = d->cfg.readers;
@@ -270,7 +286,50 @@ out:
 	free(dsp);
 	free(fields);
 	free(fieldp);
+	free(ps);
+	free(psp);
+	free(pool_dev);
 	return rc;
+}
+
+/* prefetchctl pool DATASET on|off|drop.  Pools serve every user's sessions
+ * of a dataset, so only root or the daemon's own user may change them. */
+static int on_pool(struct conn *c, uint64_t id, const Pf__PoolControl *req)
+{
+	struct daemon *d = c->d;
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__PoolControlReply msg = PF__POOL_CONTROL_REPLY__INIT;
+	uint64_t freed = 0;
+	int n;
+
+	if (c->uid != 0 && c->uid != getuid())
+		return conn_error(c, id, -EPERM,
+				  "pool control is for root or the daemon's user (uid %u), not "
+				  "uid %u: pools are shared by every user's sessions",
+				  (unsigned)getuid(), (unsigned)c->uid);
+	if (!daemon_dataset(d, req->dataset))
+		return conn_error(c, id, -ENOENT,
+				  "unknown dataset '%s' (prefetchctl datasets lists them)",
+				  req->dataset);
+	n = pool_control(d, req->dataset, req->action, &freed);
+	if (n < 0)
+		return conn_error(c, id, n, "unknown pool action %d (expected on, off or drop)",
+				  req->action);
+	if (n == 0)
+		return conn_error(c, id, -ENOENT,
+				  "dataset '%s' has no VRAM pool yet: one is made when a CUDA "
+				  "session opens on it",
+				  req->dataset);
+	log_info("pool %s: %s on %d GPU(s) by %s, %.0f MiB freed", req->dataset,
+		 req->action == PF__POOL_ACTION__POOL_ON    ? "on"
+		 : req->action == PF__POOL_ACTION__POOL_OFF ? "off"
+							    : "drop",
+		 n, c->peer, freed / 1048576.0);
+	msg.pools = (uint32_t)n;
+	msg.bytes_freed = freed;
+	env.msg_case = PF__ENVELOPE__MSG_POOL_REPLY;
+	env.pool_reply = &msg;
+	return reply(c, id, &env);
 }
 
 static int on_set_depth(struct conn *c, uint64_t id, const Pf__SetDepth *req)
@@ -315,6 +374,7 @@ static int dispatch(struct conn *c, Pf__Envelope *env)
 	switch (env->msg_case) {
 	case PF__ENVELOPE__MSG_STATUS: return on_status(c, id);
 	case PF__ENVELOPE__MSG_SET_DEPTH: return on_set_depth(c, id, env->set_depth);
+	case PF__ENVELOPE__MSG_POOL: return on_pool(c, id, env->pool);
 	case PF__ENVELOPE__MSG_OPEN: return sess_open(c, id, env->open);
 	default: break;
 	}

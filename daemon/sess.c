@@ -14,14 +14,17 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "daemon.h"
 #include "dataset.h"
 #include "log.h"
 #include "order.h"
+#include "pool.h"
 #include "reader.h"
 #include "ring.h"
 #include "server.h"
@@ -69,8 +72,18 @@ static void free_sess_mem(uv_handle_t *h)
 /* Every job is back (s->jobs == 0): nothing reads or writes s's memory. */
 static void sess_free(struct sess *s)
 {
-	for (uint32_t i = 0; i < s->nslots; i++)
+	for (uint32_t i = 0; i < s->nslots; i++) {
 		free(s->slots[i].errmsg);
+		/* A batch whose reads came back after the session died never
+		 * reached a copy: its pins and admissions end here. */
+		if (s->slots[i].plan.active)
+			pool_plan_done(s->pool, &s->slots[i].plan, false);
+		pool_plan_free(&s->slots[i].plan);
+		free(s->slots[i].stage_off);
+	}
+	if (s->pool)
+		pool_put(s->pool);
+	free(s->ahead.picks);
 	for (uint32_t i = 0; i < s->narenas; i++)
 		arena_destroy(&s->arenas[i]);
 	/* Device arenas are released on their transfer thread (the calls
@@ -219,6 +232,52 @@ static int pick_gpu(struct daemon *d, const Pf__OpenSession *req, int *gpu, char
 	return 0;
 }
 
+/* Where a pooled batch's parts sit in its ring slot: the gather index
+ * (count entries), the admission addresses and the staged rows, field by
+ * field, each at a FIELD_ALIGN boundary.  Returns the prefix's size, the
+ * bytes that cross PCIe. */
+static uint64_t stage_layout(const struct sess *s, uint32_t count, uint32_t nstaged,
+			     uint64_t *admit_off, uint64_t *stage_off)
+{
+	uint64_t off = (uint64_t)count * sizeof(uint64_t);
+
+	*admit_off = align_up(off, FIELD_ALIGN);
+	off = *admit_off + (uint64_t)nstaged * sizeof(uint64_t);
+	for (size_t f = 0; f < s->ds->nfields; f++) {
+		off = align_up(off, FIELD_ALIGN);
+		if (stage_off)
+			stage_off[f] = off;
+		off += s->ds->fields[f].sample_bytes * nstaged;
+	}
+	return off;
+}
+
+/* Joins the dataset's VRAM pool on this GPU (pool.h).  A batch stages its
+ * misses plus up to a quarter of a batch of back-filled rows, so ring slots
+ * grow by that much; a dataset that cannot be pooled is served without. */
+static int setup_pool(struct sess *s)
+{
+	char why[160] = "";
+	uint64_t admit_off, most;
+
+	s->ring_stride = s->slot_stride;
+	s->pool = pool_get(s->d, s->ds, s->gpu, s->xfer, why, sizeof(why));
+	if (!s->pool) {
+		log_info("session %" PRIu64 ": no VRAM pool for %s: %s", s->id, s->ds->name, why);
+		return 0;
+	}
+	s->stage_cap = s->batch_size + (s->batch_size + 3) / 4;
+	most = stage_layout(s, s->batch_size, s->stage_cap, &admit_off, NULL);
+	if (align_up(most, SLOT_ALIGN) > s->ring_stride)
+		s->ring_stride = align_up(most, SLOT_ALIGN);
+	for (uint32_t i = 0; i < s->nslots; i++) {
+		s->slots[i].stage_off = calloc(s->ds->nfields, sizeof(uint64_t));
+		if (!s->slots[i].stage_off || pool_plan_alloc(&s->slots[i].plan, s->stage_cap))
+			return -ENOMEM;
+	}
+	return 0;
+}
+
 /* A CUDA session's transfer thread, ring slots and back-off timer.  Device
  * slots come later, an arena at a time (grow). */
 static int setup_cuda(struct sess *s, const Pf__OpenSession *req, char *err, size_t errlen)
@@ -240,24 +299,29 @@ static int setup_cuda(struct sess *s, const Pf__OpenSession *req, char *err, siz
 		log_info("GPU %d: transfer thread started", s->gpu);
 	}
 	s->xfer = d->xfers[s->gpu];
+	rc = setup_pool(s);
+	if (rc) {
+		snprintf(err, errlen, "out of memory for the pool's batch plans");
+		return rc;
+	}
 	/* Ring slots: enough for every reader to work on a batch of this
 	 * session plus one being copied, never more than can be in flight. */
 	want = cfg->readers + 2;
 	if (want > s->gov.max_depth + 1)
 		want = s->gov.max_depth + 1;
 	for (n = want; n > 0; n--)
-		if (ring_take(&d->ring, (uint64_t)n * s->slot_stride, &s->ring_off) == 0)
+		if (ring_take(&d->ring, (uint64_t)n * s->ring_stride, &s->ring_off) == 0)
 			break;
 	if (n == 0) {
 		snprintf(err, errlen,
 			 "the pinned ring has no room for one %.1f MiB batch (ring_bytes = %.0f "
 			 "MiB, %.1f MiB free in one piece)",
-			 s->slot_stride / 1048576.0, d->ring.bytes / 1048576.0,
+			 s->ring_stride / 1048576.0, d->ring.bytes / 1048576.0,
 			 ring_largest_free(&d->ring) / 1048576.0);
 		return -ENOSPC;
 	}
 	s->nring = n;
-	s->ring_bytes = (uint64_t)n * s->slot_stride;
+	s->ring_bytes = (uint64_t)n * s->ring_stride;
 	s->ring_busy = calloc(n, 1);
 	if (!s->ring_busy)
 		return -ENOMEM;
@@ -512,7 +576,7 @@ static int32_t free_ring_slot(const struct sess *s)
 
 static uint8_t *ring_slot_mem(const struct sess *s, int32_t r)
 {
-	return s->d->ring.base + s->ring_off + (uint64_t)r * s->slot_stride;
+	return s->d->ring.base + s->ring_off + (uint64_t)r * s->ring_stride;
 }
 
 static void ring_slot_put(struct sess *s, struct slot *sl)
@@ -556,8 +620,14 @@ static int send_batch(struct sess *s, struct slot *sl)
 	msg.epoch = sl->epoch;
 	msg.seq = sl->seq;
 	msg.count = count;
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	/* The picks as they lie in memory: no varint per row on either side. */
+	msg.picks_le.len = (size_t)count * sizeof(uint64_t);
+	msg.picks_le.data = (uint8_t *)(s->picks + sl->seq * s->batch_size);
+#else
 	msg.n_picks = count;
 	msg.picks = s->picks + sl->seq * s->batch_size;
+#endif
 	if (sl->error) {
 		msg.slot = -1;
 		msg.error = sl->error;
@@ -579,6 +649,13 @@ static int send_batch(struct sess *s, struct slot *sl)
 	} else {
 		sl->state = SLOT_SENT;
 		s->bytes_sent += (uint64_t)count * s->ds->sample_bytes;
+		sl->t_sent = now_ns();
+		if (s->gpu >= 0 && sl->t_ready) {
+			s->ns_read += sl->t_copy - sl->t_fill;
+			s->ns_device += sl->t_ready - sl->t_copy;
+			s->ns_turn += sl->t_sent - sl->t_ready;
+			s->timed++;
+		}
 	}
 	s->sent++;
 	if (!s->first_sent) {
@@ -602,28 +679,59 @@ static int send_end(struct sess *s)
 	return conn_send(s->conn, &env, -1);
 }
 
+static void start_copy(struct sess *s, struct slot *sl);
+
+/* Plans a batch against the pool: fills the ring slot's gather index and
+ * admission addresses, and returns the rows the readers must stage. */
+static const uint64_t *plan_batch(struct sess *s, struct slot *sl, const uint64_t *picks,
+				  uint32_t count, uint32_t *nrows)
+{
+	uint8_t *rs = ring_slot_mem(s, sl->ring);
+	uint64_t admit_off;
+
+	stage_layout(s, count, 0, &admit_off, NULL);
+	pool_plan_batch(s->pool, picks, count, s->stage_cap - count, &sl->plan, (uint64_t *)rs,
+			(uint64_t *)(rs + admit_off));
+	sl->stage_bytes = stage_layout(s, count, sl->plan.nstaged, &admit_off, sl->stage_off);
+	*nrows = sl->plan.nstaged;
+	return sl->plan.staged;
+}
+
 /* Hands batch next_fill to the readers, in parts of about SESS_PART_BYTES.
- * The slot is FILLING until every part is back. */
+ * The slot is FILLING until every part is back.  A pooled batch reads only
+ * its staged rows (none when every row is a hit: it goes straight to the
+ * transfer thread). */
 static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 {
 	uint32_t count = batch_count(s, s->next_fill);
 	const uint64_t *picks = s->picks + s->next_fill * s->batch_size;
-	uint64_t bytes = (uint64_t)count * s->ds->sample_bytes;
-	uint32_t parts = (uint32_t)((bytes + SESS_PART_BYTES - 1) / SESS_PART_BYTES);
+	const uint64_t *rows = NULL; /* NULL: the picks themselves */
+	const uint64_t *field_offset = s->field_offset;
+	uint32_t nrows = count, parts;
 	struct reader_job *jobs[64];
 	uint8_t *dst;
 
+	if (s->gpu >= 0) {
+		sl->ring = ring;
+		s->ring_busy[ring] = 1;
+	}
+	sl->t_fill = now_ns();
+	if (s->pool && s->pool->enabled) {
+		rows = plan_batch(s, sl, picks, count, &nrows);
+		field_offset = sl->stage_off;
+		s->ns_plan += now_ns() - sl->t_fill;
+	}
+	parts = (uint32_t)(((uint64_t)nrows * s->ds->sample_bytes + SESS_PART_BYTES - 1) /
+			   SESS_PART_BYTES);
 	if (parts > s->d->cfg.readers)
 		parts = s->d->cfg.readers;
 	if (parts > 64)
 		parts = 64;
-	if (parts > count)
-		parts = count;
-	if (parts == 0)
-		parts = 1;
+	if (parts > nrows)
+		parts = nrows;
 	for (uint32_t p = 0; p < parts; p++) {
-		uint32_t first = (uint32_t)((uint64_t)count * p / parts);
-		uint32_t n = (uint32_t)((uint64_t)count * (p + 1) / parts) - first;
+		uint32_t first = (uint32_t)((uint64_t)nrows * p / parts);
+		uint32_t n = (uint32_t)((uint64_t)nrows * (p + 1) / parts) - first;
 
 		jobs[p] = calloc(1, sizeof(*jobs[p]));
 		if (jobs[p])
@@ -634,20 +742,18 @@ static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 				free(jobs[p]->samples);
 				free(jobs[p]);
 			}
+			if (sl->plan.active)
+				pool_plan_done(s->pool, &sl->plan, false);
+			ring_slot_put(s, sl);
 			return -ENOMEM;
 		}
 		for (uint32_t k = 0; k < n; k++)
-			jobs[p]->samples[k] = picks[first + k] % s->ds->num_samples;
+			jobs[p]->samples[k] =
+				rows ? rows[first + k] : picks[first + k] % s->ds->num_samples;
 		jobs[p]->first = first;
 		jobs[p]->count = n;
 	}
-	if (s->gpu >= 0) {
-		sl->ring = ring;
-		s->ring_busy[ring] = 1;
-		dst = ring_slot_mem(s, sl->ring);
-	} else {
-		dst = sl->host;
-	}
+	dst = s->gpu >= 0 ? ring_slot_mem(s, sl->ring) : sl->host;
 	sl->state = SLOT_FILLING;
 	sl->epoch = s->epoch;
 	sl->seq = s->next_fill;
@@ -659,7 +765,7 @@ static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 		job->owner = s;
 		job->ds = s->ds;
 		job->dst = dst;
-		job->field_offset = s->field_offset;
+		job->field_offset = field_offset;
 		job->slot = (uint32_t)(sl - s->slots);
 		job->epoch = s->epoch;
 		job->seq = s->next_fill;
@@ -668,6 +774,8 @@ static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 	}
 	s->next_fill++;
 	s->gov.prepared++;
+	if (parts == 0)
+		start_copy(s, sl); /* every row is in the pool */
 	return 0;
 }
 
@@ -686,6 +794,14 @@ static void pump(struct sess *s)
 	}
 	if (s->next_send == s->nbatches) {
 		s->running = false;
+		if (s->timed)
+			log_debug("session %" PRIu64 ": epoch %" PRIu64 " per batch: read %.1f us, "
+				  "device %.1f us, waiting its turn %.1f us, with the client %.1f "
+				  "us, pool planning %.1f us (%" PRIu64 " batches)",
+				  s->id, s->epoch, s->ns_read / 1e3 / s->timed,
+				  s->ns_device / 1e3 / s->timed, s->ns_turn / 1e3 / s->timed,
+				  s->ns_client / 1e3 / s->timed, s->ns_plan / 1e3 / s->timed,
+				  s->timed);
 		log_debug("session %" PRIu64 ": epoch %" PRIu64 " done, %" PRIu64 " batches", s->id,
 			  s->epoch, s->nbatches - s->start_batch);
 		send_end(s);
@@ -798,6 +914,17 @@ static bool alloc_done(struct sess *s, struct xfer_job *job)
 	uint64_t k;
 
 	s->alloc_pending = false;
+	if (job->rc && s->gov.target <= 1 && s->pool &&
+	    pool_give_slab(s->pool, "a device slot allocation failed with the target at 1")) {
+		/* The target is at its floor: the pool makes room instead.
+		 * The slab's release is queued before the retry, so the
+		 * retry sees the memory. */
+		log_warn("session %" PRIu64 ": a %.1f MiB device arena on %s failed (%s); the "
+			 "pool gave a slab back, retrying",
+			 s->id, job->bytes / 1048576.0, s->device, job->err);
+		uv_timer_start(&s->retry, on_retry, SESS_OOM_PAUSE_MS, 0);
+		return false;
+	}
 	if (job->rc) {
 		s->oom_tries++;
 		gov_halve(&s->gov);
@@ -864,6 +991,19 @@ void sess_xfer_done(struct xfer_job *job, void *arg)
 	}
 	sl = &s->slots[job->slot];
 	ring_slot_put(s, sl);
+	if (sl->plan.active) {
+		/* The gather has completed (or failed): admissions publish
+		 * even for an orphan, whose rows were written all the same. */
+		if (!job->rc) {
+			s->h2d_bytes += (uint64_t)sl->plan.nstaged * s->ds->sample_bytes;
+			s->index_bytes +=
+				job->bytes - (uint64_t)sl->plan.nstaged * s->ds->sample_bytes;
+			s->pool_hits += sl->plan.hits;
+		}
+		pool_plan_done(s->pool, &sl->plan, job->rc == 0);
+	} else if (!job->rc) {
+		s->h2d_bytes += job->bytes;
+	}
 	if (s->dead)
 		goto out;
 	if (sl->state == SLOT_ORPHAN) {
@@ -873,6 +1013,7 @@ void sess_xfer_done(struct xfer_job *job, void *arg)
 		slot_set_error(s, sl, job->rc, job->err);
 	} else {
 		sl->state = SLOT_READY;
+		sl->t_ready = now_ns();
 		s->copy_bytes += job->bytes;
 		s->copy_ns += job->copy_ns;
 	}
@@ -886,11 +1027,13 @@ out:
 	pump(s);
 }
 
-static void start_copy(struct sess *s, struct slot *sl, const struct reader_job *rj)
+static void start_copy(struct sess *s, struct slot *sl)
 {
 	struct xfer_job *job = calloc(1, sizeof(*job));
 
 	if (!job) {
+		if (sl->plan.active)
+			pool_plan_done(s->pool, &sl->plan, false);
 		ring_slot_put(s, sl);
 		sl->state = SLOT_READY;
 		slot_set_error(s, sl, -ENOMEM, "out of memory queueing a copy to the device");
@@ -898,13 +1041,35 @@ static void start_copy(struct sess *s, struct slot *sl, const struct reader_job 
 	}
 	job->kind = XFER_COPY;
 	job->owner = s;
-	job->slot = rj->slot;
-	job->epoch = rj->epoch;
-	job->seq = rj->seq;
+	job->slot = (uint32_t)(sl - s->slots);
+	job->epoch = sl->epoch;
+	job->seq = sl->seq;
 	job->src = ring_slot_mem(s, sl->ring);
 	job->dst = sl->dev_addr;
 	job->bytes = s->slot_bytes;
+	if (sl->plan.active) {
+		const struct pool *p = s->pool;
+		struct gpu_gather *g = &job->g;
+		uint64_t admit_off;
+
+		stage_layout(s, sl->plan.count, sl->plan.nstaged, &admit_off, NULL);
+		job->gather = true;
+		job->bytes = sl->stage_bytes;
+		g->count = sl->plan.count;
+		g->nstaged = sl->plan.nstaged;
+		g->desc = 0;
+		g->admit = admit_off;
+		g->staged = 0;
+		g->nfields = p->nfields;
+		for (uint32_t f = 0; f < p->nfields; f++) {
+			g->slot_off[f] = s->field_offset[f];
+			g->staged_off[f] = sl->stage_off[f];
+			g->rec_off[f] = p->rec_off[f];
+			g->row_bytes[f] = p->row_bytes[f];
+		}
+	}
 	sl->state = SLOT_COPYING;
+	sl->t_copy = now_ns();
 	s->jobs++;
 	xfer_submit(s->xfer, job);
 }
@@ -931,6 +1096,11 @@ void sess_job_done(struct reader_job *job, void *arg)
 	}
 	if (sl->parts > 0)
 		goto out; /* the rest of the batch is still being read */
+	if (sl->state == SLOT_ORPHAN || sl->error) {
+		/* No copy follows: the batch's admissions are cancelled. */
+		if (sl->plan.active)
+			pool_plan_done(s->pool, &sl->plan, false);
+	}
 	if (sl->state == SLOT_ORPHAN) {
 		ring_slot_put(s, sl);
 		free(sl->errmsg);
@@ -938,7 +1108,7 @@ void sess_job_done(struct reader_job *job, void *arg)
 		sl->error = 0;
 		sl->state = SLOT_FREE;
 	} else if (s->gpu >= 0 && !sl->error) {
-		start_copy(s, sl, job);
+		start_copy(s, sl);
 	} else {
 		ring_slot_put(s, sl);
 		sl->state = SLOT_READY;
@@ -950,6 +1120,100 @@ out:
 }
 
 /* ---- requests ------------------------------------------------------------ */
+
+static void ahead_work(uv_work_t *w)
+{
+	struct sess_ahead *a = w->data;
+	struct order_spec spec = {
+		.kind = ORDER_SHUFFLE, .seed = a->seed, .rank = a->rank, .world = a->world};
+	char err[200];
+
+	a->rc = order_build(&spec, a->space, &a->picks, &a->npicks, err, sizeof(err));
+}
+
+static void queue_ahead(struct sess *s, uint64_t seed, uint32_t rank, uint32_t world,
+			uint64_t space);
+
+static void ahead_done(uv_work_t *w, int status)
+{
+	struct sess *s = (struct sess *)((char *)w->data - offsetof(struct sess, ahead));
+	struct sess_ahead *a = &s->ahead;
+
+	s->jobs--;
+	a->busy = false;
+	a->ready = status == 0 && a->rc == 0;
+	if (!a->ready) {
+		free(a->picks);
+		a->picks = NULL;
+	}
+	if (s->dead) {
+		if (s->jobs == 0)
+			sess_free(s);
+		return;
+	}
+	/* Epochs left early (a warm-up, an abandon) can start faster than an
+	 * order is built: build the one for the newest epoch now. */
+	if (a->again && !(a->ready && a->seed == a->again_seed && a->rank == a->again_rank &&
+			  a->world == a->again_world && a->space == a->again_space))
+		queue_ahead(s, a->again_seed, a->again_rank, a->again_world, a->again_space);
+	a->again = false;
+}
+
+static void queue_ahead(struct sess *s, uint64_t seed, uint32_t rank, uint32_t world,
+			uint64_t space)
+{
+	struct sess_ahead *a = &s->ahead;
+
+	free(a->picks);
+	a->picks = NULL;
+	a->ready = false;
+	a->seed = seed;
+	a->rank = rank;
+	a->world = world;
+	a->space = space;
+	a->work.data = a;
+	if (uv_queue_work(s->d->loop, &a->work, ahead_work, ahead_done) == 0) {
+		a->busy = true;
+		s->jobs++;
+	}
+}
+
+/* After a shuffled epoch starts: the next one's order, built ahead (or
+ * noted, when a build is still running, to follow it). */
+static void build_ahead(struct sess *s, const struct order_spec *spec, uint64_t space)
+{
+	struct sess_ahead *a = &s->ahead;
+
+	if (spec->kind != ORDER_SHUFFLE)
+		return;
+	if (a->busy) {
+		a->again = true;
+		a->again_seed = spec->seed + 1;
+		a->again_rank = spec->rank;
+		a->again_world = spec->world;
+		a->again_space = space;
+		return;
+	}
+	queue_ahead(s, spec->seed + 1, spec->rank, spec->world, space);
+}
+
+/* The order built ahead, when it is the one spec asks for (ownership moves
+ * to the caller); else NULL. */
+static uint64_t *take_ahead(struct sess *s, const struct order_spec *spec, uint64_t space,
+			    uint64_t *npicks)
+{
+	struct sess_ahead *a = &s->ahead;
+	uint64_t *picks = a->picks;
+
+	if (spec->kind != ORDER_SHUFFLE || !a->ready || a->seed != spec->seed ||
+	    a->rank != spec->rank || (a->world ? a->world : 1) != (spec->world ? spec->world : 1) ||
+	    a->space != space)
+		return NULL;
+	*npicks = a->npicks;
+	a->picks = NULL;
+	a->ready = false;
+	return picks;
+}
 
 /* Stops the current epoch: READY slots are free again at once, FILLING ones
  * become ORPHAN and come free when their reader is done. */
@@ -994,7 +1258,10 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 	spec.rank = req->rank;
 	spec.world = req->world;
 	t_order = now_ns();
-	rc = order_build(&spec, s->ds->num_samples * s->augment, &picks, &npicks, err, sizeof(err));
+	picks = take_ahead(s, &spec, s->ds->num_samples * s->augment, &npicks);
+	rc = picks ? 0
+		   : order_build(&spec, s->ds->num_samples * s->augment, &picks, &npicks, err,
+				 sizeof(err));
 	t_order = now_ns() - t_order;
 	if (rc)
 		return conn_error(c, id, rc, "epoch %" PRIu64 ": %s", req->epoch,
@@ -1024,9 +1291,13 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 	s->epoch_started_ns = t_req; /* when the request came */
 	s->first_sent = false;
 	log_debug("session %" PRIu64 ": epoch %" PRIu64 ": order of %" PRIu64
-		  " picks built in %.1f ms",
+		  " picks ready in %.1f ms",
 		  s->id, s->epoch, npicks, t_order / 1e6);
+	build_ahead(s, &spec, s->ds->num_samples * s->augment);
 	gov_new_epoch(&s->gov);
+	s->ns_read = s->ns_device = s->ns_turn = s->ns_client = s->ns_plan = s->timed = 0;
+	if (s->pool)
+		pool_new_epoch(s->pool, s->epoch);
 
 	{
 		Pf__Envelope env = PF__ENVELOPE__INIT;
@@ -1077,6 +1348,9 @@ void sess_release(struct sess *s, const Pf__Release *req)
 		return;
 	}
 	sl->state = SLOT_FREE;
+	if (sl->t_sent && sl->epoch == s->epoch)
+		s->ns_client += now_ns() - sl->t_sent;
+	sl->t_sent = 0;
 	pump(s);
 }
 
@@ -1095,6 +1369,31 @@ int sess_abandon(struct sess *s, uint64_t id, const Pf__Abandon *req)
 	env.msg_case = PF__ENVELOPE__MSG_OK;
 	env.ok = &ok;
 	return conn_send(s->conn, &env, -1);
+}
+
+/* The pool's budget from the same honest figure: what the trainer left
+ * free, minus the reserve, minus the device slots the target still needs
+ * (the target has first call on memory), plus what the pool holds already
+ * (not in the free figure, but its own). */
+static void size_pool(struct sess *s, uint64_t free_bytes, uint64_t total_bytes)
+{
+	const struct config *cfg = &s->d->cfg;
+	uint64_t reserve = (uint64_t)(cfg->reserve_frac * (double)total_bytes);
+	uint64_t need = 0, have = pool_bytes(s->pool), budget;
+	int64_t room;
+	char why[160];
+
+	if (reserve < cfg->reserve_min)
+		reserve = cfg->reserve_min;
+	if (slots_wanted(s) > s->npresent)
+		need = (uint64_t)(slots_wanted(s) - s->npresent) * s->slot_stride;
+	room = (int64_t)free_bytes - (int64_t)reserve - (int64_t)need;
+	budget = room < 0 && (uint64_t)-room > have ? 0 : (uint64_t)((int64_t)have + room);
+	snprintf(why, sizeof(why),
+		 "probe: %.2f GiB free, reserve %.2f GiB, %.2f GiB for slots, %.2f GiB held",
+		 free_bytes / 1073741824.0, reserve / 1073741824.0, need / 1073741824.0,
+		 have / 1073741824.0);
+	pool_set_budget(s->pool, budget, why);
 }
 
 void sess_probe(struct sess *s, const Pf__Probe *req)
@@ -1119,6 +1418,8 @@ void sess_probe(struct sess *s, const Pf__Probe *req)
 	if (s->gov.target != was)
 		log_info("session %" PRIu64 ": target %u -> %u (%s)", s->id, was, s->gov.target,
 			 s->gov.reason);
+	if (s->pool)
+		size_pool(s, req->free_bytes, req->total_bytes);
 	pump(s);
 }
 
@@ -1193,11 +1494,14 @@ void sess_status(const struct sess *s, Pf__SessionStatus *st)
 	st->min_depth = s->gov.min_depth;
 	st->max_depth = s->gov.max_depth;
 	st->batches = s->nbatches - s->start_batch;
+	st->h2d_bytes = s->h2d_bytes;
+	st->pool_hits = s->pool_hits;
+	st->index_bytes = s->index_bytes;
 }
 
 bool sess_check(const struct sess *s)
 {
-	uint64_t working = s->alloc_pending;
+	uint64_t working = s->alloc_pending + s->ahead.busy;
 
 	if (!gov_check(&s->gov))
 		return false;

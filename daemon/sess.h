@@ -31,6 +31,7 @@
 #include "arena.h"
 #include "gpu.h"
 #include "gov.h"
+#include "pool.h"
 #include "prefetch.pb-c.h"
 
 struct conn;
@@ -54,6 +55,14 @@ struct slot {
 	uint32_t parts;	     /* FILLING: reader jobs (parts of the batch) not back */
 	int error;	     /* FILLING/READY: 0, or the batch's first read error */
 	char *errmsg;	     /* owned, READY with error only */
+	/* Pool sessions: the batch's plan (FILLING/COPYING/ORPHAN) and the
+	 * offsets of its staged rows' fields within the ring slot, which the
+	 * reader jobs borrow. */
+	struct pool_plan plan;
+	uint64_t *stage_off;  /* owned, ds->nfields */
+	uint64_t stage_bytes; /* the ring slot's prefix that goes to the device */
+	/* When the batch entered each stage (debug timing). */
+	uint64_t t_fill, t_copy, t_ready, t_sent;
 };
 
 /* Tries of one device allocation before the batch waiting for it becomes an
@@ -70,6 +79,26 @@ struct slot {
  * released) while the pipeline keeps `target` batches in flight.  Two
  * covers the usual "current step + the batch being moved" pattern. */
 #define SESS_HOLD_SLOTS 2
+
+/* The next epoch's shuffle, built ahead on libuv's thread pool under the
+ * convention our clients follow (epoch n+1 shuffled with seed + 1, the
+ * same rank and world), so that StartEpoch need not build 10 ms of order on
+ * the loop thread before the first batch.  Any other request builds its
+ * order as before; a guess that missed only cost a pool thread's time. */
+struct sess_ahead {
+	uv_work_t work;
+	uint64_t seed, space;
+	uint32_t rank, world;
+	uint64_t *picks; /* owned: the order, once ready */
+	uint64_t npicks;
+	int rc;
+	bool busy;  /* queued or running: counts in jobs */
+	bool ready; /* picks hold the order for (seed, rank, world, space) */
+	/* A newer epoch started while busy: what to build when it is done. */
+	bool again;
+	uint64_t again_seed, again_space;
+	uint32_t again_rank, again_world;
+};
 
 struct sess {
 	struct sess *next, *prev; /* daemon->sessions while alive */
@@ -110,6 +139,12 @@ struct sess {
 	uint8_t *ring_busy;  /* owned, nring flags */
 	uint64_t copy_bytes; /* H2D totals, for status */
 	uint64_t copy_ns;
+	uint64_t ring_stride; /* bytes per ring slot (>= slot_stride) */
+	struct pool *pool;    /* borrowed (counted): NULL when not pooled */
+	uint32_t stage_cap;   /* staged rows per batch at most */
+	uint64_t h2d_bytes;   /* sample bytes that crossed PCIe */
+	uint64_t index_bytes; /* gather indices that crossed PCIe */
+	uint64_t pool_hits;   /* rows served from the pool */
 
 	/* The current epoch. */
 	uint64_t epoch;
@@ -121,7 +156,8 @@ struct sess {
 	uint64_t next_fill; /* next seq to hand to a reader */
 	uint64_t next_send; /* next seq to send */
 
-	unsigned jobs; /* reader and transfer jobs not yet back */
+	struct sess_ahead ahead;
+	unsigned jobs; /* reader and transfer jobs (and the order ahead) not yet back */
 	bool dead;     /* connection gone, waiting for jobs */
 
 	/* Figures for status. */
@@ -129,6 +165,11 @@ struct sess {
 	double wait_s, busy_s;
 	uint64_t opened_ns, epoch_started_ns;
 	bool first_sent; /* this epoch's first batch went out (debug timing) */
+	/* This epoch's time per stage, summed over batches (debug timing):
+	 * reading (fill -> copy), the device (copy -> ready), waiting for
+	 * its turn (ready -> sent), the client (sent -> release), and the
+	 * loop thread's planning against the pool. */
+	uint64_t ns_read, ns_device, ns_turn, ns_client, ns_plan, timed;
 };
 
 /* OpenSession on connection c: creates c->sess, replies SessionOpened and

@@ -43,6 +43,7 @@ struct xfer {
 	uint64_t last_retire_ns;
 	struct gpu_event **pool; /* idle events */
 	unsigned npool, cap;
+	struct gpu_arena stage; /* owned: gather staging (GPU_IPC_NONE), grown on demand */
 };
 
 static uint64_t mono_ns(void)
@@ -115,6 +116,49 @@ static void run_alloc(struct xfer *x, struct xfer_job *job)
 			 job->rc == -ENOMEM ? "out of memory" : strerror(-job->rc));
 }
 
+/* Makes the staging area at least bytes large.  Growing waits for the
+ * stream: queued copies and gathers may still use the old area. */
+static int stage_reserve(struct xfer *x, uint64_t bytes)
+{
+	uint64_t want;
+	int rc;
+
+	if (x->stage.base && x->stage.bytes >= bytes)
+		return 0;
+	want = x->stage.bytes * 2 > bytes ? x->stage.bytes * 2 : bytes;
+	gpu_stream_sync(x->stream);
+	gpu_arena_free(&x->stage);
+	rc = gpu_arena_alloc(x->dev, want, GPU_IPC_NONE, &x->stage);
+	if (rc == -ENOMEM && want > bytes)
+		rc = gpu_arena_alloc(x->dev, bytes, GPU_IPC_NONE, &x->stage);
+	return rc;
+}
+
+/* The pool path of a copy: index and staged rows to the staging area, then
+ * the gather kernel into the slot. */
+static int queue_gather(struct xfer *x, struct xfer_job *job, char *err, size_t errlen)
+{
+	struct gpu_gather g = job->g;
+	int rc;
+
+	rc = stage_reserve(x, job->bytes);
+	if (rc) {
+		snprintf(err, errlen, "no %.1f MiB gather staging area on the device: %s",
+			 job->bytes / 1048576.0, rc == -ENOMEM ? "out of memory" : strerror(-rc));
+		return rc;
+	}
+	g.slot = job->dst;
+	g.desc += x->stage.base;
+	g.admit += x->stage.base;
+	g.staged += x->stage.base;
+	rc = gpu_copy_h2d(x->stream, x->stage.base, job->src, (size_t)job->bytes);
+	if (!rc)
+		rc = gpu_gather(x->stream, &g);
+	if (rc)
+		snprintf(err, errlen, "pool gather on the device failed: %s", strerror(-rc));
+	return rc;
+}
+
 /* Queues one copy and its event; on failure the job is finished at once. */
 static void queue_copy(struct xfer *x, struct xfer_job *job, struct xfer_job **fl_head,
 		       struct xfer_job **fl_tail)
@@ -122,15 +166,19 @@ static void queue_copy(struct xfer *x, struct xfer_job *job, struct xfer_job **f
 	int rc;
 
 	job->queued_ns = mono_ns();
+	job->err[0] = '\0';
 	rc = get_event(x, &job->event);
-	if (!rc)
+	if (!rc && job->gather)
+		rc = queue_gather(x, job, job->err, sizeof(job->err));
+	else if (!rc)
 		rc = gpu_copy_h2d(x->stream, job->dst, job->src, (size_t)job->bytes);
 	if (!rc)
 		rc = gpu_event_record(job->event, x->stream);
 	if (rc) {
 		job->rc = rc;
-		snprintf(job->err, sizeof(job->err), "copy to the device failed: %s",
-			 strerror(-rc));
+		if (!job->err[0])
+			snprintf(job->err, sizeof(job->err), "copy to the device failed: %s",
+				 strerror(-rc));
 		if (job->event) {
 			/* Its copy may still be queued: wait before reuse. */
 			gpu_stream_sync(x->stream);
@@ -253,6 +301,14 @@ static void free_xfer(uv_handle_t *h)
 	free(h->data);
 }
 
+static void deliver(struct xfer *x, struct xfer_job *job)
+{
+	if (job->done)
+		job->done(job);
+	else
+		x->done(job, x->arg);
+}
+
 static void drain_done(uv_async_t *async)
 {
 	struct xfer *x = async->data;
@@ -265,7 +321,7 @@ static void drain_done(uv_async_t *async)
 	while (job) {
 		struct xfer_job *next = job->next;
 
-		x->done(job, x->arg);
+		deliver(x, job);
 		job = next;
 	}
 }
@@ -281,6 +337,7 @@ int xfer_start(struct xfer **out, int dev, uv_loop_t *loop, xfer_done_fn done, v
 		return -ENOMEM;
 	}
 	x->dev = dev;
+	x->stage.export_fd = -1;
 	x->done = done;
 	x->arg = arg;
 	rc = gpu_stream_create(dev, &x->stream);
@@ -334,7 +391,7 @@ void xfer_submit(struct xfer *x, struct xfer_job *job)
 		}
 		job->rc = -ECANCELED;
 		snprintf(job->err, sizeof(job->err), "daemon shutting down");
-		x->done(job, x->arg);
+		deliver(x, job);
 		return;
 	}
 	pthread_mutex_lock(&x->lock);
@@ -356,6 +413,7 @@ void xfer_stop(struct xfer *x)
 		gpu_event_destroy(x->pool[--x->npool]);
 	free(x->pool);
 	gpu_stream_destroy(x->stream);
+	gpu_arena_free(&x->stage);
 	/* x stays allocated: sessions freed later in this shutdown (their
 	 * connections close after this) still submit their arena frees,
 	 * which now run inline.  xfer_free releases it after the loop. */

@@ -6,7 +6,11 @@
  * Jobs come from the loop thread and go back to it when they are done:
  *   XFER_COPY   host ring slot -> device slot on the stream; done only once
  *               the copy's event has completed, so the loop may announce
- *               the batch and give the ring slot to another read;
+ *               the batch and give the ring slot to another read.  With
+ *               `gather` set (a batch planned against the VRAM pool,
+ *               pool.h) the ring slot's prefix goes to the thread's staging
+ *               area instead and the gather kernel assembles the slot from
+ *               it and from pool records;
  *   XFER_ALLOC  a device arena (gpu_arena_alloc), exported as asked;
  *   XFER_FREE   releases an arena (the job then only frees itself).
  * Copies are pipelined: the thread queues every copy it has, records an
@@ -43,11 +47,19 @@ struct xfer_job {
 	uint64_t dst;	 /* device address */
 	uint64_t bytes;
 	uint64_t copy_ns; /* queued -> event completed */
+	/* XFER_COPY with gather: g.slot is ignored (dst is the slot); g.desc,
+	 * g.admit and g.staged are offsets into the bytes copied, which land
+	 * in the thread's staging area.  One staging area per GPU suffices:
+	 * its stream runs the copy into it after the previous gather. */
+	bool gather;
+	struct gpu_gather g;
 	/* XFER_ALLOC: bytes and ipc in, arena out.  XFER_FREE: arena in. */
 	enum gpu_ipc ipc;
 	struct gpu_arena arena;
 	bool inject_enomem; /* test hook: fail as a full device would */
-	int rc;		    /* 0 or -errno */
+	/* Runs instead of xfer_start's done for this job (NULL: that one). */
+	void (*done)(struct xfer_job *job);
+	int rc; /* 0 or -errno */
 	char err[200];
 	/* private to the transfer thread */
 	struct gpu_event *event;

@@ -1,0 +1,169 @@
+/*
+ * pool.h — the VRAM sample pool: per (dataset, GPU), sample rows kept in
+ * device memory so that later epochs are assembled on the device instead of
+ * crossing PCIe again.
+ *
+ * A pool holds *records*, one per resident sample: every field's row of
+ * that sample, field f at rec_off[f].  Records live in slabs (device
+ * allocations of `pool_slab` bytes, never exported), so memory is taken and
+ * given back a slab at a time.  `loc` maps a sample to its record (entry id
+ * = slab << slab_shift | index), or to POOL_NONE / POOL_PENDING.
+ *
+ * A CUDA session plans each batch against its pool (pool_plan_batch):
+ *   - a hit is a resident sample: the gather kernel (gpu_gather) copies its
+ *     record into the batch's slot, on the device;
+ *   - a miss is read by the readers into the ring slot's staged rows and
+ *     copied over PCIe; if the budget has room it is also admitted: a
+ *     record is reserved now (POOL_PENDING) and published by pool_plan_done
+ *     once the batch's gather has completed, so no batch ever reads a
+ *     record before it has been written;
+ *   - samples missed while there was no room (before the first probe, or a
+ *     full pool) are remembered and back-filled: later batches stage a few
+ *     of them as admit-only rows when room appears, so a dataset that fits
+ *     is resident by the end of its first epoch even though the budget is
+ *     only known after the trainer's first step.
+ * Every slab a batch reads or writes is pinned until the batch's copy job
+ * is back: a slab dropped meanwhile leaves the index at once (new batches
+ * miss) and is freed when its last pin goes.
+ *
+ * Budget: the honest probe's free memory minus the reserve and minus the
+ * slots the session's target still needs (sess_probe computes it), capped
+ * by `pool_bytes`.  Under pressure (a probe below what the pool holds, or a
+ * device allocation failing once the target is at its floor) the pool
+ * gives back whole slabs, newest first.  A pool lives as long as the
+ * daemon; its slabs are given back when its last session goes, so an idle
+ * pool never holds device memory a new trainer may need for its first step.
+ *
+ * DESIGN: loop thread only, no locks.  Slab allocation and release run on
+ * the GPU's transfer thread (xfer.h) as jobs; the gather runs on its copy
+ * stream.
+ */
+#ifndef PF_POOL_H
+#define PF_POOL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gpu.h"
+#include "prefetch.pb-c.h"
+
+struct daemon;
+struct dataset;
+struct xfer;
+struct xfer_job;
+
+#define POOL_NONE    UINT32_MAX	      /* loc: not resident */
+#define POOL_PENDING (UINT32_MAX - 1) /* loc: admitted by a batch in flight */
+
+struct pool_slab {
+	struct gpu_arena mem; /* owned: GPU_IPC_NONE, zeroed when not allocated */
+	uint32_t used;	      /* entries handed out, 0..per_slab */
+	uint32_t pins;	      /* batches in flight that read or write it */
+	uint64_t stamp;	      /* the last plan that pinned it (pins once per plan) */
+	bool live;	      /* in the index: may be hit and handed out */
+	bool dying;	      /* dropped while pinned: freed at the last unpin */
+};
+
+/* One batch's use of the pool, kept in its session's slot from
+ * pool_plan_batch until pool_plan_done. */
+struct pool_plan {
+	bool active;	  /* planned against the pool (else the plain H2D path) */
+	uint32_t count;	  /* rows of the batch */
+	uint32_t nmiss;	  /* staged rows 0..nmiss-1 are the batch's misses */
+	uint32_t nstaged; /* misses + admit-only rows */
+	uint64_t *staged; /* owned, cap: the sample of each staged row */
+	uint32_t *admit;  /* owned, cap: the entry each staged row fills, or POOL_NONE */
+	uint32_t cap;	  /* staged rows at most */
+	uint32_t *pinned; /* owned: slabs pinned, each once */
+	uint32_t npinned, pin_cap;
+	uint32_t hits;
+	uint64_t stamp; /* unique per planning, for pinning each slab once */
+};
+
+struct pool {
+	struct pool *next;	  /* daemon->pools */
+	struct daemon *d;	  /* borrowed */
+	const struct dataset *ds; /* borrowed */
+	int gpu;
+	struct xfer *xfer; /* borrowed: the GPU's transfer thread */
+	bool enabled;
+	uint32_t nfields;
+	uint32_t rec_off[GPU_GATHER_MAX_FIELDS];
+	uint32_t row_bytes[GPU_GATHER_MAX_FIELDS];
+	uint64_t rec_stride; /* bytes per record */
+	uint64_t slab_bytes;
+	uint32_t per_slab;	 /* records per slab */
+	uint32_t slab_shift;	 /* entry id = slab << slab_shift | index */
+	struct pool_slab *slabs; /* owned, nslabs (live, dying or free) */
+	uint32_t nslabs;	 /* array length */
+	uint32_t nlive;		 /* live slabs */
+	uint64_t bytes;		 /* device memory of the live slabs */
+	uint64_t room;		 /* entries not yet handed out in live slabs */
+	uint32_t fill;		 /* a live slab with room, when room > 0 (a hint) */
+	bool want_room;		 /* a miss found no entry since the last slab came */
+	uint64_t admits;	 /* rows admitted since the last slab was asked for */
+	uint64_t stamps;	 /* plans made, for pool_plan.stamp */
+	uint32_t *loc;		 /* owned, ds->num_samples entries */
+	uint64_t *owner;	 /* owned, nslabs << slab_shift: sample of each entry */
+	uint64_t *missed;	 /* owned bitmap: samples to back-fill */
+	uint64_t nmissed, scan;	 /* bits set; back-fill cursor */
+	uint64_t rows;		 /* resident samples */
+	uint64_t budget;	 /* bytes the pool may hold */
+	bool budget_known;	 /* a probe has sized it */
+	char budget_reason[160];
+	bool slab_pending; /* an allocation is on the transfer thread */
+	unsigned sessions; /* sessions using it */
+	/* Figures for status. */
+	uint64_t epoch; /* highest epoch started by its sessions */
+	uint64_t hits_cur, lookups_cur, hits_last, lookups_last;
+	bool have_last;
+	uint64_t hits, lookups, saved, slabs_dropped, slabs_made;
+};
+
+/* The pool of (ds, gpu), made on first use, with one more session on it.
+ * NULL when the dataset cannot be pooled (too many fields; why says so) or
+ * out of memory. */
+struct pool *pool_get(struct daemon *d, const struct dataset *ds, int gpu, struct xfer *x,
+		      char *why, size_t whylen);
+/* A session leaves; the last one gives the slabs back. */
+void pool_put(struct pool *p);
+/* Frees every pool (daemon shutdown, after the sessions and after
+ * xfer_stop: a slab allocation still on its way would land in a freed
+ * pool). */
+void pool_destroy_all(struct daemon *d);
+
+/* Planning: plan->cap must be at least count.  picks are the batch's picks
+ * in order (sample = pick mod N).  Writes desc[0..count) (a record's
+ * device address or GPU_GATHER_STAGED | k), admit_addr[k] for the staged
+ * rows, and fills plan.  Up to max_extra admit-only rows are added when
+ * room allows. */
+void pool_plan_batch(struct pool *p, const uint64_t *picks, uint32_t count, uint32_t max_extra,
+		     struct pool_plan *plan, uint64_t *restrict desc, uint64_t *admit_addr);
+/* The batch's copy job is back (ok: its gather completed) or the batch was
+ * dropped before (ok false): publishes or cancels its admissions, unpins. */
+void pool_plan_done(struct pool *p, struct pool_plan *plan, bool ok);
+int pool_plan_alloc(struct pool_plan *plan, uint32_t cap);
+void pool_plan_free(struct pool_plan *plan);
+
+/* A session started epoch `epoch`: the hit-rate figures roll over when it
+ * is the pool's newest. */
+void pool_new_epoch(struct pool *p, uint64_t epoch);
+/* Sets the budget (capped by pool_bytes) and gives back slabs above it. */
+void pool_set_budget(struct pool *p, uint64_t budget, const char *why);
+/* Device memory is short and the target is at its floor: gives back one
+ * slab.  False when there was none. */
+bool pool_give_slab(struct pool *p, const char *why);
+/* Device memory the pool holds (live slabs). */
+uint64_t pool_bytes(const struct pool *p);
+
+/* prefetchctl pool DATASET on|off|drop, on every GPU's pool of dataset.
+ * Returns pools reached (0: none yet) or -errno. */
+int pool_control(struct daemon *d, const char *dataset, Pf__PoolAction action,
+		 uint64_t *bytes_freed);
+/* Fills one PoolStatus; strings borrow from p and buf (16 bytes). */
+void pool_status(const struct pool *p, Pf__PoolStatus *st, char *buf);
+
+/* Invariants, for asserts and tests. */
+bool pool_check(const struct pool *p);
+
+#endif
