@@ -1,18 +1,28 @@
 /*
  * cuda_throughput.c — how fast prefetchd hands a shuffled epoch of 4 KiB rows
  * to a consumer on cuda:0, as a fraction of what a raw pinned
- * cudaMemcpyAsync moves to the same GPU in the same run.
+ * cudaMemcpyAsync moves to the same GPU in the same run (issue 3); then,
+ * with the VRAM sample pool on, how fast a second epoch is served from the
+ * pool, against the same raw copy and a device-to-device copy (issue 5).
  *
  *   build/bench/cuda_throughput [--gib G] [--readers N] [--depth N] [--ipc fd|legacy]
+ *                               [--pool-batch ROWS] [--pool-depth N] [--no-pool]
  *
  * It writes a dataset of one '<u1' field whose rows are 4096 bytes of
  * npygen's formula (tools/npygen.h), reads the file once so the page cache
- * holds it, starts a real prefetchd on a temporary socket and consumes one
- * shuffled epoch (seed 1) in batches of 1024 rows (4 MiB) on cuda:0 through
- * libprefetch, after a warm-up on other epochs during which the arenas are
- * imported and the daemon's probe sizes the target.  Timed: the whole epoch,
- * pf_start_epoch .. the pf_next that ends it, pf_next → check → pf_release
- * on the consumer's own stream.
+ * holds it, and starts a real prefetchd on a temporary socket whose config
+ * declares the file twice: as dataset `bench` with `pool = off` (the first
+ * phase) and as `bench_pool` with `pool = on` (the pool phase; left out
+ * with --no-pool).  The daemon's pool keys are otherwise its defaults
+ * (`pool_bytes = auto`: only the honest probe limits the pool).
+ *
+ * First phase (issue 3): one shuffled epoch (seed 4) of `bench` in batches
+ * of 1024 rows (4 MiB) on cuda:0 through libprefetch, after a warm-up on
+ * epochs 2 and 3 (seeds before it, as a trainer's would be) during which the arenas are imported
+ * and the daemon's probe sizes the target.  Timed: the whole epoch, pf_start_epoch .. the pf_next
+ * that ends it, pf_next → check → pf_release on the consumer's own stream.
+ * The pool is off for this dataset, so every byte crosses PCIe and the
+ * figure stays comparable with the runs before the pool existed.
  *
  * Checks run as a trainer's work does: queued on the consumer's stream,
  * which pf_release waits for, and verified on the host once the phase has
@@ -30,11 +40,12 @@
  * pinned buffer (cudaHostAlloc, 512 MiB or the dataset if smaller, cycled;
  * as large as the daemon's ring) into a ring of 4 device slots, all queued
  * on one non-blocking stream, synchronised at the end; best of 3 after an
- * untimed pass.  The last line of the output is `ratio: X.XX`, delivered
- * GB/s over this.  Diagnostics, not in the ratio: the same copies from
- * cudaHostRegister'ed anonymous memory (the daemon's ring) with 4 KiB and
- * with huge pages, and `readers` threads gathering the shuffled rows from a
- * mapping of the file without the daemon (the readers' ceiling).  GB is 10^9 bytes; only sample
+ * untimed pass.  The last line of the first phase's output is
+ * `ratio: X.XX`, delivered GB/s over this (issue 3's figure).
+ * Diagnostics, not in the ratio: the same copies from cudaHostRegister'ed
+ * anonymous memory (the daemon's ring) with 4 KiB and with huge pages, and
+ * `readers` threads gathering the shuffled rows from a mapping of the file
+ * without the daemon (the readers' ceiling).  GB is 10^9 bytes; only sample
  * bytes count.
  *
  * Also measured, after the timed epoch:
@@ -51,16 +62,54 @@
  *             counted by pf_stats and also reported apart.  No content
  *             checks here: they would add to the compute time.
  *
+ * Pool phase (issue 5), after the first phase's session has closed, so the
+ * first phase never shares the GPU with a pool: a new session on
+ * `bench_pool` (the same file) on cuda:0 in batches of --pool-batch rows
+ * (default 16384, 64 MiB), max_depth --pool-depth (default 16, the daemon's own default).
+ *   epoch 1   untimed, shuffle seed 300, checked like the first phase's
+ *             warm-up.  It is the session's first epoch, so the budget
+ *             arrives with the probe after its 2nd batch, as with a real
+ *             trainer; rows missed before that are the daemon's to
+ *             back-fill within the epoch.  Then status is polled (up to
+ *             3 s) until the pool holds N rows; its rows, bytes and budget
+ *             are printed either way.
+ *   epoch 2   timed exactly like the first phase's epoch (seed 301,
+ *             pf_start_epoch .. the pf_next that ends it), with the two
+ *             16-byte straddling copies per batch but no whole-batch copy:
+ *             a 64 MiB device-to-host copy takes over a millisecond, and
+ *             on the in-order consumer stream it would hold back the
+ *             release of every later batch, while the whole 4 GiB epoch
+ *             should take about 16 ms at the target.  Status before and
+ *             after gives the session's h2d_bytes and index_bytes deltas
+ *             (target: zero sample bytes over PCIe; 8 index bytes per row
+ *             are expected) and the pool's hit rate.
+ *   epoch 3   untimed, seed 302: every batch copied back whole and
+ *             synchronously, and every word of every row compared, so the
+ *             pool's gather is verified byte for byte.
+ * Each of the three epochs must deliver every row exactly once.
+ *
+ * Second reference, measured before the daemon starts (after the first
+ * and the diagnostics): cudaMemcpyAsync device-to-device of the same
+ * number of bytes in copies of one pool batch, from a device buffer (the
+ * pinned buffer's rows, repeated to a multiple of the batch) into a ring of
+ * 4 device slots on one non-blocking stream; best of 3 after an untimed
+ * pass.  The pool phase prints its own table, then `pool epoch 2 H2D
+ * sample bytes: N (index bytes: M, ...)`, `ratio pool/H2D: X.XX  target
+ * >= 5: met|NOT met` (over the first reference) and, last,
+ * `ratio pool/D2D: X.XX`.  A missed target, a pool that is not full after
+ * epoch 1, or a daemon that does not report the pool is printed, not an
+ * error.
+ *
  * Exit status: 0 done, 1 a failure (wrong bytes, daemon error), 2 usage or
  * no usable GPU.  A build without the CUDA toolkit (PF_CUDA=0) prints that
  * and exits 0.
  *
  * DESIGN: one thread, no locks.  The daemon is a child process (fork+exec
- * via td_start, safe after CUDA init); this process is its only consumer.
- * The CUDA runtime and libprefetch's pfcuda both use cuda:0's primary
- * context.  Every exit path after the arguments goes through main's one
- * cleanup label, which stops the daemon and removes the temporary directory
- * (set PF_KEEP_TMP=1 to keep it).
+ * via td_start, safe after CUDA init); this process is its only consumer,
+ * one session at a time.  The CUDA runtime and libprefetch's pfcuda both
+ * use cuda:0's primary context.  Every exit path after the arguments goes
+ * through main's one cleanup label, which stops the daemon and removes the
+ * temporary directory (set PF_KEEP_TMP=1 to keep it).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -99,8 +148,12 @@ int main(void)
 #define BATCH_ROWS	 1024u
 #define BATCH_BYTES	 ((uint64_t)ROW_BYTES * BATCH_ROWS)
 #define DATA_SEED	 0x5eedULL
-#define SHUFFLE_SEED	 1u
-#define WARMUP_SEED	 2u /* and 3: the two warm-up epochs */
+/* Seeds follow the trainers' convention (epoch n+1 shuffled with seed + 1,
+ * as the Python Loader and prefetchctl bench do), for which the daemon
+ * builds the next epoch's order ahead; the timed epoch comes right after
+ * the two warm-up epochs 2 and 3. */
+#define WARMUP_SEED	 2u
+#define SHUFFLE_SEED	 4u
 #define LATENCY_SEED	 100u
 #define STALL_SEED	 200u
 #define DEFAULT_GIB	 4.0
@@ -121,6 +174,22 @@ int main(void)
 #define STALL_BATCHES	 1000u
 /* A pf_next that waits this long means the daemon is stuck, not slow. */
 #define NEXT_TIMEOUT_MS	 30000
+/* The pool phase.  16384 rows (64 MiB) a batch: at the 5x-H2D target a
+ * batch takes about 250 us, so the ~30 us hand-off is a small part of it. */
+#define POOL_DATASET	 "bench_pool"
+#define POOL_BATCH_ROWS	 16384u
+/* Two such batches fill the 512 MiB ring, the least a session can work with. */
+#define POOL_BATCH_MAX	 ((unsigned)(RING_BYTES / 2 / ROW_BYTES))
+/* The daemon's default max_depth: a trainer with room on its GPU gets this
+ * target from the probe. */
+#define POOL_DEPTH	 16u
+#define POOL_FILL_SEED	 300u
+#define POOL_TIMED_SEED	 301u
+#define POOL_CHECK_SEED	 302u
+/* How long back-filled rows may take to show as resident in status after
+ * epoch 1 (admissions are published when their batch's gather completes). */
+#define POOL_WAIT_S	 3.0
+#define POOL_TARGET	 5.0
 
 static int cuda_fail(const char *what, cudaError_t e)
 {
@@ -131,11 +200,15 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: cuda_throughput [--gib G] [--readers N] [--depth N] [--ipc fd|legacy]\n"
-		"  --gib G      dataset size in GiB (default %.1f; rows of %u bytes)\n"
-		"  --readers N  daemon reader threads (default: online CPUs - 3, at least 2)\n"
-		"  --depth N    session max_depth (default %u)\n"
-		"  --ipc KIND   how device arenas are shared: fd (default) or legacy\n",
-		DEFAULT_GIB, ROW_BYTES, DEFAULT_DEPTH);
+		"                       [--pool-batch ROWS] [--pool-depth N] [--no-pool]\n"
+		"  --gib G            dataset size in GiB (default %.1f; rows of %u bytes)\n"
+		"  --readers N        daemon reader threads (default: CPUs online - 3, >= 2)\n"
+		"  --depth N          session max_depth (default %u)\n"
+		"  --ipc KIND         how device arenas are shared: fd (default) or legacy\n"
+		"  --pool-batch ROWS  pool phase batch size in rows (default %u, at most %u)\n"
+		"  --pool-depth N     pool phase session max_depth (default %u)\n"
+		"  --no-pool          skip the pool phase and its device-to-device reference\n",
+		DEFAULT_GIB, ROW_BYTES, DEFAULT_DEPTH, POOL_BATCH_ROWS, POOL_BATCH_MAX, POOL_DEPTH);
 }
 
 static int parse_gib(const char *s, double *out)
@@ -193,14 +266,17 @@ static int gpu_init(void)
 }
 
 /*
- * The reference: `bytes` host-to-device in 4 MiB cudaMemcpyAsync calls from
- * the pinned buffer (cycled) into REF_SLOTS device slots, all queued at
- * once on one non-blocking stream (in-order, so reusing a slot is safe) and
- * synchronised at the end.  One untimed pass, then the best of REF_PASSES
- * in *best_s.  Afterwards the last slot's first word is read back and
- * compared, so the figure is for bytes that arrived.
+ * The references: `bytes` in cudaMemcpyAsync calls of `chunk` bytes from
+ * src (src_bytes, a multiple of chunk, cycled) into REF_SLOTS device slots,
+ * all queued at once on one non-blocking stream (in-order, so reusing a
+ * slot is safe) and synchronised at the end.  One untimed pass, then the
+ * best of REF_PASSES in *best_s.  Afterwards the last slot's first word is
+ * read back and compared, so the figure is for bytes that arrived: src's
+ * byte o holds the dataset's byte o % period (period: a multiple of
+ * ROW_BYTES).
  */
-static int ref_h2d(const uint8_t *pinned, uint64_t pin_bytes, uint64_t bytes, double *best_s)
+static int ref_copy(const uint8_t *src, uint64_t src_bytes, uint64_t period,
+		    enum cudaMemcpyKind kind, uint64_t chunk, uint64_t bytes, double *best_s)
 {
 	void *slot[REF_SLOTS] = {NULL};
 	cudaStream_t stream = NULL;
@@ -214,7 +290,7 @@ static int ref_h2d(const uint8_t *pinned, uint64_t pin_bytes, uint64_t bytes, do
 		goto out;
 	}
 	for (unsigned i = 0; i < REF_SLOTS; i++) {
-		e = cudaMalloc(&slot[i], BATCH_BYTES);
+		e = cudaMalloc(&slot[i], chunk);
 		if (e != cudaSuccess) {
 			rc = cuda_fail("cudaMalloc", e);
 			goto out;
@@ -225,12 +301,11 @@ static int ref_h2d(const uint8_t *pinned, uint64_t pin_bytes, uint64_t bytes, do
 		double t0 = td_now(), dt;
 		uint64_t i = 0;
 
-		for (uint64_t off = 0; off < bytes; off += BATCH_BYTES, i++) {
-			uint64_t n = bytes - off < BATCH_BYTES ? bytes - off : BATCH_BYTES;
+		for (uint64_t off = 0; off < bytes; off += chunk, i++) {
+			uint64_t n = bytes - off < chunk ? bytes - off : chunk;
 
-			last = off % pin_bytes;
-			e = cudaMemcpyAsync(slot[i % REF_SLOTS], pinned + last, n,
-					    cudaMemcpyHostToDevice, stream);
+			last = off % src_bytes;
+			e = cudaMemcpyAsync(slot[i % REF_SLOTS], src + last, n, kind, stream);
 			if (e != cudaSuccess) {
 				rc = cuda_fail("cudaMemcpyAsync", e);
 				goto out;
@@ -249,23 +324,68 @@ static int ref_h2d(const uint8_t *pinned, uint64_t pin_bytes, uint64_t bytes, do
 			goto out;
 		}
 	}
-	e = cudaMemcpy(&got, slot[((bytes + BATCH_BYTES - 1) / BATCH_BYTES - 1) % REF_SLOTS],
-		       sizeof(got), cudaMemcpyDeviceToHost);
+	e = cudaMemcpy(&got, slot[((bytes + chunk - 1) / chunk - 1) % REF_SLOTS], sizeof(got),
+		       cudaMemcpyDeviceToHost);
 	if (e != cudaSuccess) {
 		rc = cuda_fail("cudaMemcpy (reference check)", e);
 		goto out;
 	}
-	want = npygen_word(npygen_row_key(DATA_SEED, last / ROW_BYTES), 0);
+	want = npygen_word(npygen_row_key(DATA_SEED, last % period / ROW_BYTES), 0);
 	if (got != want)
 		rc = td_fail("reference: the last copy left %016" PRIx64 " on the device, expected "
 			     "%016" PRIx64 " (row %" PRIu64 ")",
-			     got, want, last / ROW_BYTES);
+			     got, want, last % period / ROW_BYTES);
 out:
 	for (unsigned i = 0; i < REF_SLOTS; i++)
 		if (slot[i])
 			cudaFree(slot[i]);
 	if (stream)
 		cudaStreamDestroy(stream);
+	return rc;
+}
+
+/* The reference of the ratio: host-to-device in 4 MiB copies from the
+ * pinned buffer (pin_bytes, a multiple of 4 MiB). */
+static int ref_h2d(const uint8_t *pinned, uint64_t pin_bytes, uint64_t bytes, double *best_s)
+{
+	return ref_copy(pinned, pin_bytes, pin_bytes, cudaMemcpyHostToDevice, BATCH_BYTES, bytes,
+			best_s);
+}
+
+/*
+ * The pool phase's second reference: device-to-device in copies of one
+ * pool batch (chunk bytes).  The source is the pinned buffer's rows
+ * uploaded once and repeated up to a multiple of chunk (at least one
+ * chunk), so it is larger than the L2 cache as the pool is, and its bytes
+ * are known.
+ */
+static int ref_d2d(const uint8_t *pinned, uint64_t pin_bytes, uint64_t chunk, uint64_t bytes,
+		   double *best_s)
+{
+	uint64_t src_bytes = (pin_bytes > chunk ? pin_bytes / chunk : 1) * chunk;
+	uint8_t *src = NULL;
+	cudaError_t e;
+	int rc = 0;
+
+	e = cudaMalloc((void **)&src, src_bytes);
+	if (e != cudaSuccess) {
+		src = NULL;
+		rc = cuda_fail("cudaMalloc (device-to-device source)", e);
+		goto out;
+	}
+	for (uint64_t off = 0; off < src_bytes; off += pin_bytes) {
+		uint64_t n = src_bytes - off < pin_bytes ? src_bytes - off : pin_bytes;
+
+		e = cudaMemcpy(src + off, pinned, n, cudaMemcpyHostToDevice);
+		if (e != cudaSuccess) {
+			rc = cuda_fail("cudaMemcpy (device-to-device source)", e);
+			goto out;
+		}
+	}
+	rc = ref_copy(src, src_bytes, pin_bytes, cudaMemcpyDeviceToDevice, chunk, bytes, best_s);
+out:
+	if (src)
+		cudaFree(src);
 	return rc;
 }
 
@@ -414,13 +534,22 @@ struct bench {
 	struct pf_client *c;
 	struct pfcuda_dev *dev;	    /* owned: our own retain of cuda:0's primary context */
 	uint64_t rows;		    /* N, the dataset's samples */
+	uint32_t batch_rows;	    /* the open session's batch_size */
+	uint64_t batch_bytes;	    /* batch_rows * ROW_BYTES: a place in full */
 	cudaStream_t stream;	    /* owned: the consumer's stream, which checks run on */
 	struct pending_check *pend; /* owned, cap: checks queued, not yet verified */
 	size_t npend, cap;
 	uint64_t *spans; /* owned, pinned, cap * SPAN_WORDS words */
-	uint8_t *full;	 /* owned, pinned, full_cap * BATCH_BYTES */
+	uint8_t *full;	 /* owned, pinned, full_cap * batch_bytes */
 	unsigned nfull, full_cap;
 	uint64_t verified; /* batches whose checks passed */
+};
+
+enum check_kind {
+	CHECK_NONE,
+	CHECK_SPANS,	  /* per batch the straddling words, queued on the stream */
+	CHECK_SAMPLED,	  /* CHECK_SPANS, and every FULL_CHECK_EVERY-th batch whole */
+	CHECK_EVERY_WORD, /* every batch copied back at once, every word compared */
 };
 
 struct phase_opts {
@@ -428,8 +557,8 @@ struct phase_opts {
 	uint64_t seed;	/* the first epoch's; later ones (roll) take seed + 1, ... */
 	uint64_t limit; /* batches; UINT64_MAX: one whole epoch */
 	bool roll;	/* start another epoch when one ends before limit */
-	bool check;	/* content checks (spans every batch, full every 64th) */
-	double spin_s;	/* CPU spin between pf_next and pf_release */
+	enum check_kind check;
+	double spin_s; /* CPU spin between pf_next and pf_release */
 	unsigned sleep_us;
 	uint64_t *picks; /* NULL or room for rows: the first epoch's picks in order */
 	double *next_s;	 /* NULL or room for limit: pf_next durations, epoch starts left out */
@@ -467,7 +596,7 @@ static int queue_copy_back(struct bench *bn, void *dst, const uint8_t *src, size
 	return e == cudaSuccess ? 0 : cuda_fail("cudaMemcpyAsync (check)", e);
 }
 
-static int check_batch(struct bench *bn, const struct pf_batch *b)
+static int check_batch(struct bench *bn, const struct pf_batch *b, bool sampled)
 {
 	struct pending_check *pc;
 	const uint8_t *base = b->data[0];
@@ -494,13 +623,13 @@ static int check_batch(struct bench *bn, const struct pf_batch *b)
 	}
 	if (queue_copy_back(bn, w + 2, base + (uint64_t)last * ROW_BYTES + ROW_BYTES - 16, 16))
 		return -1;
-	if (b->seq % FULL_CHECK_EVERY == 0 && bn->nfull < bn->full_cap) {
+	if (sampled && b->seq % FULL_CHECK_EVERY == 0 && bn->nfull < bn->full_cap) {
 		pc->full_picks = malloc(b->count * sizeof(uint64_t));
 		if (!pc->full_picks)
 			return td_fail("out of memory");
 		pc->full = (int)bn->nfull++;
 		memcpy(pc->full_picks, b->picks, b->count * sizeof(uint64_t));
-		if (queue_copy_back(bn, bn->full + (uint64_t)pc->full * BATCH_BYTES, base,
+		if (queue_copy_back(bn, bn->full + (uint64_t)pc->full * bn->batch_bytes, base,
 				    (size_t)b->count * ROW_BYTES))
 			return -1;
 	}
@@ -541,7 +670,7 @@ static int verify_checks(struct bench *bn)
 			rc = word_ok(bn, pc, pc->pick[2], ROW_WORDS - 2, w[2], "last row") ||
 			     word_ok(bn, pc, pc->pick[2], ROW_WORDS - 1, w[3], "last row");
 		for (uint32_t k = 0; !rc && pc->full >= 0 && k < pc->count; k++) {
-			const uint8_t *row = bn->full + (uint64_t)pc->full * BATCH_BYTES +
+			const uint8_t *row = bn->full + (uint64_t)pc->full * bn->batch_bytes +
 					     (uint64_t)k * ROW_BYTES;
 			uint64_t first, lastw;
 
@@ -558,6 +687,43 @@ static int verify_checks(struct bench *bn)
 	bn->npend = 0;
 	bn->nfull = 0;
 	return rc ? -1 : 0;
+}
+
+/*
+ * CHECK_EVERY_WORD: the whole batch copied into full on the consumer's
+ * stream, waited for, and every word of every row compared before the
+ * batch is released.  Slow (a synchronous copy and 512 hashes a row), so
+ * only for an untimed epoch.
+ */
+static int check_every_word(struct bench *bn, const struct pf_batch *b)
+{
+	cudaError_t e;
+
+	if (bn->full_cap == 0)
+		return td_fail("check: no room to copy a batch back");
+	e = cudaMemcpyAsync(bn->full, b->data[0], (size_t)b->count * ROW_BYTES,
+			    cudaMemcpyDeviceToHost, bn->stream);
+	if (e == cudaSuccess)
+		e = cudaStreamSynchronize(bn->stream);
+	if (e != cudaSuccess)
+		return cuda_fail("cudaMemcpyAsync (whole batch)", e);
+	for (uint32_t k = 0; k < b->count; k++) {
+		const uint8_t *row = bn->full + (uint64_t)k * ROW_BYTES;
+		uint64_t key = npygen_row_key(DATA_SEED, b->picks[k] % bn->rows);
+
+		for (uint32_t w = 0; w < ROW_WORDS; w++) {
+			uint64_t got, want = npygen_word(key, w);
+
+			memcpy(&got, row + (uint64_t)w * 8, 8);
+			if (got != want)
+				return td_fail("batch %" PRIu64 " (epoch %" PRIu64 "), row %u "
+					       "(pick %" PRIu64 "), word %u: got %016" PRIx64
+					       ", expected %016" PRIx64,
+					       b->seq, b->epoch, k, b->picks[k], w, got, want);
+		}
+	}
+	bn->verified++;
+	return 0;
 }
 
 static int start_epoch(struct bench *bn, uint64_t seed, uint64_t *expected)
@@ -631,8 +797,9 @@ static int run_phase(struct bench *bn, const struct phase_opts *o, struct phase_
 			res->start_s += dt;
 		else if (o->next_s)
 			o->next_s[res->nnext++] = dt;
-		if (b->nfields != 1 || b->count == 0 || b->count > BATCH_ROWS || !b->on_device ||
-		    !b->data[0] || (res->epochs == 1 && res->rows + b->count > bn->rows)) {
+		if (b->nfields != 1 || b->count == 0 || b->count > bn->batch_rows ||
+		    !b->on_device || !b->data[0] ||
+		    (res->epochs == 1 && res->rows + b->count > bn->rows)) {
 			rc = td_fail("%s: batch %" PRIu64
 				     ": %u fields, %u rows, %s, data %p (after "
 				     "%" PRIu64 " rows)",
@@ -651,7 +818,9 @@ static int run_phase(struct bench *bn, const struct phase_opts *o, struct phase_
 			pf_release(bn->c, b, NULL);
 			return rc;
 		}
-		if (o->check && check_batch(bn, b)) {
+		if (o->check == CHECK_EVERY_WORD ? check_every_word(bn, b)
+		    : o->check != CHECK_NONE	 ? check_batch(bn, b, o->check == CHECK_SAMPLED)
+						 : 0) {
 			pf_release(bn->c, b, NULL);
 			return -1;
 		}
@@ -674,7 +843,7 @@ static int run_phase(struct bench *bn, const struct phase_opts *o, struct phase_
 			    "batches");
 	}
 	res->seconds = td_now() - t0;
-	if (o->check && verify_checks(bn))
+	if (o->check != CHECK_NONE && verify_checks(bn))
 		return -1;
 	if (open_epoch && in_epoch < expected) {
 		rc = pf_abandon(bn->c);
@@ -729,11 +898,24 @@ static void wait_for_probe(const char *sock, uint64_t session)
 	}
 }
 
+static void describe_pool(const Pf__PoolStatus *p, char *buf, size_t len)
+{
+	snprintf(buf, len,
+		 "%s %s, %" PRIu64 " of %" PRIu64 " rows resident, %.1f MiB in %u slabs of "
+		 "%.0f MiB, budget %.2f GiB (%s), hit rate %.3f (epoch before %.3f), %.2f GB saved",
+		 p->device ? p->device : "?", p->enabled ? "on" : "off", p->rows, p->samples,
+		 p->bytes / 1048576.0, p->slabs, p->slab_bytes / 1048576.0,
+		 p->budget / 1073741824.0, p->budget_reason ? p->budget_reason : "", p->hit_rate,
+		 p->last_hit_rate, p->h2d_saved / 1e9);
+}
+
 /* The daemon's own view of the session, printed just before pf_close. */
 static void print_status(const char *sock, uint64_t session)
 {
 	Pf__Envelope *env = td_status(sock);
 	Pf__SessionStatus *ss = td_session(env, session);
+	Pf__PoolStatus *pool;
+	char words[400];
 
 	if (!ss) {
 		printf("status: session %" PRIu64 " not found (%s)\n", session,
@@ -747,6 +929,15 @@ static void print_status(const char *sock, uint64_t session)
 		       "errors %" PRIu64 ", stall %.3f\n",
 		       ss->probe_free / 1073741824.0, ss->probe_total / 1073741824.0, ss->copy_gbps,
 		       ss->bytes_sent / 1e9, ss->errors, ss->stall_fraction);
+		/* One GPU in this bench: a dataset's first pool is cuda:0's. */
+		pool = td_pool(env, ss->dataset);
+		if (pool)
+			describe_pool(pool, words, sizeof(words));
+		else
+			snprintf(words, sizeof(words), "none listed for %s", ss->dataset);
+		printf("status: H2D %.2f GB, pool hits %" PRIu64
+		       " rows, index %.1f MiB; pool: %s\n",
+		       ss->h2d_bytes / 1e9, ss->pool_hits, ss->index_bytes / 1048576.0, words);
 		printf("status: daemon ring %.0f MiB, gpu: %s\n",
 		       env->status_reply->ring_bytes / 1048576.0, env->status_reply->gpu);
 	}
@@ -754,19 +945,274 @@ static void print_status(const char *sock, uint64_t session)
 		pf__envelope__free_unpacked(env, NULL);
 }
 
+/* What the pool phase reads from status around its epochs. */
+struct pool_snap {
+	uint64_t h2d, hits, index; /* the session's cumulative h2d_bytes, pool_hits, index_bytes */
+	bool have_pool;		   /* the daemon lists a pool for bench_pool */
+	uint64_t rows, samples;
+	double hit_rate, last_hit_rate;
+	char words[400]; /* describe_pool's, or why there is none */
+};
+
+/* A status request is a daemon round trip like any other: its failure, or
+ * an open session missing from the reply, fails the run.  A missing pool
+ * does not (the output says so). */
+static int pool_snapshot(const char *sock, uint64_t session, struct pool_snap *out)
+{
+	Pf__Envelope *env = td_status(sock);
+	Pf__SessionStatus *ss = td_session(env, session);
+	Pf__PoolStatus *p;
+	int rc = 0;
+
+	memset(out, 0, sizeof(*out));
+	if (!ss) {
+		rc = td_fail("status: %s", env ? "the pool phase's session is not listed"
+					       : "the status request failed");
+		goto out;
+	}
+	out->h2d = ss->h2d_bytes;
+	out->hits = ss->pool_hits;
+	out->index = ss->index_bytes;
+	p = td_pool(env, POOL_DATASET);
+	if (!p) {
+		snprintf(out->words, sizeof(out->words), "the daemon's status lists no pool for %s",
+			 POOL_DATASET);
+		goto out;
+	}
+	out->have_pool = true;
+	out->rows = p->rows;
+	out->samples = p->samples;
+	out->hit_rate = p->hit_rate;
+	out->last_hit_rate = p->last_hit_rate;
+	describe_pool(p, out->words, sizeof(out->words));
+out:
+	if (env)
+		pf__envelope__free_unpacked(env, NULL);
+	return rc;
+}
+
+/* The pool phase's figures (see the top of the file). */
+struct pool_result {
+	struct phase_result fill, timed, full;
+	struct pool_snap after_fill, after_timed;
+	double fill_wait_s;   /* status polled after epoch 1 until the pool held N rows */
+	uint64_t verified[3]; /* per epoch, batches whose checks passed */
+};
+
+static int whole_epoch(struct bench *bn, const struct phase_opts *o, struct phase_result *res)
+{
+	if (run_phase(bn, o, res))
+		return -1;
+	if (res->batches != res->expected || !td_is_permutation(o->picks, res->rows, bn->rows))
+		return td_fail("%s did not deliver every row exactly once (%" PRIu64 " rows in "
+			       "%" PRIu64 " of %" PRIu64 " batches)",
+			       o->name, res->rows, res->batches, res->expected);
+	return 0;
+}
+
+/*
+ * The pool phase: its own session on bench_pool, three whole epochs (see
+ * the top of the file).  On success the session is closed; on failure
+ * main's cleanup closes it.  picks: room for N.
+ */
+static int run_pool(struct bench *bn, const char *sock, enum pf_ipc ipc, unsigned batch_rows,
+		    unsigned depth, uint64_t *picks, struct pool_result *pr)
+{
+	uint64_t nbatches = (bn->rows + batch_rows - 1) / batch_rows, v0 = bn->verified;
+	struct pf_stats ps;
+	struct pf_field fi;
+	double t0, deadline;
+	cudaError_t e;
+	int st;
+
+	memset(pr, 0, sizeof(*pr));
+	/* Whole-batch copies of epoch 1 (every 64th batch) and epoch 3 (one
+	 * at a time) land here, a pool batch apart. */
+	bn->batch_rows = batch_rows;
+	bn->batch_bytes = (uint64_t)batch_rows * ROW_BYTES;
+	if (bn->full)
+		cudaFreeHost(bn->full);
+	bn->full_cap = (unsigned)(nbatches / FULL_CHECK_EVERY + 2);
+	e = cudaHostAlloc((void **)&bn->full, (uint64_t)bn->full_cap * bn->batch_bytes,
+			  cudaHostAllocPortable);
+	if (e != cudaSuccess) {
+		bn->full = NULL;
+		bn->full_cap = 0;
+		return cuda_fail("cudaHostAlloc (pool phase checks)", e);
+	}
+
+	st = pf_connect(sock, &bn->c);
+	if (st)
+		return td_fail("pf_connect %s: %s (%s)", sock, pf_errmsg(bn->c), strerror(-st));
+	st = pf_open(bn->c, &(struct pf_open_opts){.dataset = POOL_DATASET,
+						   .device = "cuda:0",
+						   .batch_size = batch_rows,
+						   .max_depth = depth,
+						   .ipc = ipc,
+						   .name = "cuda_throughput pool"});
+	if (st)
+		return td_fail("pf_open %s on cuda:0: %s (%s)", POOL_DATASET, pf_errmsg(bn->c),
+			       strerror(-st));
+	if (pf_num_samples(bn->c) != bn->rows || pf_num_fields(bn->c) != 1 ||
+	    pf_field_info(bn->c, 0, &fi) != 0 || fi.sample_bytes != ROW_BYTES)
+		return td_fail("daemon serves %" PRIu64
+			       " samples in %u fields of %s; wrote %" PRIu64 " rows of %u B in 1",
+			       pf_num_samples(bn->c), pf_num_fields(bn->c), POOL_DATASET, bn->rows,
+			       ROW_BYTES);
+	pf_stats(bn->c, &ps);
+
+	if (whole_epoch(bn,
+			&(struct phase_opts){.name = "pool epoch 1 (fills the pool)",
+					     .seed = POOL_FILL_SEED,
+					     .limit = UINT64_MAX,
+					     .check = CHECK_SAMPLED,
+					     .picks = picks},
+			&pr->fill))
+		return -1;
+	pr->verified[0] = bn->verified - v0;
+	t0 = td_now();
+	deadline = t0 + POOL_WAIT_S;
+	for (;;) {
+		struct pool_snap *s = &pr->after_fill;
+
+		if (pool_snapshot(sock, ps.session, s))
+			return -1;
+		if ((s->have_pool && s->samples > 0 && s->rows >= s->samples) ||
+		    td_now() >= deadline)
+			break;
+		if (td_interrupted)
+			return td_fail("interrupted");
+		usleep(50000);
+	}
+	pr->fill_wait_s = td_now() - t0;
+
+	v0 = bn->verified;
+	if (whole_epoch(bn,
+			&(struct phase_opts){.name = "pool epoch 2 (timed)",
+					     .seed = POOL_TIMED_SEED,
+					     .limit = UINT64_MAX,
+					     .check = CHECK_SPANS,
+					     .picks = picks},
+			&pr->timed))
+		return -1;
+	pr->verified[1] = bn->verified - v0;
+	if (pool_snapshot(sock, ps.session, &pr->after_timed))
+		return -1;
+
+	v0 = bn->verified;
+	if (whole_epoch(bn,
+			&(struct phase_opts){.name = "pool epoch 3 (every word checked)",
+					     .seed = POOL_CHECK_SEED,
+					     .limit = UINT64_MAX,
+					     .check = CHECK_EVERY_WORD,
+					     .picks = picks},
+			&pr->full))
+		return -1;
+	pr->verified[2] = bn->verified - v0;
+
+	print_status(sock, ps.session);
+	pf_close(bn->c);
+	bn->c = NULL;
+	return 0;
+}
+
+/* The pool phase's lines, after its session has closed. */
+static void print_pool(const struct pool_result *pr, uint64_t rows, uint64_t bytes,
+		       uint64_t batch_bytes, double t_ref, double t_d2d)
+{
+	const struct pool_snap *a = &pr->after_fill, *b = &pr->after_timed;
+	const struct phase_result *ep = &pr->timed;
+	double gbs = bytes / 1e9 / ep->seconds, ref_gbs = bytes / 1e9 / t_ref;
+	double d2d_gbs = bytes / 1e9 / t_d2d;
+	/* Epoch 1 started with an empty pool, so its rows crossed PCIe: a
+	 * session whose h2d_bytes is still 0 after it does not report them,
+	 * and a 0 after epoch 2 would say nothing. */
+	bool reported = a->h2d > 0;
+	uint64_t h2d = b->h2d - a->h2d, index = b->index - a->index, hits = b->hits - a->hits;
+	const char *full = !a->have_pool			     ? "NO POOL"
+			   : a->samples > 0 && a->rows >= a->samples ? "full"
+								     : "NOT full";
+	char label[64];
+
+	printf("pool after epoch 1 (status polled for %.2f s): %s: %s\n", pr->fill_wait_s, full,
+	       a->words);
+	printf("checked: pool epoch 1 as the warm-up, epoch 2 two straddling 16-byte copies a "
+	       "batch, epoch 3 every word of every row (%" PRIu64 ", %" PRIu64 " and %" PRIu64
+	       " batches); each epoch delivered each of %" PRIu64 " rows once\n",
+	       pr->verified[0], pr->verified[1], pr->verified[2], rows);
+	printf("consumer: pool epoch 2 waited %.3f s in pf_next, busy %.3f s between calls\n",
+	       ep->wait_s, ep->busy_s);
+	printf("\n%-40s %8s %11s %7s %9s\n", "", "GB/s", "batches/s", "stall", "seconds");
+	printf("%-40s %8.2f %11.1f %7.3f %9.3f\n", "pool epoch 2 delivered on cuda:0", gbs,
+	       ep->batches / ep->seconds,
+	       ep->wait_s + ep->busy_s > 0 ? ep->wait_s / (ep->wait_s + ep->busy_s) : 0.0,
+	       ep->seconds);
+	printf("%-40s %8.2f %11.1f %7s %9.3f\n", "raw pinned H2D 4 MiB, 1 stream", ref_gbs,
+	       ep->batches / t_ref, "-", t_ref);
+	snprintf(label, sizeof(label), "device-to-device copy %.0f MiB, 1 stream",
+		 batch_bytes / 1048576.0);
+	printf("%-40s %8.2f %11.1f %7s %9.3f\n", label, d2d_gbs, ep->batches / t_d2d, "-", t_d2d);
+	printf("\n");
+	if (reported)
+		printf("pool epoch 2 H2D sample bytes: %" PRIu64 " (index bytes: %" PRIu64
+		       ", %.2f a row)  target 0: %s\n",
+		       h2d, index, (double)index / (double)rows, h2d == 0 ? "met" : "NOT met");
+	else
+		printf("pool epoch 2 H2D sample bytes: not reported (the session's h2d_bytes was "
+		       "0 after epoch 1; index bytes: %" PRIu64 ")  target 0: NOT met\n",
+		       index);
+	if (b->have_pool)
+		printf("pool epoch 2 rows from the pool: %" PRIu64 " of %" PRIu64
+		       "; pool hit rate %.3f (epoch 1: %.3f)\n",
+		       hits, rows, b->hit_rate, b->last_hit_rate);
+	else
+		printf("pool epoch 2 rows from the pool: %" PRIu64 " of %" PRIu64 "; %s\n", hits,
+		       rows, b->words);
+	printf("ratio pool/H2D: %.2f  target >= %.0f: %s\n", gbs / ref_gbs, POOL_TARGET,
+	       gbs >= POOL_TARGET * ref_gbs ? "met" : "NOT met");
+	printf("ratio pool/D2D: %.2f\n", gbs / d2d_gbs);
+}
+
+/* PF_BENCH_LOG=1: the daemon's own account of each epoch (its debug lines
+ * on the time per stage, the order and the pool), for finding where the
+ * time goes. */
+static void show_daemon_timing(const char *log)
+{
+	FILE *f = fopen(log, "re");
+	char line[1024];
+
+	if (!f)
+		return;
+	printf("\ndaemon log (PF_BENCH_LOG):\n");
+	while (fgets(line, sizeof(line), f))
+		if (strstr(line, "per batch") || strstr(line, "picks ready") ||
+		    strstr(line, "first batch") || strstr(line, "pool "))
+			fputs(line, stdout);
+	fclose(f);
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
-		{"gib", required_argument, NULL, 'g'},	 {"readers", required_argument, NULL, 'r'},
-		{"depth", required_argument, NULL, 'd'}, {"ipc", required_argument, NULL, 'i'},
-		{"help", no_argument, NULL, 'h'},	 {NULL, 0, NULL, 0},
+		{"gib", required_argument, NULL, 'g'},
+		{"readers", required_argument, NULL, 'r'},
+		{"depth", required_argument, NULL, 'd'},
+		{"ipc", required_argument, NULL, 'i'},
+		{"pool-batch", required_argument, NULL, 'b'},
+		{"pool-depth", required_argument, NULL, 'p'},
+		{"no-pool", no_argument, NULL, 'n'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
 	};
 	long online = sysconf(_SC_NPROCESSORS_ONLN);
 	/* The consumer, the daemon's loop thread and its transfer thread each
 	 * want a CPU of their own; the readers get the rest. */
 	unsigned readers = online > 5 ? (unsigned)online - 3 : 2, depth = DEFAULT_DEPTH;
+	unsigned pool_rows = POOL_BATCH_ROWS, pool_depth = POOL_DEPTH;
+	bool pool = true;
 	double gib = DEFAULT_GIB, t_ref = 0, gbs, ref_gbs, batch_s;
-	double t_reg = 0, t_reg_huge = 0, t_gather = 0;
+	double t_reg = 0, t_reg_huge = 0, t_gather = 0, t_d2d = 0;
+	struct pool_result pr;
 	enum pf_ipc ipc = PF_IPC_FD;
 	struct tdaemon td = {0};
 	struct bench bn = {0};
@@ -774,9 +1220,9 @@ int main(int argc, char **argv)
 	struct pf_stats ps;
 	struct pf_field fi;
 	uint8_t *pinned = NULL;
-	uint64_t *picks = NULL, rows, bytes, pin_bytes, session_bytes;
+	uint64_t *picks = NULL, rows, bytes, pin_bytes, session_bytes, pool_batch_bytes;
 	double *next_s = NULL;
-	char data_path[400], extra[512], datasets[600], msg[256] = "";
+	char data_path[400], extra[512], datasets[1200], msg[256] = "";
 	bool started = false; /* the daemon was launched: its log is worth showing */
 	int opt, rc = 1, st;
 	cudaError_t e;
@@ -805,6 +1251,18 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			break;
+		case 'b':
+			/* From the first phase's batch (the check buffers are sized
+			 * for its batch count) to what two ring slots can hold. */
+			if (td_parse_uint("--pool-batch", optarg, BATCH_ROWS, POOL_BATCH_MAX,
+					  &pool_rows))
+				return 2;
+			break;
+		case 'p':
+			if (td_parse_uint("--pool-depth", optarg, 1, 4096, &pool_depth))
+				return 2;
+			break;
+		case 'n': pool = false; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -826,6 +1284,13 @@ int main(int argc, char **argv)
 	 * may hold (sess.h's SESS_HOLD_SLOTS = 2); twice that, so the session
 	 * is never trimmed by session_bytes whatever a slot's padding. */
 	session_bytes = 2 * ((uint64_t)depth + 2) * BATCH_BYTES;
+	/* The same for the pool phase's session.  The first session's slot
+	 * count depends on session_bytes only when it does not fit (sess.c),
+	 * so raising the cap for the pool phase leaves the first phase as it
+	 * was. */
+	pool_batch_bytes = (uint64_t)pool_rows * ROW_BYTES;
+	if (pool && 2 * ((uint64_t)pool_depth + 2) * pool_batch_bytes > session_bytes)
+		session_bytes = 2 * ((uint64_t)pool_depth + 2) * pool_batch_bytes;
 
 	td_print_machine(online);
 	st = gpu_init();
@@ -835,6 +1300,12 @@ int main(int argc, char **argv)
 	       "(%.0f MiB); readers %u, max_depth %u, ipc %s, ring %llu MiB\n",
 	       rows, ROW_BYTES, bytes / 1073741824.0, BATCH_ROWS, BATCH_BYTES / 1048576.0, readers,
 	       depth, ipc == PF_IPC_FD ? "fd" : "legacy", RING_BYTES >> 20);
+	if (pool)
+		printf("pool phase: the same file as dataset %s with pool = on, batch %u rows "
+		       "(%.0f MiB), max_depth %u\n",
+		       POOL_DATASET, pool_rows, pool_batch_bytes / 1048576.0, pool_depth);
+	else
+		printf("pool phase: skipped (--no-pool)\n");
 	fflush(stdout);
 
 	e = cudaHostAlloc((void **)&pinned, pin_bytes, cudaHostAllocDefault);
@@ -853,6 +1324,8 @@ int main(int argc, char **argv)
 		cuda_fail("cudaStreamCreateWithFlags (consumer)", e);
 		goto out;
 	}
+	bn.batch_rows = BATCH_ROWS;
+	bn.batch_bytes = BATCH_BYTES;
 	bn.cap = rows / BATCH_ROWS + 2 * ((uint64_t)depth + 2) + 64;
 	bn.full_cap = (unsigned)(rows / BATCH_ROWS / FULL_CHECK_EVERY + 2);
 	bn.pend = calloc(bn.cap, sizeof(*bn.pend));
@@ -895,6 +1368,12 @@ int main(int argc, char **argv)
 	    ref_h2d_registered(pinned, pin_bytes, bytes, true, &t_reg_huge) ||
 	    ref_gather(data_path, rows, readers, &t_gather))
 		goto out;
+	if (pool) {
+		fprintf(stderr,
+			"cuda_throughput: reference: device-to-device cudaMemcpyAsync ...\n");
+		if (ref_d2d(pinned, pin_bytes, pool_batch_bytes, bytes, &t_d2d))
+			goto out;
+	}
 	/* The daemon's ring and arenas get the memory the reference used. */
 	cudaFreeHost(pinned);
 	pinned = NULL;
@@ -911,8 +1390,17 @@ int main(int argc, char **argv)
 		 "depth = %u\nmax_depth = %u\n",
 		 readers, ipc == PF_IPC_FD ? "fd" : "legacy", RING_BYTES, session_bytes,
 		 depth < 4 ? depth : 4, depth);
-	snprintf(datasets, sizeof(datasets), "[dataset.bench]\nformat = npy\nfield.rows = %s\n",
-		 data_path);
+	/* Two datasets over one file: the pool is per dataset, so the first
+	 * phase's figure stays a pure H2D one, comparable with the runs
+	 * before the pool existed. */
+	if (pool)
+		snprintf(datasets, sizeof(datasets),
+			 "[dataset.bench]\nformat = npy\nfield.rows = %s\npool = off\n\n"
+			 "[dataset.%s]\nformat = npy\nfield.rows = %s\npool = on\n",
+			 data_path, POOL_DATASET, data_path);
+	else
+		snprintf(datasets, sizeof(datasets),
+			 "[dataset.bench]\nformat = npy\nfield.rows = %s\npool = off\n", data_path);
 	started = true;
 	st = td_start(&td, extra, datasets);
 	if (st) {
@@ -950,7 +1438,7 @@ int main(int argc, char **argv)
 		      &(struct phase_opts){.name = "warm-up before the probe",
 					   .seed = WARMUP_SEED,
 					   .limit = WARMUP_FIRST,
-					   .check = true},
+					   .check = CHECK_SAMPLED},
 		      &warm))
 		goto out;
 	wait_for_probe(td.sock, ps.session);
@@ -958,7 +1446,7 @@ int main(int argc, char **argv)
 		      &(struct phase_opts){.name = "warm-up after the probe",
 					   .seed = WARMUP_SEED + 1,
 					   .limit = 2 * ((uint64_t)depth + 2) + 16,
-					   .check = true},
+					   .check = CHECK_SAMPLED},
 		      &warm))
 		goto out;
 
@@ -966,7 +1454,7 @@ int main(int argc, char **argv)
 		      &(struct phase_opts){.name = "timed epoch",
 					   .seed = SHUFFLE_SEED,
 					   .limit = UINT64_MAX,
-					   .check = true,
+					   .check = CHECK_SAMPLED,
 					   .picks = picks},
 		      &ep))
 		goto out;
@@ -982,7 +1470,7 @@ int main(int argc, char **argv)
 					   .seed = LATENCY_SEED,
 					   .limit = LATENCY_BATCHES + 1,
 					   .roll = true,
-					   .check = true,
+					   .check = CHECK_SAMPLED,
 					   .sleep_us = LATENCY_SLEEP_US,
 					   .next_s = next_s},
 		      &lat))
@@ -1005,11 +1493,6 @@ int main(int argc, char **argv)
 	print_status(td.sock, ps.session);
 	pf_close(bn.c);
 	bn.c = NULL;
-	st = td_stop(&td, 10000);
-	if (st != 0) {
-		td_fail("prefetchd did not exit cleanly on SIGTERM (status %d)", st);
-		goto out;
-	}
 
 	gbs = bytes / 1e9 / ep.seconds;
 	printf("checked: every batch (2 straddling 16-byte copies on the consumer's stream, "
@@ -1043,7 +1526,25 @@ int main(int argc, char **argv)
 	       batch_s * 1e6, stall.batches,
 	       stall.wait_s + stall.busy_s > 0 ? stall.wait_s / (stall.wait_s + stall.busy_s) : 0.0,
 	       stall.wait_s, stall.busy_s, stall.epochs - 1, stall.start_s);
+	/* Issue 3's figure: the first phase (pool off) over the raw pinned copy. */
 	printf("ratio: %.2f\n", gbs / ref_gbs);
+	fflush(stdout);
+
+	if (pool) {
+		printf("\npool phase (issue 5): dataset %s, pool = on\n", POOL_DATASET);
+		fflush(stdout);
+		if (run_pool(&bn, td.sock, ipc, pool_rows, pool_depth, picks, &pr))
+			goto out;
+		print_pool(&pr, rows, bytes, pool_batch_bytes, t_ref, t_d2d);
+	}
+
+	if (getenv("PF_BENCH_LOG"))
+		show_daemon_timing(td.log);
+	st = td_stop(&td, 10000);
+	if (st != 0) {
+		td_fail("prefetchd did not exit cleanly on SIGTERM (status %d)", st);
+		goto out;
+	}
 	rc = 0;
 out:
 	pf_close(bn.c);

@@ -21,8 +21,8 @@
  * the pending-release list (struct pfc_release): an event is recorded on
  * the stream, and the Release goes out from a later call once the event has
  * completed.  CUDA sessions also send the honest-depth Probe: free device
- * memory after the trainer's second batch (its first step has run), then
- * every probe_interval_s the daemon asked for.
+ * memory at each epoch's second batch (its first step has run), every
+ * probe_interval_s the daemon asked for, and on pf_probe.
  *
  * DESIGN: no threads, no locks.  A struct pf_client belongs to the thread
  * that calls it, one at a time (prefetch.h says so); its lists, arena
@@ -146,6 +146,7 @@ struct pf_client {
 
 	/* Stall accounting and totals (pf_stats). */
 	uint64_t batches;
+	uint64_t epoch_batches; /* taken in the current epoch */
 	uint64_t bytes;
 	double wait_s;
 	double busy_s;
@@ -620,11 +621,14 @@ static int check_data_batch(struct pf_client *c, const Pf__BatchReady *b)
 		return conn_fail(c, -EPROTO,
 				 "batch %" PRIu64 "/%" PRIu64 " lies outside arena %" PRIu32,
 				 b->epoch, b->seq, b->arena);
-	if (b->n_picks != b->count)
+	if ((b->picks_le.len ? b->picks_le.len / sizeof(uint64_t) : b->n_picks) != b->count ||
+	    b->picks_le.len % sizeof(uint64_t))
 		return conn_fail(c, -EPROTO,
 				 "batch %" PRIu64 "/%" PRIu64 " carries %zu picks for %" PRIu32
 				 " samples",
-				 b->epoch, b->seq, b->n_picks, b->count);
+				 b->epoch, b->seq,
+				 b->picks_le.len ? b->picks_le.len / sizeof(uint64_t) : b->n_picks,
+				 b->count);
 	for (uint32_t f = 0; f < c->nfields; f++) {
 		uint64_t bytes;
 
@@ -636,6 +640,27 @@ static int check_data_batch(struct pf_client *c, const Pf__BatchReady *b)
 					 b->epoch, b->seq, b->count, c->fields[f].name);
 	}
 	return 0;
+}
+
+/* The batch's picks, from whichever field carries them (picks_le holds
+ * little-endian uint64; picks, packed varints). */
+static void copy_picks(uint64_t *out, const Pf__BatchReady *b)
+{
+	if (!b->picks_le.len) {
+		memcpy(out, b->picks, b->count * sizeof(uint64_t));
+		return;
+	}
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	memcpy(out, b->picks_le.data, b->count * sizeof(uint64_t));
+#else
+	for (uint32_t i = 0; i < b->count; i++) {
+		uint64_t v = 0;
+
+		for (int k = 7; k >= 0; k--)
+			v = v << 8 | b->picks_le.data[i * 8 + k];
+		out[i] = v;
+	}
+#endif
 }
 
 static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
@@ -685,7 +710,7 @@ static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
 			ptrs[f] = (uint8_t *)a->base + b->offset + c->fields[f].offset;
 			q->bytes += c->fields[f].sample_bytes * b->count;
 		}
-		memcpy(picks, b->picks, b->count * sizeof(uint64_t));
+		copy_picks(picks, b);
 		q->pub.count = b->count;
 		q->pub.picks = picks;
 		q->pub.nfields = c->nfields;
@@ -1118,6 +1143,7 @@ PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts,
 		return rc;
 	epoch = ++c->last_epoch;
 	c->epoch = epoch;
+	c->epoch_batches = 0;
 	c->epoch_live = true;
 	c->epoch_ended = false;
 	c->next_seq = opts->start_batch;
@@ -1151,29 +1177,53 @@ PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts,
 	return rc;
 }
 
-/* The honest-depth probe: free device memory now, as the trainer sees it.
- * Best effort: a failed read only skips this probe. */
-static void maybe_probe(struct pf_client *c)
+/* The honest-depth probe: free device memory now, as the trainer sees it. */
+static int send_probe(struct pf_client *c)
 {
 	Pf__Envelope env = PF__ENVELOPE__INIT;
 	Pf__Probe msg = PF__PROBE__INIT;
-	int64_t now;
 	uint64_t free_b, total_b;
+	char err[200];
+	int rc;
 
-	if (!c->cuda || c->batches < 2)
-		return;
-	now = now_ns();
-	if (c->last_probe_ns &&
-	    (c->probe_interval_s <= 0 || now - c->last_probe_ns < c->probe_interval_s * 1e9))
-		return;
-	c->last_probe_ns = now;
-	if (pfcuda_mem_info(c->cuda, &free_b, &total_b, NULL, 0))
-		return;
+	c->last_probe_ns = now_ns();
+	rc = pfcuda_mem_info(c->cuda, &free_b, &total_b, err, sizeof(err));
+	if (rc)
+		return pfc_set_err(c, rc, "probe: %s", err);
 	msg.free_bytes = free_b;
 	msg.total_bytes = total_b;
 	env.msg_case = PF__ENVELOPE__MSG_PROBE;
 	env.probe = &msg;
-	pfc_send(c, &env);
+	return pfc_send(c, &env);
+}
+
+/* Probes at every epoch's second batch (the trainer's first step of the
+ * epoch has run: an evaluation pass or a grown model shows), and in between
+ * every probe_interval_s.  Best effort: a failed read only skips this one. */
+static void maybe_probe(struct pf_client *c)
+{
+	int64_t now;
+
+	if (!c->cuda || c->epoch_batches < 2)
+		return;
+	if (c->epoch_batches == 2) {
+		send_probe(c);
+		return;
+	}
+	now = now_ns();
+	if (c->last_probe_ns &&
+	    (c->probe_interval_s <= 0 || now - c->last_probe_ns < c->probe_interval_s * 1e9))
+		return;
+	send_probe(c);
+}
+
+PF_API int pf_probe(struct pf_client *c)
+{
+	if (!c)
+		return -EINVAL;
+	if (!c->cuda)
+		return pfc_set_err(c, -EINVAL, "pf_probe: not a CUDA session");
+	return send_probe(c);
 }
 
 static int event_done(void *event)
@@ -1274,6 +1324,7 @@ static int take(struct pf_client *c, struct pf_batch **batch)
 	c->held = b;
 	c->nheld++;
 	c->batches++;
+	c->epoch_batches++;
 	c->bytes += b->bytes;
 	*batch = &b->pub;
 	maybe_probe(c);
@@ -1421,6 +1472,9 @@ PF_API int pf_set_depth(struct pf_client *c, uint64_t session, uint32_t target)
 	return pfc_call(c, &env, PF__ENVELOPE__MSG_OK, NULL);
 }
 
+/* How long pf_abandon waits for released batches' GPU work (ms). */
+#define ABANDON_FLUSH_MS 20
+
 PF_API int pf_abandon(struct pf_client *c)
 {
 	Pf__Envelope env = PF__ENVELOPE__INIT;
@@ -1450,6 +1504,12 @@ PF_API int pf_abandon(struct pf_client *c)
 	/* Released after the daemon has stopped filling, so that a freed slot
 	 * is not filled again for the epoch being abandoned. */
 	qrc = release_queue(c);
+	/* Batches the trainer released behind its stream go back too once
+	 * that work retires; a short wait covers the usual case (the work
+	 * is microseconds from done), and longer work keeps its slot until
+	 * the next call, as in pf_next, rather than blocking the trainer. */
+	if (!qrc)
+		qrc = flush_releases(c, ABANDON_FLUSH_MS);
 	return rc ? rc : qrc;
 }
 

@@ -127,6 +127,11 @@ PF_API int pf_next(struct pf_client *c, int timeout_ms, struct pf_batch **batch)
 PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream);
 /* Target depth of a session: target 0 means automatic.  session 0: own. */
 PF_API int pf_set_depth(struct pf_client *c, uint64_t session, uint32_t target);
+/* CUDA sessions: reports the device's free memory now, as the periodic
+ * probe does.  Call it when the trainer's own memory use has changed (a
+ * larger model, an evaluation pass): the daemon resizes the depth and the
+ * VRAM pool at once.  -EINVAL for a host session. */
+PF_API int pf_probe(struct pf_client *c);
 /* Leaves the current epoch early: the daemon stops filling at once. */
 PF_API int pf_abandon(struct pf_client *c);
 PF_API int pf_stats(const struct pf_client *c, struct pf_stats *out);

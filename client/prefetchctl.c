@@ -42,6 +42,9 @@ static const char usage_text[] =
 	"  datasets [--json]         the datasets the daemon serves\n"
 	"  depth SESSION N|auto      set a session's prefetch depth (auto: let the\n"
 	"                            daemon size it again)\n"
+	"  pool DATASET on|off|drop  the dataset's VRAM sample pools: on, off (stop\n"
+	"                            using them and free their memory) or drop\n"
+	"                            (empty them now; they fill again)\n"
 	"  bench DATASET [OPTIONS]   consume epochs as fast as possible; print\n"
 	"                            delivered GB/s, batches/s, samples/s and stall\n"
 	"      --batch-size N        samples per batch (default 256)\n"
@@ -308,6 +311,40 @@ static void json_session(FILE *out, const Pf__SessionStatus *s)
 	jk_num(out, &first, "age_s", s->age_s);
 	jk_u64(out, &first, "probe_free", s->probe_free);
 	jk_u64(out, &first, "probe_total", s->probe_total);
+	jk_u64(out, &first, "h2d_bytes", s->h2d_bytes);
+	jk_u64(out, &first, "pool_hits", s->pool_hits);
+	jk_u64(out, &first, "index_bytes", s->index_bytes);
+	fputc('}', out);
+}
+
+static void json_pool(FILE *out, const Pf__PoolStatus *p)
+{
+	bool first = true;
+
+	fputc('{', out);
+	jk_str(out, &first, "dataset", p->dataset);
+	jk_str(out, &first, "device", p->device);
+	json_key(out, &first, "enabled");
+	fputs(p->enabled ? "true" : "false", out);
+	jk_u64(out, &first, "bytes", p->bytes);
+	jk_u64(out, &first, "rows", p->rows);
+	jk_u64(out, &first, "samples", p->samples);
+	jk_u64(out, &first, "budget", p->budget);
+	jk_str(out, &first, "budget_reason", p->budget_reason);
+	jk_u64(out, &first, "slabs", p->slabs);
+	jk_u64(out, &first, "slab_bytes", p->slab_bytes);
+	jk_u64(out, &first, "epoch", p->epoch);
+	jk_num(out, &first, "hit_rate", p->hit_rate);
+	json_key(out, &first, "last_hit_rate");
+	if (p->last_hit_rate < 0)
+		fputs("null", out);
+	else
+		fprintf(out, "%.6g", p->last_hit_rate);
+	jk_u64(out, &first, "hits", p->hits);
+	jk_u64(out, &first, "lookups", p->lookups);
+	jk_u64(out, &first, "h2d_saved", p->h2d_saved);
+	jk_u64(out, &first, "slabs_dropped", p->slabs_dropped);
+	jk_u64(out, &first, "sessions", p->sessions);
 	fputc('}', out);
 }
 
@@ -328,6 +365,14 @@ static void json_status(FILE *out, const Pf__StatusReply *st, bool sessions)
 			if (i)
 				fputc(',', out);
 			json_session(out, st->sessions[i]);
+		}
+		fputc(']', out);
+		json_key(out, &first, "pools");
+		fputc('[', out);
+		for (size_t i = 0; i < st->n_pools; i++) {
+			if (i)
+				fputc(',', out);
+			json_pool(out, st->pools[i]);
 		}
 		fputc(']', out);
 	}
@@ -472,6 +517,42 @@ static int print_datasets(const Pf__StatusReply *st)
 	return rc ? errorf("out of memory") : 0;
 }
 
+/* Hit rates as percentages; "-" where there is no figure yet. */
+static void rate_text(char *buf, size_t len, double rate, bool have)
+{
+	if (have)
+		snprintf(buf, len, "%.1f%%", 100 * rate);
+	else
+		snprintf(buf, len, "-");
+}
+
+static int print_pools(const Pf__StatusReply *st)
+{
+	struct table t = {.ncols = 10,
+			  .head = {"POOL", "DEVICE", "STATE", ">BYTES", ">ROWS", ">HIT",
+				   ">LAST_HIT", ">SAVED", ">BUDGET", "WHY"}};
+	int rc = 0;
+
+	putchar('\n');
+	for (size_t i = 0; i < st->n_pools && !rc; i++) {
+		const Pf__PoolStatus *p = st->pools[i];
+		char bytes[32], rows[48], hit[16], last[16], saved[32], budget[32];
+
+		human_bytes(bytes, sizeof(bytes), p->bytes);
+		snprintf(rows, sizeof(rows), "%" PRIu64 "/%" PRIu64, p->rows, p->samples);
+		rate_text(hit, sizeof(hit), p->hit_rate, p->epoch > 0);
+		rate_text(last, sizeof(last), p->last_hit_rate, p->last_hit_rate >= 0);
+		human_bytes(saved, sizeof(saved), p->h2d_saved);
+		human_bytes(budget, sizeof(budget), p->budget);
+		rc = table_add(&t, p->dataset, p->device, p->enabled ? "on" : "off", bytes, rows,
+			       hit, last, saved, budget, p->budget_reason);
+	}
+	if (!rc)
+		table_print(&t, stdout);
+	table_free(&t);
+	return rc;
+}
+
 static int print_status(const Pf__StatusReply *st)
 {
 	struct table t = {.ncols = 15,
@@ -514,6 +595,8 @@ static int print_status(const Pf__StatusReply *st)
 			puts("no sessions");
 	}
 	table_free(&t);
+	if (!rc && st->n_pools)
+		rc = print_pools(st);
 	return rc ? errorf("out of memory") : 0;
 }
 
@@ -622,6 +705,49 @@ static int cmd_depth(const char *socket_path, int argc, char **argv)
 		printf("session %" PRIu64 ": target depth %" PRIu64 "\n", session, target);
 	else
 		printf("session %" PRIu64 ": target depth automatic\n", session);
+	pf_close(c);
+	return rc;
+}
+
+static int cmd_pool(const char *socket_path, int argc, char **argv)
+{
+	Pf__Envelope req = PF__ENVELOPE__INIT;
+	Pf__PoolControl msg = PF__POOL_CONTROL__INIT;
+	Pf__Envelope *reply = NULL;
+	struct pf_client *c;
+	int rc;
+
+	if (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
+		fputs(usage_text, stdout);
+		return 0;
+	}
+	if (argc != 3)
+		return usage_error("usage: pool DATASET on|off|drop");
+	if (!strcmp(argv[2], "on"))
+		msg.action = PF__POOL_ACTION__POOL_ON;
+	else if (!strcmp(argv[2], "off"))
+		msg.action = PF__POOL_ACTION__POOL_OFF;
+	else if (!strcmp(argv[2], "drop"))
+		msg.action = PF__POOL_ACTION__POOL_DROP;
+	else
+		return usage_error("pool: '%s' is not on, off or drop", argv[2]);
+	msg.dataset = argv[1];
+	if (connect_daemon(socket_path, &c))
+		return EXIT_FAILURE;
+	req.msg_case = PF__ENVELOPE__MSG_POOL;
+	req.pool = &msg;
+	rc = pfc_call(c, &req, PF__ENVELOPE__MSG_POOL_REPLY, &reply);
+	if (rc) {
+		rc = errorf("%s", pf_errmsg(c));
+	} else {
+		char freed[32];
+
+		human_bytes(freed, sizeof(freed), reply->pool_reply->bytes_freed);
+		printf("pool %s: %s on %" PRIu32 " GPU(s), %s freed\n", argv[1], argv[2],
+		       reply->pool_reply->pools, freed);
+	}
+	if (reply)
+		pf__envelope__free_unpacked(reply, NULL);
 	pf_close(c);
 	return rc;
 }
@@ -876,7 +1002,7 @@ int main(int argc, char **argv)
 		}
 	}
 	if (optind >= argc)
-		return usage_error("which command? status, datasets, depth or bench");
+		return usage_error("which command? status, datasets, depth, pool or bench");
 	cmd = argv[optind];
 	argc -= optind;
 	argv += optind;
@@ -886,6 +1012,8 @@ int main(int argc, char **argv)
 		return cmd_status(socket_path, argc, argv, false);
 	if (!strcmp(cmd, "depth"))
 		return cmd_depth(socket_path, argc, argv);
+	if (!strcmp(cmd, "pool"))
+		return cmd_pool(socket_path, argc, argv);
 	if (!strcmp(cmd, "bench"))
 		return cmd_bench(socket_path, argc, argv);
 	if (!strcmp(cmd, "help"))

@@ -82,14 +82,15 @@ static const char *DATASETS = "[dataset.d]\n"
 
 struct topts {
 	const char *sock;
-	const char *mode; /* epochs | stream | hold | probe | oom */
+	const char *mode; /* epochs | stream | hold | probe | oom | pool | lag */
 	enum pf_ipc ipc;
 	uint32_t epochs;
 	uint64_t seed;
 	uint32_t min_depth, max_depth;
-	uint32_t batch; /* samples per batch (BATCH unless batch=N) */
-	bool alloc;	/* probe: fill the GPU before the probe */
-	bool halved;	/* epochs: expect an OOM-halved target after batch 1 */
+	uint32_t batch;	  /* samples per batch (BATCH unless batch=N) */
+	bool alloc;	  /* probe: fill the GPU before the probe */
+	bool halved;	  /* epochs: expect an OOM-halved target after batch 1 */
+	const char *pool; /* pool: all | part | evict | pressure */
 };
 
 /* What one epoch delivered, by batch seq. */
@@ -708,6 +709,190 @@ static void mode_oom(struct trainer *t)
 	t_close(t);
 }
 
+/* The pool of dataset d in a fresh status; free *env afterwards. */
+static Pf__PoolStatus *t_pool(struct trainer *t, Pf__Envelope **env)
+{
+	Pf__PoolStatus *p;
+
+	*env = td_status(t->o.sock);
+	if (!*env)
+		tfail("no status from the daemon");
+	p = td_pool(*env, "d");
+	if (!p)
+		tfail("status shows no VRAM pool for dataset d");
+	return p;
+}
+
+static void log_pool(const char *when, const Pf__PoolStatus *p)
+{
+	tlog("%s: pool %s %s: %s, %.2f MiB in %u slab(s), %" PRIu64 "/%" PRIu64
+	     " rows, hit rate %.3f (last %.3f), budget %.2f MiB (%s), %" PRIu64
+	     " slabs dropped, %.2f MiB saved",
+	     when, p->dataset, p->device, p->enabled ? "on" : "off", p->bytes / (double)MiB,
+	     p->slabs, p->rows, p->samples, p->hit_rate, p->last_hit_rate, p->budget / (double)MiB,
+	     p->budget_reason, p->slabs_dropped, p->h2d_saved / (double)MiB);
+}
+
+/* Waits (5 s at most) until the pool's rows stop changing for 200 ms, and
+ * returns the figure. */
+static uint64_t t_pool_settled(struct trainer *t)
+{
+	uint64_t rows = UINT64_MAX, same = 0;
+	double deadline = td_now() + 5;
+
+	while (td_now() < deadline && same < 10) {
+		Pf__Envelope *env;
+		Pf__PoolStatus *p = t_pool(t, &env);
+
+		same = p->rows == rows ? same + 1 : 0;
+		rows = p->rows;
+		pf__envelope__free_unpacked(env, NULL);
+		usleep(20000);
+	}
+	return rows;
+}
+
+/* mode=pool: epoch 1 fills the dataset's VRAM pool; epoch 2 must come
+ * byte-exact with the pool holding every row (pool=all: zero sample bytes
+ * over PCIe, every row a hit), part of them (pool=part: hits are exactly
+ * the resident rows, the rest crosses PCIe), or losing slabs mid-epoch
+ * (pool=evict: a probe below the pool's size, then a drop; pool=pressure:
+ * the trainer grabs the GPU after the epoch's first step). */
+static void mode_pool(struct trainer *t)
+{
+	static uint64_t ptrs[512];
+	size_t nptrs = 0;
+	const char *how = t->o.pool ? t->o.pool : "all";
+	uint64_t rows, h2d0, hits0, sb = 0;
+	uint64_t pool_before;
+	Pf__Envelope *env;
+	Pf__SessionStatus *ss;
+	Pf__PoolStatus *p;
+	struct pf_batch *b;
+	char msg[256] = "";
+	int rc;
+
+	t_open(t, t->o.min_depth, t->o.max_depth);
+	for (uint32_t f = 0; f < t->nfields; f++)
+		sb += t->field[f].sample_bytes;
+	t_start(t, t->o.seed);
+	t_finish_epoch(t);
+	rows = t_pool_settled(t);
+	p = t_pool(t, &env);
+	log_pool("after epoch 1", p);
+	pool_before = p->bytes;
+	if (!strcmp(how, "part")) {
+		if (rows == 0 || rows >= t->n)
+			tfail("pool capped below the dataset holds %" PRIu64 " of %" PRIu64
+			      " rows, want some but not all",
+			      rows, t->n);
+	} else if (rows != t->n) {
+		tfail("after epoch 1 the pool holds %" PRIu64 " of %" PRIu64
+		      " rows: back-fill did not finish",
+		      rows, t->n);
+	}
+	pf__envelope__free_unpacked(env, NULL);
+	ss = t_status(t, &env);
+	h2d0 = ss->h2d_bytes;
+	hits0 = ss->pool_hits;
+	log_status("after epoch 1", ss);
+	pf__envelope__free_unpacked(env, NULL);
+
+	t_start(t, t->o.seed + 1);
+	if (!strcmp(how, "evict")) {
+		uint64_t free_b, total, reserve, grab;
+
+		for (int i = 0; i < 10; i++) {
+			if (t_next(t, &b) || !b)
+				tfail("pf_next %d of epoch 2: %s", i, pf_errmsg(t->c));
+			t_release(t, b);
+		}
+		/* Leave free memory half the pool below the reserve: the next
+		 * probe's budget is then half what the pool holds. */
+		if (pfcuda_mem_info(t->dev, &free_b, &total, msg, sizeof(msg)))
+			tfail("pfcuda_mem_info: %s", msg);
+		reserve = total / 10 > 2 * GiB ? total / 10 : 2 * GiB;
+		grab = (free_b - reserve + pool_before / 2) & ~(2 * MiB - 1);
+		rc = pfcuda_mem_alloc(t->dev, grab, &ptrs[nptrs], msg, sizeof(msg));
+		if (rc)
+			tfail("pfcuda_mem_alloc %.2f GiB: %d %s", grab / (double)GiB, rc, msg);
+		nptrs++;
+		if (pf_probe(t->c))
+			tfail("pf_probe: %s", pf_errmsg(t->c));
+		for (int i = 0; i < 20; i++) {
+			if (t_next(t, &b) || !b)
+				tfail("pf_next %d of epoch 2: %s", 10 + i, pf_errmsg(t->c));
+			t_release(t, b);
+		}
+		p = t_pool(t, &env);
+		log_pool("after a probe half the pool short", p);
+		if (p->bytes >= pool_before || p->slabs_dropped == 0)
+			tfail("the pool did not shrink: %.2f MiB, was %.2f", p->bytes / (double)MiB,
+			      pool_before / (double)MiB);
+		{
+			uint64_t dropped = p->slabs_dropped, freed = 0;
+
+			pf__envelope__free_unpacked(env, NULL);
+			/* Mid-epoch, with batches in flight that read the slabs. */
+			if (td_pool_control(t->o.sock, "d", PF__POOL_ACTION__POOL_DROP, &freed))
+				tfail("pool drop refused");
+			p = t_pool(t, &env);
+			log_pool("after prefetchctl pool d drop", p);
+			/* The pool may refill at once (the budget still allows a
+			 * slab), so judge the drop by what it gave back. */
+			if (freed == 0 || p->slabs_dropped <= dropped)
+				tfail("pool drop freed %" PRIu64 " bytes, slabs dropped %" PRIu64
+				      " -> %" PRIu64,
+				      freed, dropped, p->slabs_dropped);
+			pf__envelope__free_unpacked(env, NULL);
+		}
+	} else if (!strcmp(how, "pressure")) {
+		if (t_next(t, &b) || !b)
+			tfail("first pf_next of epoch 2: %s", pf_errmsg(t->c));
+		t_release(t, b);
+		/* The trainer's "first step" grabs all but ~3.5 GiB, far below
+		 * the reserve; the probe at the epoch's 2nd batch reports it. */
+		nptrs = fill_gpu(t, ptrs, sizeof(ptrs) / sizeof(ptrs[0]));
+	}
+	t_finish_epoch(t);
+	tlog("epoch 2 (%s): %" PRIu64 " batches, %" PRIu64 " picks, each once, every byte "
+	     "checked",
+	     how, t->ep.announced, t->ep.delivered);
+	p = t_pool(t, &env);
+	log_pool("after epoch 2", p);
+	ss = td_session(env, t_session(t));
+	if (!ss)
+		tfail("own session missing from status");
+	log_status("after epoch 2", ss);
+	tlog("epoch 2: %" PRIu64 " sample bytes over PCIe, %" PRIu64 " pool hits, %" PRIu64
+	     " index bytes in all",
+	     ss->h2d_bytes - h2d0, ss->pool_hits - hits0, ss->index_bytes);
+	if (ss->errors)
+		tfail("%" PRIu64 " error batches", ss->errors);
+	if (!strcmp(how, "all")) {
+		if (ss->h2d_bytes != h2d0 || ss->pool_hits - hits0 != t->n || p->hit_rate != 1.0)
+			tfail("epoch 2 from a full pool: %" PRIu64
+			      " sample bytes over PCIe, %" PRIu64
+			      " hits, hit rate %.4f; want 0, %" PRIu64 ", 1",
+			      ss->h2d_bytes - h2d0, ss->pool_hits - hits0, p->hit_rate, t->n);
+	} else if (!strcmp(how, "part")) {
+		if (ss->pool_hits - hits0 != rows || ss->h2d_bytes - h2d0 != (t->n - rows) * sb)
+			tfail("epoch 2 from a partial pool of %" PRIu64 " rows: %" PRIu64
+			      " hits, %" PRIu64 " bytes over PCIe; want %" PRIu64 " and %" PRIu64,
+			      rows, ss->pool_hits - hits0, ss->h2d_bytes - h2d0, rows,
+			      (t->n - rows) * sb);
+	} else if (!strcmp(how, "pressure")) {
+		if (p->bytes >= pool_before || ss->target != 1)
+			tfail("under pressure: pool %.2f MiB (was %.2f), target %u; want smaller "
+			      "and 1",
+			      p->bytes / (double)MiB, pool_before / (double)MiB, ss->target);
+	}
+	pf__envelope__free_unpacked(env, NULL);
+	for (size_t i = 0; i < nptrs; i++)
+		pfcuda_mem_free(t->dev, ptrs[i]);
+	t_close(t);
+}
+
 static int trainer_main(int argc, char **argv)
 {
 	struct trainer t = {.o = {.mode = "epochs", .epochs = 1, .seed = 1, .batch = BATCH}};
@@ -741,6 +926,8 @@ static int trainer_main(int argc, char **argv)
 			t.o.alloc = atoi(v) != 0;
 		else if (!strncmp(a, "halved=", 7))
 			t.o.halved = atoi(v) != 0;
+		else if (!strncmp(a, "pool=", 5))
+			t.o.pool = v;
 		else
 			tfail("unknown trainer argument '%s'", a);
 	}
@@ -760,6 +947,8 @@ static int trainer_main(int argc, char **argv)
 		mode_probe(&t);
 	else if (!strcmp(t.o.mode, "oom"))
 		mode_oom(&t);
+	else if (!strcmp(t.o.mode, "pool"))
+		mode_pool(&t);
 	else
 		tfail("unknown mode '%s'", t.o.mode);
 	return 0;
@@ -1364,6 +1553,39 @@ static void allocation_failing_four_times_is_one_error_batch_and_the_epoch_goes_
 	fx.done = true;
 }
 
+static void pool_test(const char *daemon_extra, const char *how, const char *seed)
+{
+	const char *args[] = {"mode=pool", how, seed, NULL};
+
+	need_gpu();
+	start_daemon(daemon_extra, NULL);
+	run_trainer("pooler", args, 120000);
+	stop_daemon();
+	fx.done = true;
+}
+
+static void pool_holding_every_row_serves_epoch_two_with_no_pcie_sample_bytes(void **state)
+{
+	pool_test("pool = on\n", "pool=all", "seed=61");
+}
+
+static void pool_holding_part_of_the_rows_serves_hits_and_misses_byte_exact(void **state)
+{
+	pool_test("pool = on\npool_slab = 2M\npool_bytes = 2M\n", "pool=part", "seed=62");
+}
+
+static void pool_losing_slabs_mid_epoch_loses_no_sample(void **state)
+{
+	pool_test("pool = on\npool_slab = 2M\nreserve = 10%\nreserve_min = 2G\n", "pool=evict",
+		  "seed=63");
+}
+
+static void trainer_grabbing_the_gpu_shrinks_the_pool_and_its_epoch_completes(void **state)
+{
+	pool_test("pool = on\npool_slab = 2M\nreserve = 10%\nreserve_min = 2G\n", "pool=pressure",
+		  "seed=64");
+}
+
 #define CASE(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 
 int main(int argc, char **argv)
@@ -1379,6 +1601,10 @@ int main(int argc, char **argv)
 		CASE(trainer_ahead_of_its_gpu_gets_every_batch_as_releases_retire),
 		CASE(failed_device_allocation_halves_the_target_and_loses_no_sample),
 		CASE(allocation_failing_four_times_is_one_error_batch_and_the_epoch_goes_on),
+		CASE(pool_holding_every_row_serves_epoch_two_with_no_pcie_sample_bytes),
+		CASE(pool_holding_part_of_the_rows_serves_hits_and_misses_byte_exact),
+		CASE(pool_losing_slabs_mid_epoch_loses_no_sample),
+		CASE(trainer_grabbing_the_gpu_shrinks_the_pool_and_its_epoch_completes),
 	};
 	int rc;
 

@@ -215,6 +215,40 @@ Pf__SessionStatus *td_session(Pf__Envelope *status, uint64_t session)
 	return NULL;
 }
 
+Pf__PoolStatus *td_pool(Pf__Envelope *status, const char *dataset)
+{
+	Pf__StatusReply *r = status ? status->status_reply : NULL;
+
+	for (size_t i = 0; r && i < r->n_pools; i++)
+		if (!strcmp(r->pools[i]->dataset, dataset))
+			return r->pools[i];
+	return NULL;
+}
+
+int td_pool_control(const char *sock, const char *dataset, Pf__PoolAction action,
+		    uint64_t *bytes_freed)
+{
+	struct pf_client *c = NULL;
+	Pf__Envelope req = PF__ENVELOPE__INIT, *reply = NULL;
+	Pf__PoolControl msg = PF__POOL_CONTROL__INIT;
+	int rc;
+
+	rc = pf_connect(sock, &c);
+	if (rc == 0) {
+		msg.dataset = (char *)dataset;
+		msg.action = action;
+		req.msg_case = PF__ENVELOPE__MSG_POOL;
+		req.pool = &msg;
+		rc = pfc_call(c, &req, PF__ENVELOPE__MSG_POOL_REPLY, &reply);
+	}
+	if (rc == 0 && bytes_freed)
+		*bytes_freed = reply->pool_reply->bytes_freed;
+	if (reply)
+		pf__envelope__free_unpacked(reply, NULL);
+	pf_close(c);
+	return rc;
+}
+
 volatile sig_atomic_t td_interrupted;
 
 static void on_signal(int sig)

@@ -54,6 +54,11 @@ bool td_row_ok(const uint8_t *p, uint64_t row_bytes, uint64_t seed, uint64_t row
 Pf__Envelope *td_status(const char *sock);
 /* The status entry of a session, or NULL. */
 Pf__SessionStatus *td_session(Pf__Envelope *status, uint64_t session);
+/* The first VRAM pool of dataset in status (tests use one GPU), or NULL. */
+Pf__PoolStatus *td_pool(Pf__Envelope *status, const char *dataset);
+/* prefetchctl pool DATASET on|off|drop through the protocol.  0 or -errno. */
+int td_pool_control(const char *sock, const char *dataset, Pf__PoolAction action,
+		    uint64_t *bytes_freed);
 
 double td_now(void);
 
