@@ -100,7 +100,15 @@ static __global__ void __launch_bounds__(GATHER_THREADS)
 	const uint64_t b = blockIdx.x;
 
 	if (b < g.count) {
-		const uint64_t src = ((const uint64_t *)g.desc)[b];
+		uint64_t src = ((const uint64_t *)g.desc)[b];
+
+		if (g.table) {
+			/* src is a pick: its sample's record comes from the
+			 * table (an out-of-range entry is never staged). */
+			if (src >= g.table_n)
+				src %= g.table_n;
+			src = ((const uint64_t *)g.table)[src] & ~GPU_GATHER_STAGED;
+		}
 
 		if (src & GPU_GATHER_STAGED) {
 			const uint64_t k = src & ~GPU_GATHER_STAGED;

@@ -417,7 +417,8 @@ int gpu_gather(struct gpu_stream *s, const struct gpu_gather *g)
 	 * can see is wrong before launching. */
 	if (g->nfields > GPU_GATHER_MAX_FIELDS || (uint64_t)g->count + g->nstaged > INT32_MAX)
 		return -EINVAL;
-	if ((g->count && (!g->slot || !g->desc)) || (g->nstaged && (!g->staged || !g->admit)))
+	if ((g->count && (!g->slot || !g->desc)) || (g->nstaged && (!g->staged || !g->admit)) ||
+	    (g->table && (!g->table_n || g->nstaged)))
 		return -EINVAL;
 	e = (cudaError_t)gpu_gather_launch(s->stream, g);
 	if (e != cudaSuccess)

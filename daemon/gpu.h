@@ -123,6 +123,12 @@ struct gpu_gather {
 	uint64_t staged_off[GPU_GATHER_MAX_FIELDS];
 	uint32_t rec_off[GPU_GATHER_MAX_FIELDS];
 	uint32_t row_bytes[GPU_GATHER_MAX_FIELDS];
+	/* Table mode (table != 0), for a pool that holds every sample: desc
+	 * holds the batch's picks instead, and row i's source is the record
+	 * table[desc[i] mod table_n] (a device array of table_n addresses),
+	 * so the host looks nothing up per row.  nstaged must be 0. */
+	uint64_t table;
+	uint64_t table_n;
 };
 
 /* Queues the assembly of one batch on s, ordered after everything queued

@@ -461,8 +461,19 @@ static void run_gather(int dev, const struct gpu_gather *g)
 		gather_problem(&r, "admit %#llx leaves the arenas", (unsigned long long)g->admit);
 		admit = NULL;
 	}
+	if (g->table && !in_arena(dev, g->table, (size_t)g->table_n * sizeof(uint64_t))) {
+		gather_problem(&r, "table %#llx leaves the arenas", (unsigned long long)g->table);
+		desc = NULL;
+	}
 	for (i = 0; desc && i < g->count; i++) {
-		if (desc[i] & GPU_GATHER_STAGED) {
+		if (g->table) {
+			/* Table mode: desc holds picks. */
+			uint64_t rec =
+				((const uint64_t *)(uintptr_t)g->table)[desc[i] % g->table_n];
+
+			for (f = 0; f < g->nfields; f++)
+				src[f] = rec + g->rec_off[f];
+		} else if (desc[i] & GPU_GATHER_STAGED) {
 			k = desc[i] & ~GPU_GATHER_STAGED;
 			if (k >= g->nstaged) {
 				gather_problem(&r, "row %llu names staged row %llu of %u",
@@ -487,7 +498,7 @@ static void run_gather(int dev, const struct gpu_gather *g)
 
 		if (!admit[k])
 			continue;
-		for (i = 0; desc && i < g->count && !race; i++)
+		for (i = 0; desc && !g->table && i < g->count && !race; i++)
 			race = !(desc[i] & GPU_GATHER_STAGED) &&
 			       records_overlap(desc[i], admit[k], lo, hi);
 		for (j = 0; j < k && !race; j++)
@@ -700,7 +711,8 @@ int gpu_gather(struct gpu_stream *s, const struct gpu_gather *g)
 	/* The argument checks of gpu.c, then ours: what can be checked before
 	 * desc and admit are known fails at once, as a bad copy does. */
 	if (g->nfields > GPU_GATHER_MAX_FIELDS || (uint64_t)g->count + g->nstaged > INT32_MAX ||
-	    (g->count && (!g->slot || !g->desc)) || (g->nstaged && (!g->staged || !g->admit))) {
+	    (g->count && (!g->slot || !g->desc)) || (g->nstaged && (!g->staged || !g->admit)) ||
+	    (g->table && (!g->table_n || g->nstaged))) {
 		rc = -EINVAL;
 		goto out;
 	}

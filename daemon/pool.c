@@ -51,6 +51,8 @@ static uint64_t entry_addr(const struct pool *p, uint32_t e)
 	       (uint64_t)(e & ((1u << p->slab_shift) - 1)) * p->rec_stride;
 }
 
+static void maybe_table(struct pool *p);
+
 static void missed_set(struct pool *p, uint64_t sample)
 {
 	uint64_t bit = 1ull << (sample % 64);
@@ -139,6 +141,7 @@ struct pool *pool_get(struct daemon *d, const struct dataset *ds, int gpu, struc
 	for (uint64_t i = 0; i < n; i++)
 		p->loc[i] = POOL_NONE;
 	snprintf(p->budget_reason, sizeof(p->budget_reason), "no probe yet");
+	p->table.export_fd = -1;
 	p->sessions = 1;
 	p->next = d->pools;
 	d->pools = p;
@@ -195,6 +198,7 @@ static void slab_drop(struct pool *p, uint32_t j)
 		}
 	}
 	sl->live = false;
+	p->table_valid = false; /* its entries point into this slab */
 	p->nlive--;
 	p->bytes -= sl->mem.bytes;
 	p->room -= p->per_slab - sl->used;
@@ -261,6 +265,110 @@ static void slab_alloc_done(struct xfer_job *job)
 	log_debug("pool %s on cuda:%d: slab %u, %.0f MiB (%u live, budget %.0f MiB)", p->ds->name,
 		  p->gpu, j, job->arena.bytes / 1048576.0, p->nlive, p->budget / 1048576.0);
 	free(job);
+}
+
+uint64_t pool_table(const struct pool *p)
+{
+	return p->enabled && p->table_valid ? p->table.base : 0;
+}
+
+static void table_upload_done(struct xfer_job *job)
+{
+	struct pool *p = job->owner;
+
+	p->table_pending = false;
+	free(p->table_host);
+	p->table_host = NULL;
+	/* Valid only if nothing changed while it was on its way: every row
+	 * still resident (no slab left, which also clears table_valid's
+	 * precondition), and the upload landed. */
+	p->table_valid = !job->rc && p->rows == p->ds->num_samples && job->seq == p->slabs_dropped;
+	if (job->rc)
+		log_warn("pool %s on cuda:%d: the record table did not reach the device (%s); "
+			 "batches keep being planned row by row",
+			 p->ds->name, p->gpu, job->err);
+	else if (p->table_valid)
+		log_debug("pool %s on cuda:%d: record table of %" PRIu64
+			  " samples on the device: batches need no lookups",
+			  p->ds->name, p->gpu, p->ds->num_samples);
+	free(job);
+}
+
+/* Uploads the record table of a whole pool; the transfer thread copies it
+ * in stream order, after every batch already queued. */
+static void table_upload(struct pool *p)
+{
+	uint64_t n = p->ds->num_samples;
+	struct xfer_job *job;
+
+	p->table_host = malloc(n * sizeof(*p->table_host));
+	job = calloc(1, sizeof(*job));
+	if (!p->table_host || !job) {
+		free(p->table_host);
+		p->table_host = NULL;
+		free(job);
+		return;
+	}
+	for (uint64_t i = 0; i < n; i++)
+		p->table_host[i] = entry_addr(p, p->loc[i]);
+	job->kind = XFER_COPY;
+	job->owner = p;
+	job->src = p->table_host;
+	job->dst = p->table.base;
+	job->bytes = n * sizeof(*p->table_host);
+	job->seq = p->slabs_dropped; /* a drop meanwhile makes it stale */
+	job->done = table_upload_done;
+	p->table_pending = true;
+	xfer_submit(p->xfer, job);
+}
+
+static void table_alloc_done(struct xfer_job *job)
+{
+	struct pool *p = job->owner;
+
+	p->table_pending = false;
+	if (job->rc) {
+		log_warn("pool %s on cuda:%d: no %.1f MiB for the record table (%s); batches keep "
+			 "being planned row by row",
+			 p->ds->name, p->gpu, job->bytes / 1048576.0, job->err);
+		free(job);
+		return;
+	}
+	if (p->sessions == 0) {
+		job->kind = XFER_FREE;
+		job->done = NULL;
+		xfer_submit(p->xfer, job);
+		return;
+	}
+	p->table = job->arena;
+	free(job);
+	maybe_table(p);
+}
+
+/* Once the pool holds every sample, builds the device record table. */
+static void maybe_table(struct pool *p)
+{
+	uint64_t n = p->ds->num_samples;
+	struct xfer_job *job;
+
+	/* The table takes 8 bytes a sample, within the budget. */
+	if (!p->enabled || p->table_valid || p->table_pending || p->sessions == 0 || p->rows != n ||
+	    (!p->table.base && p->bytes + n * sizeof(uint64_t) > p->budget))
+		return;
+	if (p->table.base) {
+		table_upload(p);
+		return;
+	}
+	job = calloc(1, sizeof(*job));
+	if (!job)
+		return;
+	job->kind = XFER_ALLOC;
+	job->owner = p;
+	job->bytes = n * sizeof(uint64_t);
+	job->ipc = GPU_IPC_NONE;
+	job->done = table_alloc_done;
+	p->table_pending = true;
+	xfer_submit(p->xfer, job);
 }
 
 /* Asks for another slab when rows want room (a miss found no entry, or
@@ -428,6 +536,25 @@ void pool_plan_batch(struct pool *p, const uint64_t *picks, uint32_t count, uint
 	plan->count = count;
 	plan->npinned = 0;
 	plan->stamp = stamp;
+	plan->table = false;
+	if (pool_table(p)) {
+		/* Every sample is resident and the device has the table: the
+		 * picks themselves are the index.  Every live slab is pinned
+		 * (a batch may read any of them). */
+		memcpy(desc, picks, (size_t)count * sizeof(*desc));
+		for (uint32_t j = 0; j < p->nslabs; j++)
+			if (p->slabs[j].live)
+				pin(p, plan, j);
+		plan->table = true;
+		plan->hits = count;
+		plan->nmiss = plan->nstaged = 0;
+		p->hits += count;
+		p->lookups += count;
+		p->hits_cur += count;
+		p->lookups_cur += count;
+		p->saved += (uint64_t)count * p->ds->sample_bytes;
+		return;
+	}
 	maybe_grow(p);
 	/* The hot loop of a pooled epoch: one random read of loc per row, so
 	 * it asks for a later row's entry early (a miss to DRAM costs ~100 ns
@@ -527,6 +654,7 @@ void pool_plan_done(struct pool *p, struct pool_plan *plan, bool ok)
 	plan->npinned = 0;
 	plan->nstaged = plan->nmiss = 0;
 	maybe_grow(p);
+	maybe_table(p);
 }
 
 /* ---- budget, control, status ----------------------------------------------- */
@@ -584,6 +712,8 @@ static uint64_t drop_all(struct pool *p)
 {
 	uint64_t freed = shrink_to(p, 0);
 
+	p->table_valid = false;
+
 	/* Nothing is left to back-fill into. */
 	memset(p->missed, 0, (p->ds->num_samples + 63) / 64 * sizeof(*p->missed));
 	p->nmissed = 0;
@@ -598,6 +728,17 @@ void pool_put(struct pool *p)
 		log_info("pool %s on cuda:%d: last session gone, %.0f MiB given back", p->ds->name,
 			 p->gpu, pool_bytes(p) / 1048576.0);
 	drop_all(p);
+	if (p->table.base && !p->table_pending) {
+		struct xfer_job *job = calloc(1, sizeof(*job));
+
+		if (job) {
+			job->kind = XFER_FREE;
+			job->arena = p->table;
+			xfer_submit(p->xfer, job);
+			memset(&p->table, 0, sizeof(p->table));
+			p->table.export_fd = -1;
+		}
+	}
 	p->budget = 0;
 	p->budget_known = false;
 	snprintf(p->budget_reason, sizeof(p->budget_reason), "no session");
@@ -665,6 +806,8 @@ void pool_destroy_all(struct daemon *d)
 		for (uint32_t j = 0; j < p->nslabs; j++)
 			if (p->slabs[j].mem.base)
 				slab_free_now(p, j);
+		gpu_arena_free(&p->table);
+		free(p->table_host);
 		free(p->slabs);
 		free(p->owner);
 		free(p->loc);

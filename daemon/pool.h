@@ -78,6 +78,7 @@ struct pool_plan {
 	uint32_t npinned, pin_cap;
 	uint32_t hits;
 	uint64_t stamp; /* unique per planning, for pinning each slab once */
+	bool table;	/* planned in table mode: desc holds the picks */
 };
 
 struct pool {
@@ -102,14 +103,22 @@ struct pool {
 	uint32_t fill;		 /* a live slab with room, when room > 0 (a hint) */
 	bool want_room;		 /* a miss found no entry since the last slab came */
 	uint64_t admits;	 /* rows admitted since the last slab was asked for */
-	uint64_t stamps;	 /* plans made, for pool_plan.stamp */
-	uint32_t *loc;		 /* owned, ds->num_samples entries */
-	uint64_t *owner;	 /* owned, nslabs << slab_shift: sample of each entry */
-	uint64_t *missed;	 /* owned bitmap: samples to back-fill */
-	uint64_t nmissed, scan;	 /* bits set; back-fill cursor */
-	uint64_t rows;		 /* resident samples */
-	uint64_t budget;	 /* bytes the pool may hold */
-	bool budget_known;	 /* a probe has sized it */
+	/* The device table of every sample's record (gpu_gather's table
+	 * mode), built once the pool holds every sample: batches then need no
+	 * lookup per row on the loop thread.  Any slab leaving makes it
+	 * stale; it is built again when the pool is whole again. */
+	struct gpu_arena table; /* owned: GPU_IPC_NONE, num_samples addresses */
+	uint64_t *table_host;	/* owned while an upload is out */
+	bool table_pending;	/* an allocation or upload is on the transfer thread */
+	bool table_valid;	/* batches may use it */
+	uint64_t stamps;	/* plans made, for pool_plan.stamp */
+	uint32_t *loc;		/* owned, ds->num_samples entries */
+	uint64_t *owner;	/* owned, nslabs << slab_shift: sample of each entry */
+	uint64_t *missed;	/* owned bitmap: samples to back-fill */
+	uint64_t nmissed, scan; /* bits set; back-fill cursor */
+	uint64_t rows;		/* resident samples */
+	uint64_t budget;	/* bytes the pool may hold */
+	bool budget_known;	/* a probe has sized it */
 	char budget_reason[160];
 	bool slab_pending; /* an allocation is on the transfer thread */
 	unsigned sessions; /* sessions using it */
@@ -153,6 +162,9 @@ void pool_set_budget(struct pool *p, uint64_t budget, const char *why);
 /* Device memory is short and the target is at its floor: gives back one
  * slab.  False when there was none. */
 bool pool_give_slab(struct pool *p, const char *why);
+/* The device address of the record table when batches may use it, else 0
+ * (table mode: see gpu_gather). */
+uint64_t pool_table(const struct pool *p);
 /* Device memory the pool holds (live slabs). */
 uint64_t pool_bytes(const struct pool *p);
 

@@ -1061,6 +1061,10 @@ static void start_copy(struct sess *s, struct slot *sl)
 		g->admit = admit_off;
 		g->staged = 0;
 		g->nfields = p->nfields;
+		if (sl->plan.table) {
+			g->table = p->table.base;
+			g->table_n = s->ds->num_samples;
+		}
 		for (uint32_t f = 0; f < p->nfields; f++) {
 			g->slot_off[f] = s->field_offset[f];
 			g->staged_off[f] = sl->stage_off[f];

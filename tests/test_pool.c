@@ -202,7 +202,7 @@ static void spin(struct fixture *f)
 /* Lets a slab allocation on its way land in the pool. */
 static void settle(struct fixture *f)
 {
-	SPIN_UNTIL(f, !f->p->slab_pending);
+	SPIN_UNTIL(f, !f->p->slab_pending && !f->p->table_pending);
 	assert_true(pool_check(f->p));
 }
 
@@ -260,6 +260,21 @@ static void check_plan(const struct fixture *f, const struct batch *b)
 	admit = (const uint64_t *)(b->ring + admit_off);
 	assert_true(pl->active);
 	assert_int_equal(pl->count, b->count);
+	if (pl->table) {
+		/* Table mode: the index is the picks, every live slab pinned. */
+		uint32_t live = 0;
+
+		assert_int_equal(pl->nstaged, 0);
+		assert_int_equal(pl->hits, b->count);
+		assert_int_equal(memcmp(desc, b->samples, b->count * sizeof(*desc)), 0);
+		for (uint32_t j = 0; j < p->nslabs; j++)
+			if (p->slabs[j].live) {
+				assert_true(pinned_by(pl, j));
+				live++;
+			}
+		assert_int_equal(pl->npinned, live);
+		return;
+	}
 	assert_true(pl->nmiss <= pl->nstaged && pl->nstaged <= pl->cap);
 	for (uint32_t i = 0; i < b->count; i++) {
 		if (desc[i] & GPU_GATHER_STAGED) {
@@ -349,6 +364,10 @@ static void batch_submit(struct fixture *f, struct batch *b)
 	gg->admit = admit_off;
 	gg->staged = 0;
 	gg->nfields = p->nfields;
+	if (b->plan.table) {
+		gg->table = p->table.base;
+		gg->table_n = N;
+	}
 	for (uint32_t fl = 0; fl < p->nfields; fl++) {
 		gg->slot_off[fl] = f->slot_off[fl];
 		gg->staged_off[fl] = b->stage_off[fl];
@@ -728,7 +747,48 @@ static void a_pool_grows_no_further_than_its_dataset_needs(void **state)
 	 * for ahead of need, never more. */
 	assert_in_range(f->p->nlive, lay.need, lay.need + 1);
 	assert_int_equal(pool_bytes(f->p), f->p->nlive * lay.slab);
-	assert_int_equal(gpu_fake_live_arenas(), f->arenas0 + (int)f->p->nlive);
+	assert_int_equal(gpu_fake_live_arenas(),
+			 f->arenas0 + (int)f->p->nlive +
+				 (f->p->table.base != 0)); /* and the table */
+	free(all);
+	free(again);
+}
+
+/* Once every sample is resident the device gets the record table and
+ * batches are planned without a lookup per row; a slab leaving takes the
+ * pool back to planning row by row, and both give the right bytes. */
+static void a_whole_pool_plans_batches_from_the_device_table(void **state)
+{
+	struct fixture *f = *state;
+	uint64_t *all = range(0, N), *again = shuffled(0, N);
+	struct totals t;
+	uint32_t tabled = 0;
+
+	budget(f, 64 * MiB);
+	prime(f, 0);
+	run_pass(f, all, N);
+	assert_int_equal(f->p->rows, N);
+	settle(f);
+	assert_true(f->p->table_valid);
+	assert_true(pool_table(f->p) != 0);
+	for (uint64_t i = 0; i < N; i += BATCH) {
+		uint32_t count = (uint32_t)(N - i < BATCH ? N - i : BATCH);
+		const struct batch *b = run_batch(f, again + i, count);
+
+		assert_int_equal(b->hits, count);
+		tabled += b->plan.table;
+	}
+	/* batch_finish has cleared plan.active but not plan.table. */
+	assert_int_equal(tabled, (N + BATCH - 1) / BATCH);
+
+	/* One slab fewer: the table is stale at once, rows miss again. */
+	budget(f, pool_bytes(f->p) - 1);
+	assert_false(f->p->table_valid);
+	assert_int_equal(pool_table(f->p), 0);
+	t = run_pass(f, again, N);
+	assert_true(t.nmiss > 0);
+	assert_true(t.hits > 0);
+	assert_true(pool_check(f->p));
 	free(all);
 	free(again);
 }
@@ -1220,6 +1280,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(
 			a_pool_with_room_admits_every_miss_and_serves_it_again_as_a_hit, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(a_whole_pool_plans_batches_from_the_device_table,
+						setup, teardown),
 		cmocka_unit_test_setup_teardown(a_pool_grows_no_further_than_its_dataset_needs,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(
