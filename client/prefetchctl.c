@@ -38,7 +38,7 @@ static const char usage_text[] =
 	"Talks to prefetchd, the node-local data-prefetch daemon.\n"
 	"\n"
 	"Commands:\n"
-	"  status [--json]           the daemon, its sessions and datasets\n"
+	"  status [--json]           the daemon, its sessions, datasets and VRAM pools\n"
 	"  datasets [--json]         the datasets the daemon serves\n"
 	"  depth SESSION N|auto      set a session's prefetch depth (auto: let the\n"
 	"                            daemon size it again)\n"

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -385,6 +386,45 @@ static void file_truncated_after_load_gives_error_batches_in_order(void **state)
 	assert_still_serving();
 }
 
+/* prefetchctl pool with nothing to act on says what is wrong, through the
+ * real CLI, and the daemon goes on serving. */
+static void pool_control_without_a_pool_is_refused_with_the_reason(void **state)
+{
+	static const struct {
+		const char *args;
+		int status;
+		const char *says;
+	} cases[] = {
+		{"pool ok drop", 1, "dataset 'ok' has no VRAM pool yet"},
+		{"pool nosuch off", 1, "unknown dataset 'nosuch'"},
+		{"pool ok sideways", 2, "'sideways' is not on, off or drop"},
+		{"pool ok", 2, "usage: pool DATASET on|off|drop"},
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char cmd[700], out[1024] = "";
+		FILE *f;
+		size_t n;
+		int st;
+
+		snprintf(cmd, sizeof(cmd), "build/prefetchctl -s %s %s 2>&1", td.sock,
+			 cases[i].args);
+		f = popen(cmd, "r");
+		assert_non_null(f);
+		n = fread(out, 1, sizeof(out) - 1, f);
+		out[n] = '\0';
+		st = pclose(f);
+		print_message("prefetchctl %s -> %d: %s", cases[i].args, WEXITSTATUS(st), out);
+		assert_true(WIFEXITED(st));
+		assert_int_equal(WEXITSTATUS(st), cases[i].status);
+		if (!strstr(out, cases[i].says))
+			fail_msg("prefetchctl %s says \"%s\", want \"%s\"", cases[i].args, out,
+				 cases[i].says);
+	}
+	assert_still_serving();
+	(void)state;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -400,6 +440,7 @@ int main(void)
 		cmocka_unit_test(garbage_frame_closes_only_that_connection),
 		cmocka_unit_test(release_of_foreign_slot_is_refused),
 		cmocka_unit_test(file_truncated_after_load_gives_error_batches_in_order),
+		cmocka_unit_test(pool_control_without_a_pool_is_refused_with_the_reason),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
