@@ -1,13 +1,25 @@
 /*
- * daemon.c — small lookups on the daemon's process-wide state (daemon.h),
- * kept out of main.c so unit tests link them with the daemon core.
+ * daemon.c — the daemon's process-wide state (daemon.h): its datasets, and
+ * reloading them from the configuration file without touching sessions.
+ * Kept out of main.c so unit tests link it with the daemon core.
  *
- * DESIGN: loop thread only.
+ * DESIGN: loop thread only.  Datasets are separate allocations because
+ * sessions and pools borrow them: a reload never moves or frees a dataset a
+ * session still reads.  One taken out of the configuration moves to
+ * `retired` and is freed when its last session has gone and its pools
+ * have nothing left on a transfer thread (checked again on every tick).
  */
 #include "daemon.h"
 
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "log.h"
+#include "pool.h"
 
 uint64_t now_ns(void)
 {
@@ -17,10 +29,245 @@ uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-const struct dataset *daemon_dataset(const struct daemon *d, const char *name)
+struct dataset *daemon_dataset(const struct daemon *d, const char *name)
 {
 	for (size_t i = 0; i < d->ndatasets; i++)
-		if (strcmp(d->datasets[i].name, name) == 0)
-			return &d->datasets[i];
+		if (strcmp(d->datasets[i]->name, name) == 0)
+			return d->datasets[i];
 	return NULL;
+}
+
+/* A dataset loaded from its declaration (kept with its error if the load
+ * failed); NULL only when out of memory. */
+static struct dataset *load_one(const struct config_dataset *decl)
+{
+	struct dataset *ds = calloc(1, sizeof(*ds));
+
+	if (!ds)
+		return NULL;
+	if (ds_load(ds, decl) == 0)
+		log_info("dataset %s: %" PRIu64 " samples of %" PRIu64 " bytes in %zu field(s)",
+			 ds->name, ds->num_samples, ds->sample_bytes, ds->nfields);
+	else
+		log_err("dataset %s is not available: %s", ds->name, ds->error);
+	return ds;
+}
+
+void daemon_load_datasets(struct daemon *d)
+{
+	d->ndatasets = d->cfg.ndatasets;
+	d->datasets = calloc(d->ndatasets ? d->ndatasets : 1, sizeof(*d->datasets));
+	if (!d->datasets)
+		fatal("out of memory");
+	for (size_t i = 0; i < d->ndatasets; i++) {
+		d->datasets[i] = load_one(&d->cfg.datasets[i]);
+		if (!d->datasets[i])
+			fatal("out of memory");
+	}
+}
+
+static void free_dataset(struct dataset *ds)
+{
+	ds_close(ds);
+	free(ds);
+}
+
+/* Frees the retired datasets nobody reads any more. */
+static void collect_retired(struct daemon *d)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < d->nretired; i++) {
+		struct dataset *ds = d->retired[i];
+
+		if (ds->users == 0 && pool_forget(d, ds)) {
+			log_info("dataset %s: last session gone, files closed", ds->name);
+			free_dataset(ds);
+		} else {
+			d->retired[k++] = ds;
+		}
+	}
+	d->nretired = k;
+}
+
+void daemon_dataset_hold(struct dataset *ds)
+{
+	ds->users++;
+}
+
+void daemon_dataset_put(struct daemon *d, struct dataset *ds)
+{
+	if (--ds->users == 0 && ds->retired)
+		collect_retired(d);
+}
+
+void daemon_free_datasets(struct daemon *d)
+{
+	for (size_t i = 0; i < d->ndatasets; i++)
+		free_dataset(d->datasets[i]);
+	for (size_t i = 0; i < d->nretired; i++)
+		free_dataset(d->retired[i]);
+	free(d->datasets);
+	free(d->retired);
+	d->datasets = d->retired = NULL;
+	d->ndatasets = d->nretired = 0;
+}
+
+static bool same_strings(char *const *a, size_t na, char *const *b, size_t nb)
+{
+	if (na != nb)
+		return false;
+	for (size_t i = 0; i < na; i++)
+		if (strcmp(a[i], b[i]) != 0)
+			return false;
+	return true;
+}
+
+/* Two declarations that load the same dataset (the pool setting aside:
+ * that one applies to a loaded dataset in place). */
+static bool same_decl(const struct config_dataset *a, const struct config_dataset *b)
+{
+	if (strcmp(a->format, b->format) != 0 || a->nfields != b->nfields || a->read != b->read)
+		return false;
+	for (size_t f = 0; f < a->nfields; f++)
+		if (strcmp(a->fields[f].name, b->fields[f].name) != 0 ||
+		    !same_strings(a->fields[f].paths, a->fields[f].npaths, b->fields[f].paths,
+				  b->fields[f].npaths))
+			return false;
+	return true;
+}
+
+static const struct config_dataset *find_decl(const struct config *cfg, const char *name)
+{
+	for (size_t i = 0; i < cfg->ndatasets; i++)
+		if (strcmp(cfg->datasets[i].name, name) == 0)
+			return &cfg->datasets[i];
+	return NULL;
+}
+
+/* Appends to summary, as "a, b" lists do. */
+static void say(char *summary, size_t len, const char *fmt, const char *name)
+{
+	size_t n = strlen(summary);
+
+	if (n + 2 < len)
+		snprintf(summary + n, len - n, fmt, n ? "; " : "", name);
+}
+
+/* Keys a running daemon cannot take over without a restart. */
+static void restart_keys(const struct config *old, const struct config *cfg, bool socket_override,
+			 char *summary, size_t len)
+{
+	if ((!socket_override && strcmp(old->socket_path, cfg->socket_path)) ||
+	    old->socket_mode != cfg->socket_mode ||
+	    (old->socket_group == NULL) != (cfg->socket_group == NULL) ||
+	    (old->socket_group && strcmp(old->socket_group, cfg->socket_group)))
+		say(summary, len, "%ssocket settings changed: %s", "they take effect at restart");
+	if (old->readers != cfg->readers || old->ring_bytes != cfg->ring_bytes ||
+	    old->arena_bytes != cfg->arena_bytes || old->max_frame != cfg->max_frame)
+		say(summary, len, "%sreaders/ring_bytes/arena_bytes/max_frame changed: %s",
+		    "they take effect at restart");
+}
+
+int daemon_reload(struct daemon *d, char *summary, size_t len, char *err, size_t errlen)
+{
+	struct config cfg;
+	struct dataset **next;
+	size_t n = 0;
+	int rc;
+
+	summary[0] = '\0';
+	rc = config_load(d->config_path, &cfg, err, errlen);
+	if (rc)
+		return rc;
+	next = calloc(cfg.ndatasets ? cfg.ndatasets : 1, sizeof(*next));
+	if (!next) {
+		config_free(&cfg);
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	/* Kept or replaced, in the new order. */
+	for (size_t i = 0; i < cfg.ndatasets; i++) {
+		const struct config_dataset *decl = &cfg.datasets[i];
+		const struct config_dataset *was = find_decl(&d->cfg, decl->name);
+		struct dataset *cur = daemon_dataset(d, decl->name);
+
+		if (cur && was && same_decl(was, decl) && !cur->error[0]) {
+			next[n++] = cur;
+			continue;
+		}
+		next[n] = load_one(decl);
+		if (!next[n])
+			goto nomem;
+		say(summary, len, cur ? "%sdataset %s reloaded" : "%sdataset %s added", decl->name);
+		n++;
+	}
+	/* Room to retire every old dataset, so that nothing below can fail
+	 * once the switch has begun. */
+	{
+		struct dataset **r =
+			realloc(d->retired, (d->nretired + d->ndatasets + 1) * sizeof(*r));
+
+		if (!r)
+			goto nomem;
+		d->retired = r;
+	}
+	/* Old ones not kept: retired (freed once unused). */
+	for (size_t i = 0; i < d->ndatasets; i++) {
+		struct dataset *ds = d->datasets[i];
+		bool kept = false;
+
+		for (size_t k = 0; k < n && !kept; k++)
+			kept = next[k] == ds;
+		if (kept)
+			continue;
+		if (!find_decl(&cfg, ds->name))
+			say(summary, len, "%sdataset %s removed", ds->name);
+		ds->retired = true;
+		d->retired[d->nretired++] = ds;
+	}
+	restart_keys(&d->cfg, &cfg, d->socket_override, summary, len);
+	/* The running values of the restart-only keys stay. */
+	cfg.readers = d->cfg.readers;
+	cfg.ring_bytes = d->cfg.ring_bytes;
+	cfg.arena_bytes = d->cfg.arena_bytes;
+	cfg.max_frame = d->cfg.max_frame;
+	cfg.socket_mode = d->cfg.socket_mode;
+	free(cfg.socket_path);
+	cfg.socket_path = d->cfg.socket_path;
+	d->cfg.socket_path = NULL;
+	free(cfg.socket_group);
+	cfg.socket_group = d->cfg.socket_group;
+	d->cfg.socket_group = NULL;
+	config_free(&d->cfg);
+	d->cfg = cfg;
+	free(d->datasets);
+	d->datasets = next;
+	d->ndatasets = n;
+	/* Pools of kept datasets follow the (maybe changed) pool setting. */
+	pool_apply_config(d);
+	collect_retired(d);
+	if (!summary[0])
+		snprintf(summary, len, "no dataset changed");
+	return 0;
+nomem:
+	/* Nothing is switched yet: new loads are freed, the old set stays. */
+	for (size_t k = 0; k < n; k++) {
+		bool old = false;
+
+		for (size_t i = 0; i < d->ndatasets && !old; i++)
+			old = d->datasets[i] == next[k];
+		if (!old)
+			free_dataset(next[k]);
+	}
+	free(next);
+	config_free(&cfg);
+	snprintf(err, errlen, "out of memory");
+	return -ENOMEM;
+}
+
+void daemon_collect(struct daemon *d)
+{
+	if (d->nretired)
+		collect_retired(d);
 }

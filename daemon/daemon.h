@@ -25,8 +25,11 @@ struct daemon {
 	uv_loop_t *loop;	  /* borrowed: the default loop */
 	struct config cfg;	  /* owned */
 	const char *config_path;  /* borrowed: argv */
-	struct dataset *datasets; /* owned, cfg.ndatasets of them */
+	bool socket_override;	  /* -s given: the config file's socket is not ours */
+	struct dataset **datasets; /* owned: the configured ones, in config order */
 	size_t ndatasets;
+	struct dataset **retired; /* owned: taken out by a reload, still in use */
+	size_t nretired;
 	struct reader_pool *readers; /* owned */
 	struct conn *conns;	     /* owned: every open connection */
 	unsigned nconns;
@@ -37,8 +40,10 @@ struct daemon {
 	int listen_fd;
 	bool socket_activated; /* listen_fd came from systemd */
 	uv_poll_t listen_poll;
-	uv_signal_t sig_term, sig_int;
-	uv_timer_t tick; /* periodic housekeeping (probes) */
+	uv_signal_t sig_term, sig_int, sig_hup;
+	uv_timer_t tick;     /* periodic housekeeping (status, retired datasets) */
+	uv_timer_t watchdog; /* feeds systemd's watchdog from the loop */
+	bool watchdog_live;
 	int ngpus;	 /* < 0: host sessions only */
 	char gpu_desc[256];
 	struct ring ring;     /* the pinned reader ring (CUDA sessions) */
@@ -50,6 +55,27 @@ struct daemon {
 };
 
 uint64_t now_ns(void);
-const struct dataset *daemon_dataset(const struct daemon *d, const char *name);
+/* A configured dataset by name (retired ones are not found). */
+struct dataset *daemon_dataset(const struct daemon *d, const char *name);
+/* Loads every dataset of d->cfg (startup).  A dataset that fails to load is
+ * kept with its error (status shows it; opening it returns the message). */
+void daemon_load_datasets(struct daemon *d);
+/* SIGHUP: reads d->config_path again.  Datasets added are loaded, removed
+ * ones leave status and can no longer be opened (live sessions keep them
+ * until they close), changed ones are replaced for new sessions; the
+ * allow lists, depth defaults, reserve, probe interval, pool settings,
+ * session limits, ipc and read method apply to what comes next.  Keys that
+ * need a restart (socket, readers, ring, arena size, frame cap) are
+ * reported, not applied.  0, or -errno with err saying why (the running
+ * configuration is then untouched).  summary says what changed. */
+int daemon_reload(struct daemon *d, char *summary, size_t len, char *err, size_t errlen);
+/* A session starts / stops reading ds: retired datasets are freed with
+ * their last session (and their pools). */
+void daemon_dataset_hold(struct dataset *ds);
+void daemon_dataset_put(struct daemon *d, struct dataset *ds);
+/* Housekeeping tick: frees retired datasets nobody reads any more. */
+void daemon_collect(struct daemon *d);
+/* Frees every dataset (shutdown, after the sessions and pools). */
+void daemon_free_datasets(struct daemon *d);
 
 #endif

@@ -62,6 +62,11 @@ struct dataset {
 	/* Non-empty when the dataset could not be loaded: the daemon keeps
 	 * serving the others, and opening this one returns this message. */
 	char error[512];
+	/* The daemon's bookkeeping (daemon.c): sessions reading it, and
+	 * whether a reload took it out of the configuration (it then lives
+	 * until its last session is gone). */
+	unsigned users;
+	bool retired;
 };
 
 /* Builds and opens a dataset from its config declaration.  Always fills

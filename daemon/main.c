@@ -38,24 +38,6 @@ static void usage(FILE *f)
 		   "  -V, --version\n");
 }
 
-static void load_datasets(struct daemon *d)
-{
-	d->ndatasets = d->cfg.ndatasets;
-	d->datasets = calloc(d->ndatasets ? d->ndatasets : 1, sizeof(*d->datasets));
-	if (!d->datasets)
-		fatal("out of memory");
-	for (size_t i = 0; i < d->ndatasets; i++) {
-		struct dataset *ds = &d->datasets[i];
-
-		if (ds_load(ds, &d->cfg.datasets[i]) == 0)
-			log_info("dataset %s: %" PRIu64 " samples of %" PRIu64
-				 " bytes in %zu field(s)",
-				 ds->name, ds->num_samples, ds->sample_bytes, ds->nfields);
-		else
-			log_err("dataset %s is not available: %s", ds->name, ds->error);
-	}
-}
-
 static void on_signal(uv_signal_t *h, int signum)
 {
 	struct daemon *d = h->data;
@@ -76,8 +58,42 @@ static void on_signal(uv_signal_t *h, int signum)
 			xfer_stop(d->xfers[g]);
 	uv_timer_stop(&d->tick);
 	uv_close((uv_handle_t *)&d->tick, NULL);
+	if (d->watchdog_live)
+		uv_close((uv_handle_t *)&d->watchdog, NULL);
 	uv_close((uv_handle_t *)&d->sig_term, NULL);
 	uv_close((uv_handle_t *)&d->sig_int, NULL);
+	uv_close((uv_handle_t *)&d->sig_hup, NULL);
+}
+
+/* SIGHUP (systemctl reload): the configuration again, datasets added or
+ * removed, live sessions untouched.  systemd hears RELOADING=1 first and
+ * READY=1 when it is done (with the outcome in STATUS). */
+static void on_reload(uv_signal_t *h, int signum)
+{
+	struct daemon *d = h->data;
+	char summary[600], err[512];
+	int rc;
+
+	if (d->stopping)
+		return;
+	sd_notify(0, "RELOADING=1");
+	rc = daemon_reload(d, summary, sizeof(summary), err, sizeof(err));
+	if (rc) {
+		log_err("reload of %s failed, the running configuration stays: %s",
+			d->config_path, err);
+		sd_notifyf(0, "READY=1\nSTATUS=reload failed: %.200s", err);
+		return;
+	}
+	log_info("reloaded %s: %s", d->config_path, summary);
+	sd_notifyf(0, "READY=1\nSTATUS=serving %zu dataset(s); reloaded: %.200s", d->ndatasets,
+		   summary);
+}
+
+/* WATCHDOG=1 comes from the loop itself: a loop wedged for longer than
+ * WatchdogSec= stops feeding it and systemd restarts the daemon. */
+static void on_watchdog(uv_timer_t *t)
+{
+	sd_notify(0, "WATCHDOG=1");
 }
 
 static void on_tick(uv_timer_t *t)
@@ -88,6 +104,7 @@ static void on_tick(uv_timer_t *t)
 	snprintf(status, sizeof(status), "STATUS=%u session(s), %u connection(s)", d->nsessions,
 		 d->nconns);
 	sd_notify(0, status);
+	daemon_collect(d);
 }
 
 int main(int argc, char **argv)
@@ -130,13 +147,14 @@ int main(int argc, char **argv)
 	if (socket_path) {
 		free(d.cfg.socket_path);
 		d.cfg.socket_path = strdup(socket_path);
+		d.socket_override = true;
 	}
-	load_datasets(&d);
+	daemon_load_datasets(&d);
 	if (check) {
 		int bad = 0;
 
 		for (size_t i = 0; i < d.ndatasets; i++) {
-			const struct dataset *ds = &d.datasets[i];
+			const struct dataset *ds = d.datasets[i];
 
 			if (ds->error[0])
 				printf("dataset %s: ERROR %s\n", ds->name, ds->error), bad = 1;
@@ -183,6 +201,23 @@ int main(int argc, char **argv)
 	d.sig_term.data = d.sig_int.data = &d;
 	uv_signal_start(&d.sig_term, on_signal, SIGTERM);
 	uv_signal_start(&d.sig_int, on_signal, SIGINT);
+	uv_signal_init(d.loop, &d.sig_hup);
+	d.sig_hup.data = &d;
+	uv_signal_start(&d.sig_hup, on_reload, SIGHUP);
+	{
+		uint64_t usec = 0;
+
+		/* Fed at a third of the interval: two missed beats still
+		 * leave a margin before systemd acts. */
+		if (sd_watchdog_enabled(0, &usec) > 0 && usec >= 3000) {
+			uv_timer_init(d.loop, &d.watchdog);
+			d.watchdog.data = &d;
+			uv_timer_start(&d.watchdog, on_watchdog, 0, usec / 3000);
+			d.watchdog_live = true;
+			log_info("systemd watchdog: fed every %" PRIu64 " ms from the loop",
+				 usec / 3000);
+		}
+	}
 	uv_timer_init(d.loop, &d.tick);
 	d.tick.data = &d;
 	uv_timer_start(&d.tick, on_tick, 1000, 1000);
@@ -204,9 +239,7 @@ int main(int argc, char **argv)
 		xfer_free(d.xfers[g]);
 	free(d.xfers);
 	ring_destroy(&d.ring);
-	for (size_t i = 0; i < d.ndatasets; i++)
-		ds_close(&d.datasets[i]);
-	free(d.datasets);
+	daemon_free_datasets(&d);
 	config_free(&d.cfg);
 	log_info("stopped");
 	return 0;

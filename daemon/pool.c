@@ -797,22 +797,81 @@ void pool_status(const struct pool *p, Pf__PoolStatus *st, char *buf)
 	st->sessions = p->sessions;
 }
 
+/* Frees pool p (out of d->pools already): its slabs and table. */
+static void pool_free(struct pool *p)
+{
+	for (uint32_t j = 0; j < p->nslabs; j++)
+		if (p->slabs[j].mem.base)
+			slab_free_now(p, j);
+	gpu_arena_free(&p->table);
+	free(p->table_host);
+	free(p->slabs);
+	free(p->owner);
+	free(p->loc);
+	free(p->missed);
+	free(p);
+}
+
+bool pool_forget(struct daemon *d, const struct dataset *ds)
+{
+	bool all = true;
+
+	for (struct pool **pp = &d->pools; *pp;) {
+		struct pool *p = *pp;
+
+		if (p->ds != ds) {
+			pp = &p->next;
+			continue;
+		}
+		/* A job still on its way holds p (slab or table allocation,
+		 * table upload): try again on the next tick. */
+		if (p->sessions || p->slab_pending || p->table_pending) {
+			all = false;
+			pp = &p->next;
+			continue;
+		}
+		*pp = p->next;
+		if (p->table.base) {
+			struct xfer_job *job = calloc(1, sizeof(*job));
+
+			if (job) {
+				job->kind = XFER_FREE;
+				job->arena = p->table;
+				xfer_submit(p->xfer, job);
+				memset(&p->table, 0, sizeof(p->table));
+				p->table.export_fd = -1;
+			}
+		}
+		pool_free(p);
+	}
+	return all;
+}
+
+void pool_apply_config(struct daemon *d)
+{
+	for (struct pool *p = d->pools; p; p = p->next) {
+		bool on;
+
+		if (p->ds->retired)
+			continue;
+		on = config_enabled(d, p->ds);
+		if (on == p->enabled)
+			continue;
+		log_info("pool %s on cuda:%d: %s by the reloaded configuration", p->ds->name,
+			 p->gpu, on ? "on" : "off");
+		p->enabled = on;
+		if (!on)
+			drop_all(p);
+	}
+}
+
 void pool_destroy_all(struct daemon *d)
 {
 	while (d->pools) {
 		struct pool *p = d->pools;
 
 		d->pools = p->next;
-		for (uint32_t j = 0; j < p->nslabs; j++)
-			if (p->slabs[j].mem.base)
-				slab_free_now(p, j);
-		gpu_arena_free(&p->table);
-		free(p->table_host);
-		free(p->slabs);
-		free(p->owner);
-		free(p->loc);
-		free(p->missed);
-		free(p);
+		pool_free(p);
 	}
 }
 

@@ -136,6 +136,11 @@ struct pool *pool_get(struct daemon *d, const struct dataset *ds, int gpu, struc
 		      char *why, size_t whylen);
 /* A session leaves; the last one gives the slabs back. */
 void pool_put(struct pool *p);
+/* Frees the pools of a dataset a reload retired, once no session and no
+ * transfer job uses them.  True when none is left. */
+bool pool_forget(struct daemon *d, const struct dataset *ds);
+/* After a reload: pools follow their dataset's (maybe changed) pool key. */
+void pool_apply_config(struct daemon *d);
 /* Frees every pool (daemon shutdown, after the sessions and after
  * xfer_stop: a slab allocation still on its way would land in a freed
  * pool). */

@@ -226,7 +226,7 @@ static int on_status(struct conn *c, uint64_t id)
 	int rc = -ENOMEM;
 
 	for (size_t i = 0; i < d->ndatasets; i++)
-		nfields += d->datasets[i].nfields;
+		nfields += d->datasets[i]->nfields;
 	fields = calloc(nfields + 1, sizeof(*fields));
 	fieldp = calloc(nfields + 1, sizeof(*fieldp));
 	for (struct pool *p = d->pools; p; p = p->next)
@@ -247,7 +247,7 @@ static int on_status(struct conn *c, uint64_t id)
 	msg.sessions = ssp;
 	nfields = 0;
 	for (size_t i = 0; i < d->ndatasets; i++) {
-		const struct dataset *set = &d->datasets[i];
+		const struct dataset *set = d->datasets[i];
 
 		pf__dataset_status__init(&ds[i]);
 		ds[i].name = set->name;

@@ -83,6 +83,8 @@ static void sess_free(struct sess *s)
 	}
 	if (s->pool)
 		pool_put(s->pool);
+	if (s->ds && s->ds_held)
+		daemon_dataset_put(s->d, (struct dataset *)s->ds);
 	free(s->ahead.picks);
 	for (uint32_t i = 0; i < s->narenas; i++)
 		arena_destroy(&s->arenas[i]);
@@ -472,6 +474,8 @@ int sess_open(struct conn *c, uint64_t id, const Pf__OpenSession *req)
 	s->uid = c->uid;
 	s->pid = c->pid;
 	s->ds = ds;
+	daemon_dataset_hold((struct dataset *)ds);
+	s->ds_held = true;
 	s->batch_size = req->batch_size;
 	s->augment = req->augment ? req->augment : 1;
 	s->drop_last = req->drop_last;

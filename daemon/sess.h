@@ -110,7 +110,8 @@ struct sess {
 	int gpu; /* -1: host session */
 	uid_t uid;
 	pid_t pid;
-	const struct dataset *ds; /* borrowed: lives as long as the daemon */
+	const struct dataset *ds; /* borrowed, held (daemon_dataset_hold) while ds_held */
+	bool ds_held;
 	uint32_t batch_size;
 	uint32_t augment;
 	bool drop_last;

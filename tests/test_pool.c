@@ -69,6 +69,7 @@ static struct {
 	struct config_field fields[NFIELDS];
 	struct config_dataset decl;
 	struct dataset ds;
+	struct dataset *dsp; /* the daemon's list of one */
 } g;
 
 /* The pool's slab geometry, read by setup. */
@@ -571,7 +572,8 @@ static int setup(void **state)
 	config_defaults(&f->d.cfg);
 	f->d.cfg.pool_slab = SLAB;
 	f->d.loop = &f->loop;
-	f->d.datasets = &g.ds;
+	g.dsp = &g.ds;
+	f->d.datasets = &g.dsp;
 	f->d.ndatasets = 1;
 	f->d.ngpus = 1;
 	assert_int_equal(uv_loop_init(&f->loop), 0);
