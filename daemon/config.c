@@ -610,6 +610,8 @@ static int dataset_key(struct parse *st, const char *name, const char *value)
 	if (strcmp(name, "pool") == 0) {
 		if (st->continuation)
 			return fail(st, "pool: a continuation line is only allowed for field.NAME");
+		if (ds->pool != CONFIG_POOL_DEFAULT)
+			return fail(st, "pool: duplicate key");
 		if (!key_onoff(st, name, value, &(bool){false}))
 			return 0;
 		ds->pool = strcmp(value, "on") == 0 ? CONFIG_POOL_ON : CONFIG_POOL_OFF;

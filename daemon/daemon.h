@@ -22,10 +22,10 @@ struct xfer;
 struct pool;
 
 struct daemon {
-	uv_loop_t *loop;	  /* borrowed: the default loop */
-	struct config cfg;	  /* owned */
-	const char *config_path;  /* borrowed: argv */
-	bool socket_override;	  /* -s given: the config file's socket is not ours */
+	uv_loop_t *loop;	   /* borrowed: the default loop */
+	struct config cfg;	   /* owned */
+	const char *config_path;   /* borrowed: argv */
+	bool socket_override;	   /* -s given: the config file's socket is not ours */
 	struct dataset **datasets; /* owned: the configured ones, in config order */
 	size_t ndatasets;
 	struct dataset **retired; /* owned: taken out by a reload, still in use */
@@ -44,7 +44,7 @@ struct daemon {
 	uv_timer_t tick;     /* periodic housekeeping (status, retired datasets) */
 	uv_timer_t watchdog; /* feeds systemd's watchdog from the loop */
 	bool watchdog_live;
-	int ngpus;	 /* < 0: host sessions only */
+	int ngpus; /* < 0: host sessions only */
 	char gpu_desc[256];
 	struct ring ring;     /* the pinned reader ring (CUDA sessions) */
 	char ring_err[200];   /* why there is none, when ngpus > 0 */

@@ -79,8 +79,8 @@ static void on_reload(uv_signal_t *h, int signum)
 	sd_notify(0, "RELOADING=1");
 	rc = daemon_reload(d, summary, sizeof(summary), err, sizeof(err));
 	if (rc) {
-		log_err("reload of %s failed, the running configuration stays: %s",
-			d->config_path, err);
+		log_err("reload of %s failed, the running configuration stays: %s", d->config_path,
+			err);
 		sd_notifyf(0, "READY=1\nSTATUS=reload failed: %.200s", err);
 		return;
 	}

@@ -52,6 +52,7 @@ static uint64_t entry_addr(const struct pool *p, uint32_t e)
 }
 
 static void maybe_table(struct pool *p);
+static uint64_t table_free(struct pool *p);
 
 static void missed_set(struct pool *p, uint64_t sample)
 {
@@ -120,7 +121,12 @@ struct pool *pool_get(struct daemon *d, const struct dataset *ds, int gpu, struc
 	 * records as fit in pool_slab, or the whole dataset when that is
 	 * smaller. */
 	{
-		uint64_t cap = d->cfg.pool_slab / p->rec_stride;
+		/* A pool_bytes cap below pool_slab makes the slab smaller,
+		 * or the pool could never take one. */
+		uint64_t slab = d->cfg.pool_bytes && d->cfg.pool_bytes < d->cfg.pool_slab
+					? d->cfg.pool_bytes
+					: d->cfg.pool_slab;
+		uint64_t cap = slab / p->rec_stride;
 
 		if (cap > n)
 			cap = n;
@@ -283,6 +289,8 @@ static void table_upload_done(struct xfer_job *job)
 	 * still resident (no slab left, which also clears table_valid's
 	 * precondition), and the upload landed. */
 	p->table_valid = !job->rc && p->rows == p->ds->num_samples && job->seq == p->slabs_dropped;
+	if (p->sessions == 0 || !p->enabled)
+		table_free(p); /* not wanted any more */
 	if (job->rc)
 		log_warn("pool %s on cuda:%d: the record table did not reach the device (%s); "
 			 "batches keep being planned row by row",
@@ -334,7 +342,7 @@ static void table_alloc_done(struct xfer_job *job)
 		free(job);
 		return;
 	}
-	if (p->sessions == 0) {
+	if (p->sessions == 0 || !p->enabled) {
 		job->kind = XFER_FREE;
 		job->done = NULL;
 		xfer_submit(p->xfer, job);
@@ -387,8 +395,11 @@ static void maybe_grow(struct pool *p)
 	if (!p->enabled || p->slab_pending || !p->budget_known || p->sessions == 0 ||
 	    p->bytes + p->slab_bytes > p->budget)
 		return;
+	/* Ahead of need only while the rows not yet placed outnumber the
+	 * room left: a dataset smaller than a slab gets one slab. */
 	want = p->room == 0 ? p->want_room || p->nmissed > 0
-			    : p->room < p->per_slab && p->admits > 0;
+			    : p->room < p->per_slab && p->admits > 0 &&
+				      p->rows + p->pending + p->room < p->ds->num_samples;
 	if (!want)
 		return;
 	for (j = 0; j < p->nslabs; j++)
@@ -517,6 +528,7 @@ static void admit_row(struct pool *p, struct pool_plan *plan, uint32_t k, uint64
 	p->owner[e] = sample;
 	p->loc[sample] = POOL_PENDING;
 	p->admits++;
+	p->pending++;
 	missed_clear(p, sample);
 	admit_addr[k] = entry_addr(p, e);
 	pin(p, plan, e >> p->slab_shift);
@@ -631,6 +643,7 @@ void pool_plan_done(struct pool *p, struct pool_plan *plan, bool ok)
 
 		if (e == POOL_NONE)
 			continue;
+		p->pending--;
 		/* A slab dropped while the batch was in flight has already
 		 * taken its samples out of the index. */
 		if (p->loc[sample] != POOL_PENDING)
@@ -640,7 +653,12 @@ void pool_plan_done(struct pool *p, struct pool_plan *plan, bool ok)
 			p->rows++;
 		} else {
 			p->loc[sample] = POOL_NONE;
-			missed_set(p, sample);
+			/* Rows that could not be read are not tried again by
+			 * back-fill: a bad sector must not fail batch after
+			 * batch (the sample is admitted when it next misses
+			 * in a batch of its own). */
+			if (!plan->read_failed)
+				missed_set(p, sample);
 		}
 	}
 	for (uint32_t i = 0; i < plan->npinned; i++) {
@@ -651,10 +669,27 @@ void pool_plan_done(struct pool *p, struct pool_plan *plan, bool ok)
 			slab_free_now(p, j);
 	}
 	plan->active = false;
+	plan->read_failed = false;
 	plan->npinned = 0;
 	plan->nstaged = plan->nmiss = 0;
 	maybe_grow(p);
 	maybe_table(p);
+}
+
+void pool_plan_drop_rows(struct pool *p, struct pool_plan *plan, uint32_t first, uint32_t n,
+			 uint64_t *admit_addr)
+{
+	for (uint32_t k = first; k < first + n && k < plan->nstaged; k++) {
+		uint32_t e = plan->admit[k];
+
+		admit_addr[k] = 0;
+		if (e == POOL_NONE)
+			continue;
+		plan->admit[k] = POOL_NONE;
+		p->pending--;
+		if (p->loc[plan->staged[k]] == POOL_PENDING)
+			p->loc[plan->staged[k]] = POOL_NONE;
+	}
 }
 
 /* ---- budget, control, status ----------------------------------------------- */
@@ -708,11 +743,32 @@ bool pool_give_slab(struct pool *p, const char *why)
 	return true;
 }
 
+/* Gives the record table back.  Batches that read it were queued on the
+ * stream before this free, which waits for them (cudaFree does). */
+static uint64_t table_free(struct pool *p)
+{
+	struct xfer_job *job;
+	uint64_t bytes = p->table.bytes;
+
+	p->table_valid = false;
+	if (!p->table.base || p->table_pending)
+		return 0;
+	job = calloc(1, sizeof(*job));
+	if (!job)
+		return 0;
+	job->kind = XFER_FREE;
+	job->arena = p->table;
+	xfer_submit(p->xfer, job);
+	memset(&p->table, 0, sizeof(p->table));
+	p->table.export_fd = -1;
+	return bytes;
+}
+
 static uint64_t drop_all(struct pool *p)
 {
 	uint64_t freed = shrink_to(p, 0);
 
-	p->table_valid = false;
+	freed += table_free(p);
 
 	/* Nothing is left to back-fill into. */
 	memset(p->missed, 0, (p->ds->num_samples + 63) / 64 * sizeof(*p->missed));
@@ -728,17 +784,6 @@ void pool_put(struct pool *p)
 		log_info("pool %s on cuda:%d: last session gone, %.0f MiB given back", p->ds->name,
 			 p->gpu, pool_bytes(p) / 1048576.0);
 	drop_all(p);
-	if (p->table.base && !p->table_pending) {
-		struct xfer_job *job = calloc(1, sizeof(*job));
-
-		if (job) {
-			job->kind = XFER_FREE;
-			job->arena = p->table;
-			xfer_submit(p->xfer, job);
-			memset(&p->table, 0, sizeof(p->table));
-			p->table.export_fd = -1;
-		}
-	}
 	p->budget = 0;
 	p->budget_known = false;
 	snprintf(p->budget_reason, sizeof(p->budget_reason), "no session");
@@ -780,7 +825,7 @@ void pool_status(const struct pool *p, Pf__PoolStatus *st, char *buf)
 	st->dataset = p->ds->name;
 	st->device = buf;
 	st->enabled = p->enabled;
-	st->bytes = pool_bytes(p);
+	st->bytes = pool_bytes(p) + p->table.bytes; /* the record table too */
 	st->rows = p->rows;
 	st->samples = p->ds->num_samples;
 	st->budget = p->budget;
@@ -831,17 +876,7 @@ bool pool_forget(struct daemon *d, const struct dataset *ds)
 			continue;
 		}
 		*pp = p->next;
-		if (p->table.base) {
-			struct xfer_job *job = calloc(1, sizeof(*job));
-
-			if (job) {
-				job->kind = XFER_FREE;
-				job->arena = p->table;
-				xfer_submit(p->xfer, job);
-				memset(&p->table, 0, sizeof(p->table));
-				p->table.export_fd = -1;
-			}
-		}
+		table_free(p);
 		pool_free(p);
 	}
 	return all;

@@ -77,8 +77,9 @@ struct pool_plan {
 	uint32_t *pinned; /* owned: slabs pinned, each once */
 	uint32_t npinned, pin_cap;
 	uint32_t hits;
-	uint64_t stamp; /* unique per planning, for pinning each slab once */
-	bool table;	/* planned in table mode: desc holds the picks */
+	uint64_t stamp;	  /* unique per planning, for pinning each slab once */
+	bool table;	  /* planned in table mode: desc holds the picks */
+	bool read_failed; /* its rows could not be read: not back-filled */
 };
 
 struct pool {
@@ -103,6 +104,7 @@ struct pool {
 	uint32_t fill;		 /* a live slab with room, when room > 0 (a hint) */
 	bool want_room;		 /* a miss found no entry since the last slab came */
 	uint64_t admits;	 /* rows admitted since the last slab was asked for */
+	uint64_t pending;	 /* entries reserved by batches in flight */
 	/* The device table of every sample's record (gpu_gather's table
 	 * mode), built once the pool holds every sample: batches then need no
 	 * lookup per row on the loop thread.  Any slab leaving makes it
@@ -156,6 +158,11 @@ void pool_plan_batch(struct pool *p, const uint64_t *picks, uint32_t count, uint
 /* The batch's copy job is back (ok: its gather completed) or the batch was
  * dropped before (ok false): publishes or cancels its admissions, unpins. */
 void pool_plan_done(struct pool *p, struct pool_plan *plan, bool ok);
+/* Admit-only rows k in [first, first + n) of an in-flight plan could not be
+ * read: they are not admitted (nor back-filled again), and admit_addr[k]
+ * is zeroed so the gather skips them; the batch itself is not at fault. */
+void pool_plan_drop_rows(struct pool *p, struct pool_plan *plan, uint32_t first, uint32_t n,
+			 uint64_t *admit_addr);
 int pool_plan_alloc(struct pool_plan *plan, uint32_t cap);
 void pool_plan_free(struct pool_plan *plan);
 

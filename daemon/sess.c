@@ -268,6 +268,13 @@ static int setup_pool(struct sess *s)
 		log_info("session %" PRIu64 ": no VRAM pool for %s: %s", s->id, s->ds->name, why);
 		return 0;
 	}
+	if (!s->pool->enabled) {
+		/* Off: this session's ring slots stay the plain size, so it
+		 * keeps the plain path even if the pool is turned on later. */
+		pool_put(s->pool);
+		s->pool = NULL;
+		return 0;
+	}
 	s->stage_cap = s->batch_size + (s->batch_size + 3) / 4;
 	most = stage_layout(s, s->batch_size, s->stage_cap, &admit_off, NULL);
 	if (align_up(most, SLOT_ALIGN) > s->ring_stride)
@@ -477,6 +484,7 @@ int sess_open(struct conn *c, uint64_t id, const Pf__OpenSession *req)
 	daemon_dataset_hold((struct dataset *)ds);
 	s->ds_held = true;
 	s->batch_size = req->batch_size;
+	s->picks_le = req->picks_le;
 	s->augment = req->augment ? req->augment : 1;
 	s->drop_last = req->drop_last;
 	s->opened_ns = now_ns();
@@ -625,13 +633,17 @@ static int send_batch(struct sess *s, struct slot *sl)
 	msg.seq = sl->seq;
 	msg.count = count;
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-	/* The picks as they lie in memory: no varint per row on either side. */
-	msg.picks_le.len = (size_t)count * sizeof(uint64_t);
-	msg.picks_le.data = (uint8_t *)(s->picks + sl->seq * s->batch_size);
-#else
-	msg.n_picks = count;
-	msg.picks = s->picks + sl->seq * s->batch_size;
+	/* The picks as they lie in memory, for a client that takes them so:
+	 * no varint per row on either side. */
+	if (s->picks_le) {
+		msg.picks_le.len = (size_t)count * sizeof(uint64_t);
+		msg.picks_le.data = (uint8_t *)(s->picks + sl->seq * s->batch_size);
+	} else
 #endif
+	{
+		msg.n_picks = count;
+		msg.picks = s->picks + sl->seq * s->batch_size;
+	}
 	if (sl->error) {
 		msg.slot = -1;
 		msg.error = sl->error;
@@ -711,7 +723,7 @@ static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 	const uint64_t *picks = s->picks + s->next_fill * s->batch_size;
 	const uint64_t *rows = NULL; /* NULL: the picks themselves */
 	const uint64_t *field_offset = s->field_offset;
-	uint32_t nrows = count, parts;
+	uint32_t nrows = count, parts, nparts, main_rows, extra = 0;
 	struct reader_job *jobs[64];
 	uint8_t *dst;
 
@@ -725,17 +737,27 @@ static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 		field_offset = sl->stage_off;
 		s->ns_plan += now_ns() - sl->t_fill;
 	}
-	parts = (uint32_t)(((uint64_t)nrows * s->ds->sample_bytes + SESS_PART_BYTES - 1) /
+	main_rows = nrows;
+	/* Admit-only rows (back-fill) are read as a part of their own: if
+	 * they cannot be read the batch's own rows still go out. */
+	if (sl->plan.active && sl->plan.nstaged > sl->plan.nmiss) {
+		extra = sl->plan.nstaged - sl->plan.nmiss;
+		main_rows = sl->plan.nmiss;
+	}
+	parts = (uint32_t)(((uint64_t)main_rows * s->ds->sample_bytes + SESS_PART_BYTES - 1) /
 			   SESS_PART_BYTES);
 	if (parts > s->d->cfg.readers)
 		parts = s->d->cfg.readers;
-	if (parts > 64)
-		parts = 64;
-	if (parts > nrows)
-		parts = nrows;
-	for (uint32_t p = 0; p < parts; p++) {
-		uint32_t first = (uint32_t)((uint64_t)nrows * p / parts);
-		uint32_t n = (uint32_t)((uint64_t)nrows * (p + 1) / parts) - first;
+	if (parts > 63)
+		parts = 63;
+	if (parts > main_rows)
+		parts = main_rows;
+	nparts = parts + (extra ? 1 : 0);
+	for (uint32_t p = 0; p < nparts; p++) {
+		uint32_t first =
+			p < parts ? (uint32_t)((uint64_t)main_rows * p / parts) : main_rows;
+		uint32_t n = p < parts ? (uint32_t)((uint64_t)main_rows * (p + 1) / parts) - first
+				       : extra;
 
 		jobs[p] = calloc(1, sizeof(*jobs[p]));
 		if (jobs[p])
@@ -761,9 +783,9 @@ static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 	sl->state = SLOT_FILLING;
 	sl->epoch = s->epoch;
 	sl->seq = s->next_fill;
-	sl->parts = parts;
+	sl->parts = nparts;
 	sl->error = 0;
-	for (uint32_t p = 0; p < parts; p++) {
+	for (uint32_t p = 0; p < nparts; p++) {
 		struct reader_job *job = jobs[p];
 
 		job->owner = s;
@@ -778,7 +800,7 @@ static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 	}
 	s->next_fill++;
 	s->gov.prepared++;
-	if (parts == 0)
+	if (nparts == 0)
 		start_copy(s, sl); /* every row is in the pool */
 	return 0;
 }
@@ -918,8 +940,11 @@ static bool alloc_done(struct sess *s, struct xfer_job *job)
 	uint64_t k;
 
 	s->alloc_pending = false;
-	if (job->rc && s->gov.target <= 1 && s->pool &&
+	if (job->rc && s->gov.target <= 1 && s->pool && s->oom_tries + 1 < SESS_OOM_TRIES &&
 	    pool_give_slab(s->pool, "a device slot allocation failed with the target at 1")) {
+		/* The try counts: a slab still read by batches in flight is
+		 * freed only after them, so a retry can fail again. */
+		s->oom_tries++;
 		/* The target is at its floor: the pool makes room instead.
 		 * The slab's release is queued before the retry, so the
 		 * retry sees the memory. */
@@ -1095,8 +1120,21 @@ void sess_job_done(struct reader_job *job, void *arg)
 	s->jobs--;
 	s->read_ns += job->read_ns;
 	sl->parts--;
-	if (job->rc && !sl->error && !s->dead)
+	if (job->rc && !s->dead && sl->plan.active && job->first >= sl->plan.nmiss &&
+	    sl->plan.nstaged > sl->plan.nmiss) {
+		/* Only back-fill rows failed: they stay out of the pool, the
+		 * batch's own rows are fine. */
+		uint64_t admit_off;
+
+		stage_layout(s, sl->plan.count, 0, &admit_off, NULL);
+		log_warn("session %" PRIu64 ": %u row(s) read for the pool only were not "
+			 "admitted: %s",
+			 s->id, job->count, job->err);
+		pool_plan_drop_rows(s->pool, &sl->plan, job->first, job->count,
+				    (uint64_t *)(ring_slot_mem(s, sl->ring) + admit_off));
+	} else if (job->rc && !sl->error && !s->dead) {
 		slot_set_error(s, sl, job->rc, job->err); /* the first part's error wins */
+	}
 	if (s->dead) {
 		if (s->jobs == 0)
 			sess_free(s);
@@ -1105,9 +1143,12 @@ void sess_job_done(struct reader_job *job, void *arg)
 	if (sl->parts > 0)
 		goto out; /* the rest of the batch is still being read */
 	if (sl->state == SLOT_ORPHAN || sl->error) {
-		/* No copy follows: the batch's admissions are cancelled. */
-		if (sl->plan.active)
+		/* No copy follows: the batch's admissions are cancelled (and,
+		 * after a read error, not tried again by back-fill). */
+		if (sl->plan.active) {
+			sl->plan.read_failed = sl->error != 0;
 			pool_plan_done(s->pool, &sl->plan, false);
+		}
 	}
 	if (sl->state == SLOT_ORPHAN) {
 		ring_slot_put(s, sl);
@@ -1211,12 +1252,14 @@ static uint64_t *take_ahead(struct sess *s, const struct order_spec *spec, uint6
 			    uint64_t *npicks)
 {
 	struct sess_ahead *a = &s->ahead;
-	uint64_t *picks = a->picks;
+	uint64_t *picks;
 
-	if (spec->kind != ORDER_SHUFFLE || !a->ready || a->seed != spec->seed ||
+	/* While busy the pool thread owns a->picks: look only when ready. */
+	if (spec->kind != ORDER_SHUFFLE || a->busy || !a->ready || a->seed != spec->seed ||
 	    a->rank != spec->rank || (a->world ? a->world : 1) != (spec->world ? spec->world : 1) ||
 	    a->space != space)
 		return NULL;
+	picks = a->picks;
 	*npicks = a->npicks;
 	a->picks = NULL;
 	a->ready = false;
@@ -1386,21 +1429,34 @@ int sess_abandon(struct sess *s, uint64_t id, const Pf__Abandon *req)
 static void size_pool(struct sess *s, uint64_t free_bytes, uint64_t total_bytes)
 {
 	const struct config *cfg = &s->d->cfg;
-	uint64_t reserve = (uint64_t)(cfg->reserve_frac * (double)total_bytes);
-	uint64_t need = 0, have = pool_bytes(s->pool), budget;
+	uint64_t reserve, need = 0, have = pool_bytes(s->pool), budget, dev_free, dev_total;
+	unsigned npools = 0;
 	int64_t room;
 	char why[160];
 
+	/* The figure comes from a client: no larger than the device. */
+	if (gpu_mem_info(s->gpu, &dev_free, &dev_total) == 0 && total_bytes > dev_total)
+		total_bytes = dev_total;
+	if (free_bytes > total_bytes)
+		free_bytes = total_bytes;
+	reserve = (uint64_t)(cfg->reserve_frac * (double)total_bytes);
 	if (reserve < cfg->reserve_min)
 		reserve = cfg->reserve_min;
 	if (slots_wanted(s) > s->npresent)
 		need = (uint64_t)(slots_wanted(s) - s->npresent) * s->slot_stride;
-	room = (int64_t)free_bytes - (int64_t)reserve - (int64_t)need;
+	/* Every pool in use on this GPU draws on the same free memory: each
+	 * gets its share of the room (or of the shortfall). */
+	for (const struct pool *p = s->d->pools; p; p = p->next)
+		npools += p->gpu == s->gpu && p->sessions > 0 && p->enabled;
+	if (npools == 0)
+		npools = 1;
+	room = ((int64_t)free_bytes - (int64_t)reserve - (int64_t)need) / (int64_t)npools;
 	budget = room < 0 && (uint64_t)-room > have ? 0 : (uint64_t)((int64_t)have + room);
 	snprintf(why, sizeof(why),
-		 "probe: %.2f GiB free, reserve %.2f GiB, %.2f GiB for slots, %.2f GiB held",
+		 "probe: %.2f GiB free, reserve %.2f GiB, %.2f GiB for slots, %.2f GiB held, "
+		 "%u pool(s)",
 		 free_bytes / 1073741824.0, reserve / 1073741824.0, need / 1073741824.0,
-		 have / 1073741824.0);
+		 have / 1073741824.0, npools);
 	pool_set_budget(s->pool, budget, why);
 }
 

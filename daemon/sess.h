@@ -113,6 +113,7 @@ struct sess {
 	const struct dataset *ds; /* borrowed, held (daemon_dataset_hold) while ds_held */
 	bool ds_held;
 	uint32_t batch_size;
+	bool picks_le; /* the client takes BatchReady.picks_le */
 	uint32_t augment;
 	bool drop_last;
 	uint64_t *field_offset; /* owned: ds->nfields offsets within a slot */

@@ -125,12 +125,12 @@ static int stage_reserve(struct xfer *x, uint64_t bytes)
 
 	if (x->stage.base && x->stage.bytes >= bytes)
 		return 0;
-	want = x->stage.bytes * 2 > bytes ? x->stage.bytes * 2 : bytes;
+	/* Exactly what is asked (rounded to the arena granularity): the
+	 * largest ring slot prefix bounds it, so it grows a few times at most. */
+	want = bytes;
 	gpu_stream_sync(x->stream);
 	gpu_arena_free(&x->stage);
 	rc = gpu_arena_alloc(x->dev, want, GPU_IPC_NONE, &x->stage);
-	if (rc == -ENOMEM && want > bytes)
-		rc = gpu_arena_alloc(x->dev, bytes, GPU_IPC_NONE, &x->stage);
 	return rc;
 }
 
