@@ -172,6 +172,7 @@ find_python = $(shell for p in $(PY_CANDIDATES); do \
   { command -v $$p; exit 0; }; done; echo python3)
 PY_HOST := $(B)/tests/py_host
 PY_CUDA := $(B)/tests/py_torch_cuda
+UNITS_TEST := $(B)/tests/units
 
 # $(1): the modules the test imports, $(2): the test file.
 define py_wrapper
@@ -181,7 +182,12 @@ define py_wrapper
 	  chmod +x $@.tmp && mv $@.tmp $@
 endef
 
-.PHONY: $(PY_HOST) $(PY_CUDA)
+.PHONY: $(PY_HOST) $(PY_CUDA) $(UNITS_TEST)
+# The systemd units, checked with systemd-analyze (tests/units.sh).
+$(UNITS_TEST):
+	@mkdir -p $(@D)
+	$(call say,GEN,$@)printf '#!/bin/sh\nexec sh %s %s %s\n' '$(CURDIR)/tests/units.sh' '$(CURDIR)' \
+	  '$(abspath $(B))' > $@.tmp && chmod +x $@.tmp && mv $@.tmp $@
 $(PY_HOST):
 	$(call py_wrapper,numpy,test_host.py)
 $(PY_CUDA):
@@ -196,8 +202,8 @@ run: deps
 	@sh tools/demo.sh
 
 check: deps
-	@$(MAKE) --no-print-directory all $(PY_HOST) $(PY_CUDA)
-	@sh tests/run.sh $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(PY_HOST) $(PY_CUDA)
+	@$(MAKE) --no-print-directory all $(PY_HOST) $(PY_CUDA) $(UNITS_TEST)
+	@sh tests/run.sh $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(PY_HOST) $(PY_CUDA) $(UNITS_TEST)
 
 check-cuda: all $(PY_CUDA)
 	@PF_REQUIRE_GPU=1 sh tests/run.sh $(CUDA_TESTS) $(PY_CUDA)
@@ -224,5 +230,10 @@ format:
 
 clean:
 	rm -rf $(B) run
+
+# Fuzzing (make fuzz-smoke) and the sanitizer builds (make check-asan,
+# check-tsan) and the leak soak (make soak) live in their own files.
+-include tests/fuzz/fuzz.mk
+-include tests/sanitize.mk
 
 -include $(shell find $(B) -name '*.d' 2>/dev/null)

@@ -567,12 +567,17 @@ static void on_accept(uv_poll_t *h, int status, int events)
 		d->conns = c;
 		d->nconns++;
 		if (!peer_allowed(&d->cfg, cred.uid, cred.gid)) {
+			char why[160];
+
+			snprintf(why, sizeof(why),
+				 "peer refused: uid %u gid %u is not in allow_users/allow_groups",
+				 (unsigned)cred.uid, (unsigned)cred.gid);
 			conn_error(c, 0, -EACCES,
 				   "uid %u gid %u is not allowed by this daemon's "
 				   "allow_users/allow_groups",
 				   (unsigned)cred.uid, (unsigned)cred.gid);
 			flush_out(c);
-			conn_close(c, "peer not allowed");
+			conn_close(c, why);
 			continue;
 		}
 		conn_update_poll(c);
@@ -600,7 +605,15 @@ static int make_listener(struct daemon *d)
 	slash = strrchr(dir, '/');
 	if (slash && slash != dir) {
 		*slash = '\0';
-		if (mkdir(dir, 0750) < 0 && errno != EEXIST) {
+		if (mkdir(dir, 0750) == 0) {
+			/* Ours: the configured group may enter it to reach the
+			 * socket, nobody else may. */
+			struct group *gr = cfg->socket_group ? getgrnam(cfg->socket_group) : NULL;
+
+			if (gr && chown(dir, (uid_t)-1, gr->gr_gid) < 0)
+				log_warn("cannot give %s to group %s: %s", dir, cfg->socket_group,
+					 strerror(errno));
+		} else if (errno != EEXIST) {
 			log_err("cannot create %s: %s", dir, strerror(errno));
 			return -errno;
 		}
@@ -620,8 +633,16 @@ static int make_listener(struct daemon *d)
 	if (fd < 0)
 		return -errno;
 	unlink(cfg->socket_path);
-	if (bind(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 ||
-	    chmod(cfg->socket_path, cfg->socket_mode) < 0) {
+	/* The socket is born with socket_mode's bits at most (the umask), so
+	 * there is no moment at which anyone else may connect; chmod then
+	 * sets them exactly. */
+	{
+		mode_t old = umask(~cfg->socket_mode & 0777);
+
+		rc = bind(fd, (struct sockaddr *)&addr, sizeof(addr));
+		umask(old);
+	}
+	if (rc < 0 || chmod(cfg->socket_path, cfg->socket_mode) < 0) {
 		rc = -errno;
 		log_err("cannot bind %s: %s", cfg->socket_path, strerror(errno));
 		close(fd);
