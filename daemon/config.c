@@ -114,6 +114,7 @@ struct parse {
 	int key_line[K_COUNT]; /* 0: the key did not appear */
 	bool reserve_is_size;
 	bool dataset_format_seen;
+	bool dataset_shards_seen;
 	int rc;	   /* first error, 0 while none */
 	char *err; /* borrowed: the caller's buffer */
 	size_t errlen;
@@ -607,6 +608,34 @@ static int dataset_key(struct parse *st, const char *name, const char *value)
 			return fail(st, "format: '%s' is not npy or tokens", value);
 		return replace_str(st, &ds->format, strdup(value));
 	}
+	if (strcmp(name, "seq_len") == 0) {
+		unsigned v;
+
+		if (ds->seq_len)
+			return fail(st, "seq_len: duplicate key");
+		if (!key_uint(st, name, value, 1, 1u << 24, &v))
+			return 0;
+		ds->seq_len = v;
+		return 1;
+	}
+	if (strcmp(name, "shards") == 0) {
+		/* tokens: shard file patterns (glob), as one field "tokens".
+		 * A continuation line adds more patterns. */
+		st->dataset_shards_seen = true;
+		if (!st->continuation) {
+			if (ds->nfields)
+				return fail(st, "shards: duplicate key, or given with field.NAME");
+			f = calloc(1, sizeof(*f));
+			if (!f)
+				return fail_nomem(st);
+			ds->fields = f;
+			f->name = strdup("tokens");
+			if (!f->name)
+				return fail_nomem(st);
+			ds->nfields = 1;
+		}
+		return add_shards(st, &ds->fields[0], name, value);
+	}
 	if (strcmp(name, "pool") == 0) {
 		if (st->continuation)
 			return fail(st, "pool: a continuation line is only allowed for field.NAME");
@@ -654,8 +683,31 @@ static int dataset_key(struct parse *st, const char *name, const char *value)
 static int finish_section(struct parse *st)
 {
 	struct config *cfg = st->cfg;
+	const struct config_dataset *ds;
 
-	if (st->section == SEC_DATASET && cfg->datasets[cfg->ndatasets - 1].nfields == 0)
+	if (st->section != SEC_DATASET)
+		return 1;
+	ds = &cfg->datasets[cfg->ndatasets - 1];
+	if (strcmp(ds->format, "tokens") == 0) {
+		if (ds->nfields == 0 || strcmp(ds->fields[0].name, "tokens") != 0 ||
+		    ds->nfields > 1)
+			return fail_at(st, -EINVAL, st->section_line,
+				       "[%s] is a tokens dataset: give its files as shards = "
+				       "PATTERN (not field.NAME)",
+				       st->section_name);
+		if (!ds->seq_len)
+			return fail_at(st, -EINVAL, st->section_line,
+				       "[%s] is a tokens dataset: give seq_len = N (tokens per "
+				       "sample, plus one for the target)",
+				       st->section_name);
+		return 1;
+	}
+	if (ds->seq_len || st->dataset_shards_seen)
+		return fail_at(st, -EINVAL, st->section_line,
+			       "[%s]: shards and seq_len are for format = tokens (npy datasets "
+			       "use field.NAME = PATH)",
+			       st->section_name);
+	if (ds->nfields == 0)
 		return fail_at(st, -EINVAL, st->section_line,
 			       "[%s] declares no fields (add field.NAME = PATH)", st->section_name);
 	return 1;
@@ -700,6 +752,7 @@ static int enter_section(struct parse *st, const char *name)
 		return fail_nomem(st);
 	st->section = SEC_DATASET;
 	st->dataset_format_seen = false;
+	st->dataset_shards_seen = false;
 	return 1;
 }
 

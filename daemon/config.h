@@ -30,6 +30,11 @@
  *   field.y = /data/y-0.npy, /data/y-1.npy   ; shards, in order
  *   pool = off                      ; overrides [daemon] pool for this dataset
  *
+ *   [dataset.fineweb]               ; llm.c / modded-nanogpt token shards
+ *   format = tokens
+ *   shards = /data/fineweb_train_*.bin   ; glob patterns, comma-separated
+ *   seq_len = 1024                  ; sample i: tokens [i*1024, i*1024 + 1024]
+ *
  * `read = mmap` maps each shard once and copies rows out with memcpy, no
  * system call per row; a file truncated after load still gives an error
  * batch, never a crash.  `read = pread` makes one pread per run of
@@ -75,6 +80,10 @@ struct config_dataset {
 	 * nothing but the declaration. */
 	enum config_read read;
 	enum config_pool pool;
+	/* format = tokens: fields[0] is "tokens", its paths are the shard
+	 * patterns (`shards`, expanded with glob at load); seq_len tokens a
+	 * sample, plus one (the next-token target). */
+	uint32_t seq_len;
 };
 
 struct config {

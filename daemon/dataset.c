@@ -39,6 +39,8 @@
 #include "dataset.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -51,6 +53,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "tokens.h"
 
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
@@ -148,6 +151,7 @@ static int load_field(struct dataset *ds, struct ds_field *field, const struct c
 			memcpy(field->sample_shape, info.shape + 1,
 			       (size_t)field->sample_ndim * sizeof(info.shape[0]));
 			field->sample_bytes = info.row_bytes;
+			field->row_stride = info.row_bytes;
 		} else if (info.dtype != field->dtype) {
 			set_err(ds->error, sizeof(ds->error),
 				"field '%s': %s has dtype %s but %s has %s", decl->name,
@@ -270,6 +274,13 @@ static int install_sigbus_handler(void)
 	return rc;
 }
 
+/* Bytes from the start of a shard's row 0 to the end of rows
+ * row .. row + run - 1 (rows overlap when row_stride < sample_bytes). */
+static uint64_t row_end(const struct ds_field *field, uint64_t row, uint64_t run)
+{
+	return (row + run - 1) * field->row_stride + field->sample_bytes;
+}
+
 /* Maps shard for read = mmap, unless rc already says why it cannot be.  A
  * failure is no load error: the shard is read with pread, map_rc says why. */
 static void map_shard(struct ds_field *field, struct ds_shard *shard, int rc)
@@ -279,7 +290,7 @@ static void map_shard(struct ds_field *field, struct ds_shard *shard, int rc)
 	 * file were cut in between, and a copy past the end of a mapping is
 	 * a SIGSEGV or someone else's bytes; past the end of the file inside
 	 * a mapping, it is a SIGBUS that on_sigbus turns into -EIO. */
-	uint64_t len = shard->data_offset + shard->rows * field->sample_bytes;
+	uint64_t len = shard->data_offset + row_end(field, shard->rows - 1, 1);
 	void *p;
 
 	if (!rc && len > SIZE_MAX)
@@ -297,6 +308,140 @@ static void map_shard(struct ds_field *field, struct ds_shard *shard, int rc)
 	field->nmapped++;
 }
 
+/* Appends shard `path` (a token shard, already known to hold `windows`
+ * samples) to field; fd becomes the shard's. */
+static int add_token_shard(struct ds_field *field, const char *path, int fd, uint64_t data_offset,
+			   uint64_t windows)
+{
+	struct ds_shard *grown = realloc(field->shards, (field->nshards + 1) * sizeof(*grown));
+	struct ds_shard *shard;
+	uint64_t first = field->nshards ? field->shards[field->nshards - 1].first_row +
+						  field->shards[field->nshards - 1].rows
+					: 0;
+
+	if (!grown)
+		return -ENOMEM;
+	field->shards = grown;
+	shard = &field->shards[field->nshards];
+	memset(shard, 0, sizeof(*shard));
+	shard->fd = fd;
+	shard->path = strdup(path);
+	if (!shard->path)
+		return -ENOMEM;
+	shard->first_row = first;
+	shard->rows = windows;
+	shard->data_offset = data_offset;
+	field->nshards++;
+	return 0;
+}
+
+/*
+ * format = tokens: one field, "tokens", of uint16 windows of seq_len + 1
+ * tokens at a stride of seq_len (a window's last token is the next one's
+ * first: the target of its last position).  The shards are the files that
+ * match each pattern of `shards`, in name order within a pattern; windows
+ * never cross shards, so a shard of T tokens holds (T - 1) / seq_len of
+ * them, and one too short for a single window adds none.  Every header is
+ * checked (tokens.h) and a bad one refuses the dataset, naming the file.
+ */
+static int load_tokens(struct dataset *ds, const struct config_dataset *decl)
+{
+	const struct config_field *patterns = &decl->fields[0];
+	uint64_t seq = decl->seq_len;
+	struct ds_field *field;
+	int rc = 0;
+
+	ds->fields = calloc(1, sizeof(*ds->fields));
+	if (!ds->fields)
+		goto nomem;
+	ds->nfields = 1;
+	field = &ds->fields[0];
+	field->name = strdup("tokens");
+	if (!field->name)
+		goto nomem;
+	field->dtype = NPY_U2;
+	field->itemsize = TOKENS_TOKEN_BYTES;
+	field->sample_ndim = 1;
+	field->sample_shape[0] = seq + 1;
+	field->sample_bytes = (seq + 1) * TOKENS_TOKEN_BYTES;
+	field->row_stride = seq * TOKENS_TOKEN_BYTES;
+	for (size_t p = 0; p < patterns->npaths && !rc; p++) {
+		glob_t gl;
+		int g = glob(patterns->paths[p], GLOB_ERR, NULL, &gl);
+
+		if (g == GLOB_NOMATCH) {
+			set_err(ds->error, sizeof(ds->error), "shards: %s matches no file",
+				patterns->paths[p]);
+			globfree(&gl);
+			return -ENOENT;
+		}
+		if (g != 0) {
+			set_err(ds->error, sizeof(ds->error), "shards: cannot expand %s: %s",
+				patterns->paths[p],
+				g == GLOB_NOSPACE ? "out of memory" : "read error");
+			globfree(&gl);
+			return -EIO;
+		}
+		for (size_t k = 0; k < gl.gl_pathc && !rc; k++) {
+			const char *path = gl.gl_pathv[k];
+			uint8_t head[TOKENS_HEADER_BYTES];
+			struct tokens_header h;
+			char msg[200];
+			struct stat st;
+			ssize_t got;
+			int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+			if (fd < 0 || fstat(fd, &st) < 0) {
+				rc = -errno;
+				set_err(ds->error, sizeof(ds->error), "%s: %s", path,
+					strerror(-rc));
+				if (fd >= 0)
+					close(fd);
+				break;
+			}
+			got = pread(fd, head, sizeof(head), 0);
+			if (got < 0) {
+				rc = -errno;
+				set_err(ds->error, sizeof(ds->error), "%s: read: %s", path,
+					strerror(-rc));
+				close(fd);
+				break;
+			}
+			rc = tokens_parse_header(head, (size_t)got, (uint64_t)st.st_size, &h, msg,
+						 sizeof(msg));
+			if (rc) {
+				set_err(ds->error, sizeof(ds->error), "%s: %s", path, msg);
+				close(fd);
+				break;
+			}
+			if (h.tokens < seq + 1) {
+				close(fd); /* not one window: adds nothing */
+				continue;
+			}
+			rc = add_token_shard(field, path, fd, h.data_offset, (h.tokens - 1) / seq);
+			if (rc) {
+				close(fd);
+				set_err(ds->error, sizeof(ds->error), "out of memory");
+			}
+		}
+		globfree(&gl);
+	}
+	if (rc)
+		return rc;
+	if (field->nshards == 0) {
+		set_err(ds->error, sizeof(ds->error),
+			"no shard holds a window of seq_len + 1 = %llu tokens",
+			(unsigned long long)(seq + 1));
+		return -EINVAL;
+	}
+	ds->sample_bytes = field->sample_bytes;
+	ds->num_samples = field_rows(field);
+	return 0;
+nomem:
+	set_err(ds->error, sizeof(ds->error), "out of memory");
+	return -ENOMEM;
+}
+
 int ds_load(struct dataset *ds, const struct config_dataset *decl)
 {
 	size_t f, g;
@@ -311,9 +456,10 @@ int ds_load(struct dataset *ds, const struct config_dataset *decl)
 		goto fail;
 	}
 	if (strcmp(ds->format, "tokens") == 0) {
-		rc = -ENOTSUP;
-		set_err(ds->error, sizeof(ds->error), "format tokens is not implemented yet");
-		goto fail;
+		rc = load_tokens(ds, decl);
+		if (rc)
+			goto fail;
+		goto map;
 	}
 	if (strcmp(ds->format, "npy") != 0) {
 		rc = -EINVAL;
@@ -370,6 +516,7 @@ int ds_load(struct dataset *ds, const struct config_dataset *decl)
 			ds->fields[0].name, ds->fields[0].shards[0].path);
 		goto fail;
 	}
+map:
 	if (decl->read == CONFIG_READ_MMAP) {
 		int map_rc = install_sigbus_handler();
 
@@ -421,7 +568,7 @@ bool ds_check(const struct dataset *ds)
 			if (shard->map &&
 			    (shard->map_rc ||
 			     shard->map_len !=
-				     shard->data_offset + shard->rows * field->sample_bytes))
+				     shard->data_offset + row_end(field, shard->rows - 1, 1)))
 				return false;
 			mapped += shard->map != NULL;
 		}
@@ -453,10 +600,14 @@ static const struct ds_shard *find_shard(const struct ds_field *field, uint64_t 
 
 /* How many of samples[0..n) are consecutive rows of shard from samples[0]
  * on: a sequential order becomes one memcpy (or pread) per shard. */
-static size_t run_length(const struct ds_shard *shard, const uint64_t *samples, size_t n)
+static size_t run_length(const struct ds_field *field, const struct ds_shard *shard,
+			 const uint64_t *samples, size_t n)
 {
 	size_t run = 1;
 
+	/* Overlapping rows (token windows) are never copied as one run. */
+	if (field->row_stride != field->sample_bytes)
+		return 1;
 	while (run < n && samples[run] == samples[0] + run &&
 	       samples[run] < shard->first_row + shard->rows)
 		run++;
@@ -466,7 +617,7 @@ static size_t run_length(const struct ds_shard *shard, const uint64_t *samples, 
 /* The shard's row holding the byte at file offset off (0 inside the header). */
 static uint64_t row_at(const struct ds_field *field, const struct ds_shard *shard, uint64_t off)
 {
-	return off > shard->data_offset ? (off - shard->data_offset) / field->sample_bytes : 0;
+	return off > shard->data_offset ? (off - shard->data_offset) / field->row_stride : 0;
 }
 
 /* -EIO for a read of the byte at file offset off, which the file, now
@@ -517,7 +668,7 @@ static int copy_mapped(const struct ds_field *field, const uint64_t *samples, si
 	for (i = 0; i < n; i += run) {
 		const struct ds_shard *shard = find_shard(field, samples[i]);
 
-		run = run_length(shard, samples + i, n - i);
+		run = run_length(field, shard, samples + i, n - i);
 		if (!shard->map)
 			continue;
 		g->shard = shard;
@@ -526,7 +677,7 @@ static int copy_mapped(const struct ds_field *field, const uint64_t *samples, si
 		__atomic_signal_fence(__ATOMIC_SEQ_CST);
 		memcpy(dst + i * row_bytes,
 		       shard->map + shard->data_offset +
-			       (samples[i] - shard->first_row) * row_bytes,
+			       (samples[i] - shard->first_row) * field->row_stride,
 		       run * row_bytes);
 	}
 	__atomic_signal_fence(__ATOMIC_SEQ_CST);
@@ -597,11 +748,10 @@ static int check_mapped(const struct ds_field *field, const uint64_t *samples, s
 		const struct ds_shard *shard = find_shard(field, samples[i]);
 		uint64_t end;
 
-		run = run_length(shard, samples + i, n - i);
+		run = run_length(field, shard, samples + i, n - i);
 		if (!shard->map)
 			continue;
-		end = shard->data_offset +
-		      (samples[i] - shard->first_row + run) * field->sample_bytes;
+		end = shard->data_offset + row_end(field, samples[i] - shard->first_row, run);
 		k = (size_t)(shard - field->shards) % SEEN_SHARDS;
 		if (seen[k].shard != shard) {
 			if (seen[k].shard) {
@@ -637,12 +787,12 @@ static int read_unmapped(const struct ds_field *field, const uint64_t *samples, 
 		uint64_t row, bytes, done = 0;
 		off_t off;
 
-		run = run_length(shard, samples + i, n - i);
+		run = run_length(field, shard, samples + i, n - i);
 		if (shard->map)
 			continue;
 		row = samples[i] - shard->first_row;
 		/* Bounded: rows * sample_bytes + data_offset <= INT64_MAX (npy.c). */
-		off = (off_t)(shard->data_offset + row * field->sample_bytes);
+		off = (off_t)(shard->data_offset + row * field->row_stride);
 		bytes = run * field->sample_bytes;
 		while (done < bytes) {
 			ssize_t r = pread(shard->fd, dst + i * field->sample_bytes + done,

@@ -47,6 +47,9 @@ struct ds_field {
 	int sample_ndim; /* ndim - 1 */
 	uint64_t sample_shape[NPY_MAX_DIMS];
 	uint64_t sample_bytes;	 /* row_bytes */
+	/* Bytes from one row's start to the next's in a shard: sample_bytes
+	 * for .npy; for token windows, which overlap by one token, less. */
+	uint64_t row_stride;
 	struct ds_shard *shards; /* owned */
 	size_t nshards;
 	size_t nmapped; /* shards with a mapping */
@@ -54,7 +57,7 @@ struct ds_field {
 
 struct dataset {
 	char *name;   /* owned */
-	char *format; /* owned: "npy" */
+	char *format; /* owned: "npy" or "tokens" */
 	uint64_t num_samples;
 	struct ds_field *fields; /* owned */
 	size_t nfields;

@@ -27,6 +27,7 @@
 #include "config.h"
 #include "dataset.h"
 #include "../tools/npygen.h"
+#include "testutil.h"
 
 #define X_SEED 11
 #define Y_SEED 22
@@ -448,12 +449,162 @@ static void missing_shard_is_named_in_the_error(void **state)
 	assert_load_refused(fx, -ENOENT, fx->y_paths[0]);
 }
 
-static void tokens_format_is_not_implemented_yet(void **state)
+/* Token shards: three of 1000, 1500 and 700 tokens (the last a short
+ * final shard) and one of 40 (no window of 65 tokens: it adds none). */
+#define TOK_SEQ	 64
+#define TOK_SEED 77
+static const uint64_t tok_sizes[] = {1000, 1500, 700, 40};
+
+static void write_token_shards(struct fixture *fx, char *pattern, size_t len)
+{
+	uint64_t first = 0;
+	char path[128];
+
+	for (size_t i = 0; i < sizeof(tok_sizes) / sizeof(tok_sizes[0]); i++) {
+		snprintf(path, sizeof(path), "%s/tok_%03zu.bin", fx->dir, i);
+		assert_int_equal(
+			td_write_tokens(path, tok_sizes[i], TOK_SEED, first, 20240520, 1, 0), 0);
+		first += tok_sizes[i];
+	}
+	snprintf(pattern, len, "%s/tok_*.bin", fx->dir);
+}
+
+static void tokens_load_with_config(struct fixture *fx, char *pattern, struct dataset *ds,
+				    enum config_read read)
+{
+	char *paths[1] = {pattern};
+	struct config_field field = {"tokens", paths, 1};
+	struct config_dataset decl = {.name = "tok",
+				      .format = "tokens",
+				      .fields = &field,
+				      .nfields = 1,
+				      .read = read,
+				      .seq_len = TOK_SEQ};
+
+	(void)fx;
+	assert_int_equal(ds_load(ds, &decl), 0);
+}
+
+static void token_windows_stay_in_their_shard_and_hold_the_right_tokens(void **state)
 {
 	struct fixture *fx = *state;
+	char pattern[128];
+	enum config_read modes[] = {CONFIG_READ_MMAP, CONFIG_READ_PREAD};
 
-	fx->decl.format = "tokens";
-	assert_load_refused(fx, -ENOTSUP, "format tokens is not implemented yet");
+	write_token_shards(fx, pattern, sizeof(pattern));
+	for (size_t m = 0; m < 2; m++) {
+		struct dataset ds;
+		uint64_t want = 0, shard_first[4] = {0}, start = 0, sample = 0;
+		uint16_t row[TOK_SEQ + 1];
+		char err[256];
+
+		tokens_load_with_config(fx, pattern, &ds, modes[m]);
+		assert_true(ds_check(&ds));
+		for (size_t i = 0; i < 4; i++) {
+			want += (tok_sizes[i] - 1) / TOK_SEQ * (tok_sizes[i] > TOK_SEQ);
+			shard_first[i] = start;
+			start += tok_sizes[i];
+		}
+		assert_int_equal(ds.num_samples, want); /* 15 + 23 + 10 + 0 */
+		assert_int_equal(ds.nfields, 1);
+		assert_int_equal(ds.fields[0].sample_bytes, (TOK_SEQ + 1) * 2);
+		assert_int_equal(ds.fields[0].nshards, 3); /* the 40-token shard adds none */
+		/* Every window, in a shuffled-ish order (reverse), one read each. */
+		for (size_t i = 0; i < 3; i++) {
+			uint64_t windows = (tok_sizes[i] - 1) / TOK_SEQ;
+
+			for (uint64_t w = 0; w < windows; w++, sample++) {
+				uint64_t s = sample;
+
+				assert_int_equal(ds_read_field(&ds, 0, &s, 1, (uint8_t *)row, err,
+							       sizeof(err)),
+						 0);
+				for (uint64_t t = 0; t <= TOK_SEQ; t++)
+					if (row[t] !=
+					    td_token(TOK_SEED, shard_first[i] + w * TOK_SEQ + t))
+						fail_msg("%s: sample %llu token %llu is wrong",
+							 m ? "pread" : "mmap",
+							 (unsigned long long)s,
+							 (unsigned long long)t);
+			}
+		}
+		/* A batch read of many windows at once, across shards. */
+		{
+			uint64_t samples[6] = {0, 1, 14, 15, 38, 47};
+			uint16_t rows[6][TOK_SEQ + 1];
+
+			assert_int_equal(ds_read_field(&ds, 0, samples, 6, (uint8_t *)rows, err,
+						       sizeof(err)),
+					 0);
+			assert_int_equal(rows[1][0], rows[0][TOK_SEQ]); /* windows overlap */
+			assert_int_equal(rows[3][0], td_token(TOK_SEED, 1000));
+			assert_int_equal(rows[5][TOK_SEQ],
+					 td_token(TOK_SEED, 2500 + 9 * TOK_SEQ + TOK_SEQ));
+		}
+		ds_close(&ds);
+	}
+}
+
+static void bad_token_shards_are_refused_naming_the_file(void **state)
+{
+	struct fixture *fx = *state;
+	static const struct {
+		int32_t magic, version;
+		uint64_t tokens, count;
+		bool cut; /* file shorter than its header */
+		const char *says;
+	} cases[] = {
+		{20240521, 1, 500, 0, false, "magic"},
+		{20240520, 2, 500, 0, false, "version"},
+		{20240520, 1, 500, 0, true, "header"},
+		{20240520, 1, 500, 900, false, "900"},
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char good[128], bad[128], pattern[128];
+		char *paths[1] = {pattern};
+		struct config_field field = {"tokens", paths, 1};
+		struct config_dataset decl = {.name = "tok",
+					      .format = "tokens",
+					      .fields = &field,
+					      .nfields = 1,
+					      .seq_len = TOK_SEQ};
+		struct dataset ds;
+		int fds = count_open_fds();
+
+		snprintf(good, sizeof(good), "%s/b%zu_000.bin", fx->dir, i);
+		snprintf(bad, sizeof(bad), "%s/b%zu_001.bin", fx->dir, i);
+		snprintf(pattern, sizeof(pattern), "%s/b%zu_*.bin", fx->dir, i);
+		assert_int_equal(td_write_tokens(good, 300, 1, 0, 20240520, 1, 0), 0);
+		assert_int_equal(td_write_tokens(bad, cases[i].tokens, 1, 300, cases[i].magic,
+						 cases[i].version, cases[i].count),
+				 0);
+		if (cases[i].cut)
+			assert_int_equal(truncate(bad, 500), 0);
+		assert_int_equal(ds_load(&ds, &decl), -EINVAL);
+		print_message("case %zu: %s\n", i, ds.error);
+		if (!strstr(ds.error, bad) || !strstr(ds.error, cases[i].says))
+			fail_msg("error \"%s\" does not name %s and \"%s\"", ds.error, bad,
+				 cases[i].says);
+		assert_int_equal(count_open_fds(), fds);
+		ds_close(&ds);
+	}
+}
+
+static void token_pattern_matching_nothing_is_refused(void **state)
+{
+	struct fixture *fx = *state;
+	char pattern[128];
+	char *paths[1] = {pattern};
+	struct config_field field = {"tokens", paths, 1};
+	struct config_dataset decl = {
+		.name = "tok", .format = "tokens", .fields = &field, .nfields = 1, .seq_len = 8};
+	struct dataset ds;
+
+	snprintf(pattern, sizeof(pattern), "%s/none_*.bin", fx->dir);
+	assert_int_equal(ds_load(&ds, &decl), -ENOENT);
+	assert_non_null(strstr(ds.error, "matches no file"));
+	ds_close(&ds);
 }
 
 static void unknown_format_is_refused_naming_it(void **state)
@@ -816,7 +967,9 @@ int main(void)
 		T(mismatched_shard_row_shape_is_refused_naming_both_files),
 		T(refused_shard_is_named_in_the_error),
 		T(missing_shard_is_named_in_the_error),
-		T(tokens_format_is_not_implemented_yet),
+		T(token_windows_stay_in_their_shard_and_hold_the_right_tokens),
+		T(bad_token_shards_are_refused_naming_the_file),
+		T(token_pattern_matching_nothing_is_refused),
 		T(unknown_format_is_refused_naming_it),
 		T(dataset_without_fields_is_refused),
 		T(empty_dataset_is_refused),

@@ -107,6 +107,13 @@ int td_start(struct tdaemon *t, const char *daemon_extra, const char *datasets)
 	return -ETIMEDOUT;
 }
 
+const char *td_prefetchctl(void)
+{
+	const char *bin = getenv("PREFETCHCTL_BIN");
+
+	return bin && *bin ? bin : "build/prefetchctl";
+}
+
 int td_stop(struct tdaemon *t, int timeout_ms)
 {
 	double deadline = td_now() + timeout_ms / 1000.0;
@@ -126,6 +133,16 @@ int td_stop(struct tdaemon *t, int timeout_ms)
 	waitpid(t->pid, &status, 0);
 	t->pid = 0;
 	return -1;
+}
+
+int td_kill(struct tdaemon *t)
+{
+	if (t->pid <= 0)
+		return -ESRCH;
+	kill(t->pid, SIGKILL);
+	waitpid(t->pid, NULL, 0);
+	t->pid = 0;
+	return 0;
 }
 
 void td_cleanup(struct tdaemon *t)
@@ -213,6 +230,40 @@ Pf__SessionStatus *td_session(Pf__Envelope *status, uint64_t session)
 		if (r->sessions[i]->session == session)
 			return r->sessions[i];
 	return NULL;
+}
+
+uint16_t td_token(uint64_t seed, uint64_t pos)
+{
+	uint64_t x = (pos + 1) * 0x9E3779B97F4A7C15ull ^ seed * 0xBF58476D1CE4E5B9ull;
+
+	x ^= x >> 31;
+	return (uint16_t)(x * 0x94D049BB133111EBull >> 48);
+}
+
+int td_write_tokens(const char *path, uint64_t tokens, uint64_t seed, uint64_t first, int32_t magic,
+		    int32_t version, uint64_t count_override)
+{
+	int32_t head[256] = {0};
+	FILE *f = fopen(path, "wb");
+	int rc = 0;
+
+	if (!f)
+		return -errno;
+	/* x86 and arm64 are little-endian, as the format is. */
+	head[0] = magic;
+	head[1] = version;
+	head[2] = (int32_t)(count_override ? count_override : tokens);
+	if (fwrite(head, sizeof(head), 1, f) != 1)
+		rc = -EIO;
+	for (uint64_t k = 0; k < tokens && !rc; k++) {
+		uint16_t t = td_token(seed, first + k);
+
+		if (fwrite(&t, sizeof(t), 1, f) != 1)
+			rc = -EIO;
+	}
+	if (fclose(f) && !rc)
+		rc = -EIO;
+	return rc;
 }
 
 Pf__PoolStatus *td_pool(Pf__Envelope *status, const char *dataset)

@@ -32,9 +32,16 @@ int td_init(struct tdaemon *t, const char *tag);
  * (or $PREFETCHD_BIN) with stderr to t->log and waits up to 10 s until it
  * answers.  0 or -errno. */
 int td_start(struct tdaemon *t, const char *daemon_extra, const char *datasets);
+/* The prefetchctl the tests run: $PREFETCHCTL_BIN (the sanitized builds
+ * set it, as they set $PREFETCHD_BIN), else build/prefetchctl. */
+const char *td_prefetchctl(void);
 /* SIGTERM and wait (at most timeout_ms, then SIGKILL).  Returns the exit
  * status, or -1 if it had to be killed or died of a signal. */
 int td_stop(struct tdaemon *t, int timeout_ms);
+/* SIGKILL, as a crash or the OOM killer would end it, and reap it: t->pid
+ * is 0 afterwards, and td_start with the same arguments starts a new
+ * daemon on the same socket and config.  0, or -ESRCH when none ran. */
+int td_kill(struct tdaemon *t);
 /* Removes t->dir and everything in it. */
 void td_cleanup(struct tdaemon *t);
 /* Path of a file inside t->dir (static buffer per call site is the caller's). */
@@ -46,6 +53,15 @@ void td_path(const struct tdaemon *t, const char *name, char *out, size_t len);
 int td_write_npy(const char *path, unsigned version, const char *descr, size_t itemsize,
 		 uint64_t rows, const uint64_t *sample_shape, int sample_ndim, uint64_t seed,
 		 uint64_t first_row);
+/* Writes an llm.c / modded-nanogpt token shard: 256 little-endian int32s
+ * (magic 20240520, version 1, the count), then `tokens` little-endian
+ * uint16s, token k of the shard being td_token(seed, first + k).  magic and
+ * version other than those, or a header count other than `tokens`
+ * (count_override != 0), make bad shards for tests.  0 or -errno. */
+int td_write_tokens(const char *path, uint64_t tokens, uint64_t seed, uint64_t first, int32_t magic,
+		    int32_t version, uint64_t count_override);
+/* The token at global position `pos` of a stream under seed. */
+uint16_t td_token(uint64_t seed, uint64_t pos);
 /* True when p holds row `row`'s bytes under seed.  */
 bool td_row_ok(const uint8_t *p, uint64_t row_bytes, uint64_t seed, uint64_t row);
 
