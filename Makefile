@@ -134,6 +134,10 @@ $(B)/libprefetch.a: $(CLIENT_OBJ) $(WIRE_OBJ)
 	$(call say,AR,$@)rm -f $@ && ar rcs $@ $^
 $(B)/prefetchctl: $(B)/client/prefetchctl.o $(B)/libprefetch.a
 	$(call say,LD,$@)$(CC) -o $@ $^ $(shell pkg-config --libs libprotobuf-c) -ldl $(LDLIBS)
+# pforder prints the daemon's own orders (daemon/order.c), for checking
+# other implementations against it.
+$(B)/pforder: $(B)/tools/pforder.o $(B)/daemon/order.o
+	$(call say,LD,$@)$(CC) -o $@ $^ $(LDLIBS)
 $(B)/%: $(B)/tools/%.o
 	$(call say,LD,$@)$(CC) -o $@ $^ $(LDLIBS)
 $(B)/libprefetch.pc: client/libprefetch.pc.in Makefile
@@ -173,6 +177,7 @@ find_python = $(shell for p in $(PY_CANDIDATES); do \
 PY_HOST := $(B)/tests/py_host
 PY_CUDA := $(B)/tests/py_torch_cuda
 UNITS_TEST := $(B)/tests/units
+PY_ORDER := $(B)/tests/py_order
 
 # $(1): the modules the test imports, $(2): the test file.
 define py_wrapper
@@ -182,7 +187,9 @@ define py_wrapper
 	  chmod +x $@.tmp && mv $@.tmp $@
 endef
 
-.PHONY: $(PY_HOST) $(PY_CUDA) $(UNITS_TEST)
+.PHONY: $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER)
+$(PY_ORDER):
+	$(call py_wrapper,numpy,test_order.py)
 # The systemd units, checked with systemd-analyze (tests/units.sh).
 $(UNITS_TEST):
 	@mkdir -p $(@D)
@@ -202,8 +209,9 @@ run: deps
 	@sh tools/demo.sh
 
 check: deps
-	@$(MAKE) --no-print-directory all $(PY_HOST) $(PY_CUDA) $(UNITS_TEST)
-	@sh tests/run.sh $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(PY_HOST) $(PY_CUDA) $(UNITS_TEST)
+	@$(MAKE) --no-print-directory all $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER)
+	@sh tests/run.sh $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(PY_HOST) $(PY_CUDA) \
+	  $(UNITS_TEST) $(PY_ORDER)
 
 check-cuda: all $(PY_CUDA)
 	@PF_REQUIRE_GPU=1 sh tests/run.sh $(CUDA_TESTS) $(PY_CUDA)
