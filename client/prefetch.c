@@ -24,6 +24,18 @@
  * memory at each epoch's second batch (its first step has run), every
  * probe_interval_s the daemon asked for, and on pf_probe.
  *
+ * A daemon that goes away is seen as EOF on the socket the moment the
+ * kernel closes it, in whatever wait the caller is.  With reconnect_s the
+ * session outlives its connection (prefetch.h, "Daemon restart"): the
+ * connection's state (receive buffer, queue, pending releases, arenas, slot
+ * marks) is dropped at once, but the arenas of batches the trainer still
+ * holds are kept mapped in a retired generation (struct pfc_retired) until
+ * the last of them is released; then the next call that needs the daemon
+ * connects again with back-off, re-opens the session and restarts the
+ * epoch at the first batch not taken, under the same epoch number.  Every
+ * batch carries the generation of the connection it came on, so a release
+ * never crosses from an old connection to a new one.
+ *
  * DESIGN: no threads, no locks.  A struct pf_client belongs to the thread
  * that calls it, one at a time (prefetch.h says so); its lists, arena
  * mappings and receive buffer have no other owner.
@@ -86,7 +98,18 @@ struct pfc_batch {
 	int32_t error;	     /* 0, or the -errno of an error batch */
 	char *message;	     /* owned: an error batch's text */
 	uint64_t bytes;	     /* sample bytes of all fields */
+	uint64_t gen;	     /* the connection it came on (pf_client.gen) */
 	struct pfc_batch *next;
+};
+
+/* The arenas of a connection that broke while the trainer held batches in
+ * them (reconnect_s): kept mapped until the last such batch is released. */
+struct pfc_retired {
+	uint64_t gen;
+	struct pfc_arena *arenas; /* owned: mappings, unmapped when users is 0 */
+	uint32_t narenas;
+	uint32_t users; /* held batches of gen */
+	struct pfc_retired *next;
 };
 
 struct pf_client {
@@ -102,6 +125,9 @@ struct pf_client {
 	char err[ERRMSG_LEN];
 	char hello_name[64]; /* "prog[pid]" */
 	bool greeted;	     /* HelloReply received */
+	bool refused;	     /* the last request got the daemon's Error */
+	char *path;	     /* owned: the socket (pf_connect), NULL otherwise */
+	uint64_t gen;	     /* connections so far, this one included */
 
 	/* Session: set once by pf_open. */
 	bool opened;
@@ -123,6 +149,31 @@ struct pf_client {
 	int64_t last_probe_ns;	  /* 0: not probed yet */
 	struct pfc_arena *arenas; /* owned, indexed by arena id */
 	uint32_t narenas;
+	struct pfc_retired *retired; /* owned: arenas of broken connections */
+
+	/* What re-opening the session after a restart needs: pf_open's
+	 * options (strings owned) and the device's PCI bus id. */
+	struct pf_open_opts open_opts;
+	char pci_bus_id[32];
+	bool own_target_set; /* pf_set_depth on this session: sent again */
+	uint32_t own_target;
+
+	/* Reconnection (open_opts.reconnect_s > 0).  down: the connection
+	 * broke and the session waits to be re-opened; outage_rc/msg: how it
+	 * broke; given_up: reconnect_s ran out or the daemon refused, so the
+	 * error is final. */
+	bool down;
+	bool given_up;
+	int outage_rc;
+	char outage_msg[ERRMSG_LEN];
+	int64_t down_since_ns;
+	int64_t next_try_ns;
+	int backoff_ms;
+	unsigned tries;
+	char try_msg[ERRMSG_LEN]; /* why the last try failed */
+	uint64_t reconnects;
+	/* The interrupted epoch is started again on the next connection. */
+	bool resume_pending;
 
 	/* Epoch.  Batches are accepted only while epoch_live and !epoch_ended
 	 * and only for `epoch`; anything else is stale and released at once. */
@@ -131,6 +182,15 @@ struct pf_client {
 	bool epoch_live;
 	bool epoch_ended;  /* its EpochEnd arrived */
 	uint64_t next_seq; /* seq the next accepted batch must carry */
+	/* How the current epoch was started, for its restart at resume_seq,
+	 * the seq after the last batch taken.  epoch_indices: owned copy of
+	 * an explicit order, kept only when the client reconnects. */
+	enum pf_order epoch_order;
+	uint64_t epoch_seed;
+	uint32_t epoch_rank, epoch_world;
+	uint64_t *epoch_indices;
+	size_t epoch_nindices;
+	uint64_t resume_seq;
 
 	struct pfc_batch *queue_head; /* owned: received, not taken, FIFO */
 	struct pfc_batch *queue_tail;
@@ -264,7 +324,10 @@ static int peer_closed(struct pf_client *c)
 	}
 	if (c->pending_err && !c->greeted)
 		return conn_fail(c, c->pending_err, "%s", c->pending_msg);
-	return conn_fail(c, -ECONNRESET, "prefetchd closed the connection");
+	/* The daemon's end closed: it exited, crashed or was killed (a daemon
+	 * that drops one client on purpose pushes an Error first, caught
+	 * above before hello and by pending_err after it). */
+	return conn_fail(c, -ECONNRESET, "%s went away (the connection closed)", c->where);
 }
 
 static int send_env(struct pf_client *c, Pf__Envelope *env, int64_t deadline)
@@ -697,6 +760,7 @@ static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
 	if (!q)
 		return conn_fail(c, -ENOMEM, "out of memory");
 	tail = (uint8_t *)(q + 1);
+	q->gen = c->gen;
 	q->pub.epoch = b->epoch;
 	q->pub.seq = b->seq;
 	q->slot = b->slot;
@@ -775,6 +839,7 @@ static int call_within(struct pf_client *c, Pf__Envelope *req, int reply_case, P
 
 	if (reply)
 		*reply = NULL;
+	c->refused = false;
 	if (c->dead)
 		return fail_dead(c);
 	id = ++c->last_id;
@@ -804,6 +869,7 @@ static int call_within(struct pf_client *c, Pf__Envelope *req, int reply_case, P
 		}
 		if (env->msg_case == PF__ENVELOPE__MSG_ERROR) {
 			rc = sane_code(env->error->code);
+			c->refused = true;
 			pfc_set_err(c, rc, "%s",
 				    env->error->message && *env->error->message
 					    ? env->error->message
@@ -870,6 +936,7 @@ static struct pf_client *client_new(const char *where)
 	wire_rx_init(&c->rx, WIRE_MAX_FRAME_DEFAULT);
 	c->max_frame = WIRE_MAX_FRAME_DEFAULT;
 	c->timeout_ms = PFC_TIMEOUT_MS_DEFAULT;
+	c->gen = 1;
 	if (env && *env) {
 		errno = 0;
 		ms = strtol(env, &end, 10);
@@ -964,6 +1031,10 @@ PF_API int pf_connect(const char *path, struct pf_client **out)
 		return conn_fail(c, -ENAMETOOLONG, "socket path %s is too long (at most %zu bytes)",
 				 path, sizeof(sa.sun_path) - 1);
 	memcpy(sa.sun_path, path, strlen(path) + 1);
+	/* Kept for reconnection: the restarted daemon listens on the same path. */
+	c->path = strdup(path);
+	if (!c->path)
+		return conn_fail(c, -ENOMEM, "out of memory");
 	sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (sock < 0)
 		return conn_fail(c, -errno, "cannot create a socket: %s", strerror(errno));
@@ -1017,7 +1088,9 @@ static int keep_session(struct pf_client *c, const Pf__SessionOpened *so)
 		if (in->n_shape > 32)
 			return conn_fail(c, -EPROTO, "field %s has %zu dimensions", out->name,
 					 in->n_shape);
-		memcpy(out->shape, in->shape, in->n_shape * sizeof(uint64_t));
+		/* A scalar field has no shape, and in->shape is NULL then. */
+		if (in->n_shape)
+			memcpy(out->shape, in->shape, in->n_shape * sizeof(uint64_t));
 		out->ndim = (int)in->n_shape;
 		out->sample_bytes = in->sample_bytes;
 		out->offset = in->offset;
@@ -1026,16 +1099,113 @@ static int keep_session(struct pf_client *c, const Pf__SessionOpened *so)
 	c->num_samples = so->num_samples;
 	c->slot_bytes = so->slot_bytes;
 	c->slots = so->slots;
+	c->probe_interval_s = so->probe_interval_s;
 	c->opened = true;
 	return 0;
 }
 
-PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
+/* A session opened again after a restart.  The trainer has read the shape
+ * and the epoch goes on with the same picks, so the dataset must be the
+ * same; slots, offsets and the session id may differ. */
+static int refresh_session(struct pf_client *c, const Pf__SessionOpened *so)
 {
+	bool same = so->num_samples == c->num_samples && so->n_fields == c->nfields;
+	char *device;
+	uint8_t *marks;
+
+	for (size_t f = 0; same && f < so->n_fields; f++) {
+		const Pf__Field *in = so->fields[f];
+		const struct pfc_field *had = &c->fields[f];
+
+		same = !strcmp(in->name ? in->name : "", had->name) &&
+		       !strcmp(in->dtype ? in->dtype : "", had->dtype) &&
+		       in->n_shape == (size_t)had->ndim &&
+		       (!had->ndim ||
+			!memcmp(in->shape, had->shape, had->ndim * sizeof(uint64_t))) &&
+		       in->sample_bytes == had->sample_bytes;
+	}
+	if (!same)
+		return pfc_set_err(c, -ESTALE,
+				   "%s now serves dataset %s with another shape (%" PRIu64
+				   " samples, %zu fields; the session had %" PRIu64 " and %" PRIu32
+				   "): its epoch cannot go on",
+				   c->where, c->open_opts.dataset, so->num_samples, so->n_fields,
+				   c->num_samples, c->nfields);
+	if (so->slots > PFC_MAX_SLOTS)
+		return conn_fail(c, -EPROTO,
+				 "session with %" PRIu32 " slots is over this client's %u",
+				 so->slots, PFC_MAX_SLOTS);
+	marks = calloc(so->slots ? so->slots : 1, 1);
+	device = strdup(so->device && *so->device ? so->device : "host");
+	if (!marks || !device) {
+		free(marks);
+		free(device);
+		return conn_fail(c, -ENOMEM, "out of memory");
+	}
+	free(c->slot_mine);
+	c->slot_mine = marks;
+	free(c->device);
+	c->device = device;
+	for (size_t f = 0; f < so->n_fields; f++)
+		c->fields[f].offset = so->fields[f]->offset;
+	c->session = so->session;
+	c->slot_bytes = so->slot_bytes;
+	c->slots = so->slots;
+	c->probe_interval_s = so->probe_interval_s;
+	return 0;
+}
+
+static void free_open_opts(struct pf_client *c)
+{
+	free((char *)c->open_opts.dataset);
+	free((char *)c->open_opts.device);
+	free((char *)c->open_opts.name);
+	memset(&c->open_opts, 0, sizeof(c->open_opts));
+}
+
+/* pf_open's options, kept for opening the session again after a restart. */
+static int keep_open_opts(struct pf_client *c, const struct pf_open_opts *opts)
+{
+	struct pf_open_opts *k = &c->open_opts;
+
+	*k = *opts;
+	k->dataset = strdup(opts->dataset);
+	k->device = strdup(opts->device ? opts->device : "host");
+	k->name = strdup(opts->name ? opts->name : c->hello_name);
+	if (!k->dataset || !k->device || !k->name) {
+		free_open_opts(c);
+		return pfc_set_err(c, -ENOMEM, "out of memory");
+	}
+	return 0;
+}
+
+/* OpenSession with the kept options. */
+static int send_open(struct pf_client *c, Pf__Envelope **reply)
+{
+	const struct pf_open_opts *o = &c->open_opts;
 	Pf__Envelope env = PF__ENVELOPE__INIT;
 	Pf__OpenSession msg = PF__OPEN_SESSION__INIT;
+
+	msg.dataset = (char *)o->dataset;
+	msg.device = (char *)o->device;
+	msg.batch_size = o->batch_size;
+	msg.drop_last = o->drop_last;
+	msg.augment = o->augment;
+	msg.min_depth = o->min_depth;
+	msg.max_depth = o->max_depth;
+	msg.ipc = (Pf__Ipc)o->ipc;
+	msg.name = (char *)o->name;
+	if (c->pci_bus_id[0])
+		msg.pci_bus_id = c->pci_bus_id;
+	env.msg_case = PF__ENVELOPE__MSG_OPEN;
+	env.open = &msg;
+	return pfc_call(c, &env, PF__ENVELOPE__MSG_OPENED, reply);
+}
+
+PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
+{
 	Pf__Envelope *reply;
-	char why[256], bus_id[32];
+	char why[256];
 	int rc;
 
 	if (!c)
@@ -1047,6 +1217,15 @@ PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
 	if (c->opened)
 		return pfc_set_err(c, -EBUSY, "pf_open: this client already has session %" PRIu64,
 				   c->session);
+	/* The negation also refuses NaN. */
+	if (!(opts->reconnect_s >= 0 && opts->reconnect_s <= 1e9))
+		return pfc_set_err(c, -EINVAL, "pf_open: reconnect_s %g is not a number of seconds",
+				   opts->reconnect_s);
+	if (opts->reconnect_s > 0 && !c->path)
+		return pfc_set_err(
+			c, -EINVAL,
+			"pf_open: reconnect_s needs a client made by pf_connect (a socket "
+			"path to connect to again)");
 	if (opts->device && strncmp(opts->device, "cuda:", 5) == 0) {
 		char *end;
 		long n;
@@ -1062,27 +1241,19 @@ PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
 		rc = pfcuda_open((int)n, &c->cuda, why, sizeof(why));
 		if (rc)
 			return pfc_set_err(c, rc, "pf_open: %s: %s", opts->device, why);
-		if (pfcuda_pci_bus_id(c->cuda, bus_id, sizeof(bus_id), NULL, 0) == 0)
-			msg.pci_bus_id = bus_id;
+		if (pfcuda_pci_bus_id(c->cuda, c->pci_bus_id, sizeof(c->pci_bus_id), NULL, 0) != 0)
+			c->pci_bus_id[0] = '\0';
 	}
-	msg.dataset = (char *)opts->dataset;
-	msg.device = (char *)(opts->device ? opts->device : "host");
-	msg.batch_size = opts->batch_size;
-	msg.drop_last = opts->drop_last;
-	msg.augment = opts->augment;
-	msg.min_depth = opts->min_depth;
-	msg.max_depth = opts->max_depth;
-	msg.ipc = (Pf__Ipc)opts->ipc;
-	msg.name = (char *)(opts->name ? opts->name : c->hello_name);
-	env.msg_case = PF__ENVELOPE__MSG_OPEN;
-	env.open = &msg;
-	rc = pfc_call(c, &env, PF__ENVELOPE__MSG_OPENED, &reply);
+	rc = keep_open_opts(c, opts);
+	if (!rc)
+		rc = send_open(c, &reply);
 	if (rc) {
+		free_open_opts(c);
 		pfcuda_close(c->cuda);
 		c->cuda = NULL;
+		c->pci_bus_id[0] = '\0';
 		return rc;
 	}
-	c->probe_interval_s = reply->opened->probe_interval_s;
 	rc = keep_session(c, reply->opened);
 	pf__envelope__free_unpacked(reply, NULL);
 	return rc;
@@ -1110,69 +1281,45 @@ PF_API int pf_field_info(const struct pf_client *c, uint32_t i, struct pf_field 
 	return 0;
 }
 
-/* ---- epochs ------------------------------------------------------------------- */
-
-PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts, uint64_t *batches)
+/*
+ * StartEpoch for the epoch on record (c->epoch and how it was started) at
+ * start_batch.  Batches that arrive meanwhile for it are queued; if it is
+ * refused (or gets no answer) no epoch runs here, and whatever arrived for
+ * it goes back.  The daemon's error stays in pf_errmsg: release_queue only
+ * sets a message if it fails.
+ */
+static int send_start(struct pf_client *c, uint64_t start_batch, const uint64_t *indices,
+		      size_t nindices, uint64_t *batches)
 {
 	Pf__Envelope env = PF__ENVELOPE__INIT;
 	Pf__StartEpoch msg = PF__START_EPOCH__INIT;
 	Pf__Envelope *reply;
-	uint64_t epoch;
 	int rc;
 
-	if (!c)
-		return -EINVAL;
-	if (c->dead)
-		return fail_dead(c);
-	if (!c->opened)
-		return pfc_set_err(c, -EINVAL, "pf_start_epoch: no session (call pf_open first)");
-	if (!opts || (opts->nindices && !opts->indices))
-		return pfc_set_err(c, -EINVAL, "pf_start_epoch: %s",
-				   opts ? "nindices without indices" : "no options");
-	if (opts->order != PF_ORDER_EXPLICIT && opts->nindices)
-		return pfc_set_err(c, -EINVAL,
-				   "pf_start_epoch: indices given without "
-				   "PF_ORDER_EXPLICIT");
-
-	/* The daemon abandons a running epoch when the next one starts; here
-	 * its queued batches go back, and any still on the way are released
-	 * on arrival because their epoch is no longer current. */
-	c->epoch_live = false;
-	rc = release_queue(c);
-	if (rc)
-		return rc;
-	epoch = ++c->last_epoch;
-	c->epoch = epoch;
-	c->epoch_batches = 0;
 	c->epoch_live = true;
 	c->epoch_ended = false;
-	c->next_seq = opts->start_batch;
-
-	msg.epoch = epoch;
-	msg.order = (Pf__Order)opts->order;
-	msg.seed = opts->seed;
-	msg.rank = opts->rank;
-	msg.world = opts->world;
-	msg.start_batch = opts->start_batch;
-	msg.n_indices = opts->nindices;
-	msg.indices = (uint64_t *)opts->indices;
+	c->next_seq = start_batch;
+	msg.epoch = c->epoch;
+	msg.order = (Pf__Order)c->epoch_order;
+	msg.seed = c->epoch_seed;
+	msg.rank = c->epoch_rank;
+	msg.world = c->epoch_world;
+	msg.start_batch = start_batch;
+	msg.n_indices = nindices;
+	msg.indices = (uint64_t *)indices;
 	env.msg_case = PF__ENVELOPE__MSG_START;
 	env.start = &msg;
 	rc = pfc_call(c, &env, PF__ENVELOPE__MSG_STARTED, &reply);
 	if (rc) {
-		/* Refused (or no answer): no epoch runs here, and whatever
-		 * arrived for it goes back.  The daemon's error stays in
-		 * pf_errmsg: release_queue only sets a message if it fails. */
 		c->epoch_live = false;
 		release_queue(c);
 		return rc;
 	}
-	if (reply->started->epoch != epoch) {
+	if (reply->started->epoch != c->epoch)
 		rc = conn_fail(c, -EPROTO, "%s started epoch %" PRIu64 " when asked for %" PRIu64,
-			       c->where, reply->started->epoch, epoch);
-	} else if (batches) {
+			       c->where, reply->started->epoch, c->epoch);
+	else if (batches)
 		*batches = reply->started->batches;
-	}
 	pf__envelope__free_unpacked(reply, NULL);
 	return rc;
 }
@@ -1197,6 +1344,369 @@ static int send_probe(struct pf_client *c)
 	return pfc_send(c, &env);
 }
 
+/* ---- reconnecting ----------------------------------------------------------------- */
+
+/* Back-off between tries: the first at once, then 50 ms doubling to 1 s.
+ * A daemon that comes back is found within a second of listening again,
+ * and a node without one costs a try a second. */
+#define RECONNECT_FIRST_MS 50
+#define RECONNECT_MAX_MS   1000
+/* One call reconnects at most this often before it returns the error: a
+ * daemon that dies on the same request every time must not keep a call
+ * spinning for ever (the next call tries again). */
+#define RECONNECTS_PER_CALL 3
+
+/* Whether a broken connection is to be brought back (or already is being):
+ * the trainer asked for it, there is a socket path and a session to
+ * re-open, and neither reconnect_s nor a refusal has ended it. */
+static bool reconnecting(const struct pf_client *c)
+{
+	return c->open_opts.reconnect_s > 0 && c->path && c->opened && !c->given_up;
+}
+
+/* Unmaps an arena table and frees it.  Device arenas go after every queued
+ * kernel has finished: the trainer's released work may still read them. */
+static void unmap_arenas(struct pf_client *c, struct pfc_arena *arenas, uint32_t n)
+{
+	bool synced = false;
+
+	for (uint32_t a = 0; a < n; a++) {
+		struct pfc_arena *ar = &arenas[a];
+
+		if (!ar->present)
+			continue;
+		if (ar->kind == PF__ARENA_KIND__ARENA_HOST_MEMFD) {
+			munmap(ar->base, (size_t)ar->bytes);
+			continue;
+		}
+		if (!synced)
+			pfcuda_sync(c->cuda, NULL, 0);
+		synced = true;
+		pfcuda_unmap(c->cuda, &ar->garena, NULL, 0);
+	}
+	free(arenas);
+}
+
+/* A held batch of a broken connection is gone: the last one unmaps its
+ * generation's arenas. */
+static void retired_put(struct pf_client *c, uint64_t gen)
+{
+	for (struct pfc_retired **pp = &c->retired; *pp; pp = &(*pp)->next) {
+		struct pfc_retired *r = *pp;
+
+		if (r->gen != gen)
+			continue;
+		if (--r->users == 0) {
+			*pp = r->next;
+			unmap_arenas(c, r->arenas, r->narenas);
+			free(r);
+		}
+		return;
+	}
+}
+
+/* Drops what belongs to the current connection only: the queue (never
+ * taken, so fetched again), pending releases (their slots die with the
+ * daemon; the unmapping of their arenas waits for the device instead) and
+ * the arenas, which are kept while the trainer holds batches in them. */
+static void drop_connection(struct pf_client *c)
+{
+	struct pfc_retired *r;
+	uint32_t users = 0;
+
+	release_queue(c);
+	while (c->releases) {
+		struct pfc_release *rel = c->releases;
+
+		c->releases = rel->next;
+		if (rel->free_event)
+			rel->free_event(rel->event);
+		free(rel);
+	}
+	for (struct pfc_batch *b = c->held; b; b = b->next)
+		users += b->gen == c->gen;
+	if (c->narenas && users) {
+		r = calloc(1, sizeof(*r));
+		/* Without memory to track them the arenas stay mapped until the
+		 * process ends: a leak, where unmapping them would fault the
+		 * trainer. */
+		if (r) {
+			r->gen = c->gen;
+			r->arenas = c->arenas;
+			r->narenas = c->narenas;
+			r->users = users;
+			r->next = c->retired;
+			c->retired = r;
+		}
+	} else {
+		unmap_arenas(c, c->arenas, c->narenas);
+	}
+	c->arenas = NULL;
+	c->narenas = 0;
+	if (c->slot_mine)
+		memset(c->slot_mine, 0, c->slots ? c->slots : 1);
+	c->gen++;
+}
+
+/* The connection has just been found broken: a reconnecting client
+ * starts counting reconnect_s and lets go of the connection's state. */
+static void note_outage(struct pf_client *c)
+{
+	if (!c->dead || c->down || !reconnecting(c))
+		return;
+	c->down = true;
+	c->outage_rc = c->dead;
+	snprintf(c->outage_msg, sizeof(c->outage_msg), "%s", c->dead_msg);
+	c->down_since_ns = c->next_try_ns = now_ns();
+	c->backoff_ms = 0;
+	c->tries = 0;
+	snprintf(c->try_msg, sizeof(c->try_msg), "none yet");
+	/* An epoch whose end came and whose batches were all taken is over;
+	 * any other live epoch starts again at resume_seq.  Not live until
+	 * then: nothing can arrive for it in between anyway. */
+	c->resume_pending = c->epoch_live && (c->queue_head || !c->epoch_ended);
+	if (c->resume_pending)
+		c->epoch_live = false;
+	drop_connection(c);
+}
+
+/* One try: a new socket, hello, the session opened again with pf_open's
+ * options, its depth if the trainer set one, and the interrupted epoch
+ * started again.  0; or -errno, with *final when trying again cannot help
+ * (the daemon refused, or now serves another shape). */
+static int reconnect_once(struct pf_client *c, int64_t giveup, bool *final)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int sock, rc, left;
+
+	*final = false;
+	/* pf_connect checked that the path fits. */
+	memcpy(sa.sun_path, c->path, strlen(c->path) + 1);
+	sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (sock < 0)
+		return pfc_set_err(c, -errno, "cannot create a socket: %s", strerror(errno));
+	while (connect(sock, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		rc = -errno;
+		if (rc == -EINTR)
+			continue;
+		close(sock);
+		/* ENOENT and ECONNREFUSED while the daemon is down; EAGAIN
+		 * while its backlog is full; even EACCES for a moment between
+		 * its bind and its chmod.  All worth another try. */
+		return pfc_set_err(c, rc, "cannot connect to %s: %s", c->path, strerror(-rc));
+	}
+	/* A fresh connection: what the broken one left unread goes with it. */
+	wire_rx_free(&c->rx);
+	wire_rx_init(&c->rx, WIRE_MAX_FRAME_DEFAULT);
+	c->sock = sock;
+	c->dead = 0;
+	c->dead_msg[0] = '\0';
+	c->greeted = false;
+	c->pending_err = 0;
+	c->max_frame = WIRE_MAX_FRAME_DEFAULT;
+	left = ms_left(giveup);
+	rc = hello(c, left < 1 ? 1 : left < PFC_HELLO_TIMEOUT_MS ? left : PFC_HELLO_TIMEOUT_MS);
+	if (!rc) {
+		Pf__Envelope *reply;
+
+		rc = send_open(c, &reply);
+		if (!rc) {
+			rc = refresh_session(c, reply->opened);
+			pf__envelope__free_unpacked(reply, NULL);
+		}
+	}
+	if (!rc && c->own_target_set) {
+		Pf__Envelope env = PF__ENVELOPE__INIT;
+		Pf__SetDepth msg = PF__SET_DEPTH__INIT;
+
+		msg.target = c->own_target;
+		msg.automatic = c->own_target == 0;
+		env.msg_case = PF__ENVELOPE__MSG_SET_DEPTH;
+		env.set_depth = &msg;
+		rc = pfc_call(c, &env, PF__ENVELOPE__MSG_OK, NULL);
+	}
+	if (!rc && c->resume_pending) {
+		rc = send_start(c, c->resume_seq, c->epoch_indices, c->epoch_nindices, NULL);
+		if (!rc)
+			c->resume_pending = false;
+	}
+	if (!rc) {
+		/* The new daemon knows nothing of this trainer's memory yet; the
+		 * trainer is past its first step, so the figure is honest now.
+		 * Best effort, as every probe. */
+		if (c->cuda)
+			send_probe(c);
+		return 0;
+	}
+	/* The daemon's own refusal, a dataset of another shape or another
+	 * protocol will be the same next time; a connection that broke or
+	 * timed out may not. */
+	*final = c->refused ||
+		 !(rc == -ECONNRESET || rc == -EPIPE || rc == -ETIMEDOUT || rc == -ENOMEM);
+	if (!c->dead)
+		conn_fail(c, rc, "%s", c->err);
+	drop_connection(c);
+	return rc;
+}
+
+static void sleep_until(int64_t t)
+{
+	int64_t left = t - now_ns();
+	struct timespec ts;
+
+	if (left <= 0)
+		return;
+	ts.tv_sec = left / 1000000000;
+	ts.tv_nsec = left % 1000000000;
+	nanosleep(&ts, NULL); /* EINTR: the caller's loop looks at the clock again */
+}
+
+/* reconnect_s has run out, or the daemon refused: the error is final. */
+static int give_up(struct pf_client *c, bool refused)
+{
+	char msg[ERRMSG_LEN];
+	int rc = refused && c->dead ? c->dead : c->outage_rc;
+
+	if (refused)
+		snprintf(msg, sizeof(msg),
+			 "%.200s; the daemon there now refuses the session: %.250s", c->outage_msg,
+			 c->try_msg);
+	else
+		snprintf(msg, sizeof(msg),
+			 "%.200s; no daemon took the session back within %g s (%u tries, the "
+			 "last: %.200s)",
+			 c->outage_msg, c->open_opts.reconnect_s, c->tries, c->try_msg);
+	c->given_up = true;
+	c->dead = rc;
+	snprintf(c->dead_msg, sizeof(c->dead_msg), "%s", msg);
+	snprintf(c->err, sizeof(c->err), "%s", msg);
+	return rc;
+}
+
+/*
+ * Brings a broken connection back, trying until deadline (-1: none) at the
+ * latest; 0 once the session is open again (and its epoch restarted).  A
+ * client that does not reconnect gets the connection's error; one whose
+ * deadline comes first gets -ETIMEDOUT and stays down, to go on with the
+ * next call, until reconnect_s has passed since the connection broke.
+ */
+static int revive(struct pf_client *c, int64_t deadline)
+{
+	int64_t giveup;
+
+	if (!c->dead)
+		return 0;
+	if (!reconnecting(c))
+		return fail_dead(c);
+	note_outage(c);
+	giveup = c->down_since_ns + (int64_t)(c->open_opts.reconnect_s * 1e9);
+	for (;;) {
+		int64_t now = now_ns(), wake;
+		bool final;
+		int rc;
+
+		if (now >= giveup)
+			return give_up(c, false);
+		if (now >= c->next_try_ns) {
+			rc = reconnect_once(c, giveup, &final);
+			if (!rc) {
+				c->down = false;
+				c->reconnects++;
+				return 0;
+			}
+			c->tries++;
+			snprintf(c->try_msg, sizeof(c->try_msg), "%s", c->err);
+			if (final)
+				return give_up(c, true);
+			c->backoff_ms = c->backoff_ms ? c->backoff_ms * 2 : RECONNECT_FIRST_MS;
+			if (c->backoff_ms > RECONNECT_MAX_MS)
+				c->backoff_ms = RECONNECT_MAX_MS;
+			c->next_try_ns = now_ns() + (int64_t)c->backoff_ms * 1000000;
+			continue;
+		}
+		wake = c->next_try_ns < giveup ? c->next_try_ns : giveup;
+		if (deadline >= 0 && deadline < wake) {
+			sleep_until(deadline);
+			return pfc_set_err(c, -ETIMEDOUT,
+					   "%.200s; reconnecting for %.1f s (%u tries, the last: "
+					   "%.200s)",
+					   c->outage_msg, (now_ns() - c->down_since_ns) / 1e9,
+					   c->tries, c->try_msg);
+		}
+		sleep_until(wake);
+	}
+}
+
+/* ---- epochs ------------------------------------------------------------------- */
+
+static int start_epoch_once(struct pf_client *c, const struct pf_epoch_opts *opts,
+			    uint64_t *batches)
+{
+	int rc;
+
+	/* The daemon abandons a running epoch when the next one starts; here
+	 * its queued batches go back, and any still on the way are released
+	 * on arrival because their epoch is no longer current. */
+	c->epoch_live = false;
+	rc = release_queue(c);
+	if (rc)
+		return rc;
+	c->epoch = ++c->last_epoch;
+	c->epoch_batches = 0;
+	c->epoch_order = opts->order;
+	c->epoch_seed = opts->seed;
+	c->epoch_rank = opts->rank;
+	c->epoch_world = opts->world;
+	c->resume_seq = opts->start_batch;
+	free(c->epoch_indices);
+	c->epoch_indices = NULL;
+	c->epoch_nindices = 0;
+	/* An explicit order is the caller's memory, valid only for this call;
+	 * a restart needs it again. */
+	if (opts->nindices && reconnecting(c)) {
+		c->epoch_indices = malloc(opts->nindices * sizeof(uint64_t));
+		if (!c->epoch_indices)
+			return pfc_set_err(c, -ENOMEM, "out of memory for %zu indices",
+					   opts->nindices);
+		memcpy(c->epoch_indices, opts->indices, opts->nindices * sizeof(uint64_t));
+		c->epoch_nindices = opts->nindices;
+	}
+	return send_start(c, opts->start_batch, opts->indices, opts->nindices, batches);
+}
+
+PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts, uint64_t *batches)
+{
+	int revived = 0, rc;
+
+	if (!c)
+		return -EINVAL;
+	if (c->dead && !reconnecting(c))
+		return fail_dead(c);
+	if (!c->opened)
+		return pfc_set_err(c, -EINVAL, "pf_start_epoch: no session (call pf_open first)");
+	if (!opts || (opts->nindices && !opts->indices))
+		return pfc_set_err(c, -EINVAL, "pf_start_epoch: %s",
+				   opts ? "nindices without indices" : "no options");
+	if (opts->order != PF_ORDER_EXPLICIT && opts->nindices)
+		return pfc_set_err(c, -EINVAL,
+				   "pf_start_epoch: indices given without "
+				   "PF_ORDER_EXPLICIT");
+	for (;;) {
+		if (c->dead) {
+			/* This epoch replaces the interrupted one, which is
+			 * therefore not started again. */
+			note_outage(c);
+			c->resume_pending = false;
+			rc = revive(c, -1);
+			if (rc)
+				return rc;
+		}
+		rc = start_epoch_once(c, opts, batches);
+		if (!rc || !c->dead || !reconnecting(c) || ++revived > RECONNECTS_PER_CALL)
+			return rc;
+	}
+}
+
 /* Probes at every epoch's second batch (the trainer's first step of the
  * epoch has run: an evaluation pass or a grown model shows), and in between
  * every probe_interval_s.  Best effort: a failed read only skips this one. */
@@ -1219,11 +1729,20 @@ static void maybe_probe(struct pf_client *c)
 
 PF_API int pf_probe(struct pf_client *c)
 {
+	int revived = 0, rc;
+
 	if (!c)
 		return -EINVAL;
 	if (!c->cuda)
 		return pfc_set_err(c, -EINVAL, "pf_probe: not a CUDA session");
-	return send_probe(c);
+	for (;;) {
+		rc = revive(c, -1);
+		if (rc)
+			return rc;
+		rc = send_probe(c);
+		if (!rc || !c->dead || !reconnecting(c) || ++revived > RECONNECTS_PER_CALL)
+			return rc;
+	}
 }
 
 static int event_done(void *event)
@@ -1309,11 +1828,13 @@ static int take(struct pf_client *c, struct pf_batch **batch)
 	env.ack = &ack;
 	rc = pfc_send(c, &env);
 	if (rc) {
+		/* Not taken: a restarted epoch delivers it again. */
 		if (b->slot >= 0)
 			c->slot_mine[b->slot] = 0;
 		free_batch(b);
 		return rc;
 	}
+	c->resume_seq = b->pub.seq + 1;
 	if (b->error) {
 		rc = pfc_set_err(c, b->error, "batch %" PRIu64 "/%" PRIu64 ": %s", b->pub.epoch,
 				 b->pub.seq, b->message);
@@ -1331,16 +1852,14 @@ static int take(struct pf_client *c, struct pf_batch **batch)
 	return 0;
 }
 
-static int next_batch(struct pf_client *c, int timeout_ms, struct pf_batch **batch)
+/* Waits until deadline for the queue to have a batch or the epoch to end
+ * (0 either way), or for an error. */
+static int wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_t *blocked_since)
 {
-	int64_t deadline = deadline_after(timeout_ms);
-	int64_t blocked_since = 0;
-	int rc = 0;
+	int rc;
 
 	if (c->dead)
 		return fail_dead(c);
-	if (!c->opened)
-		return pfc_set_err(c, -EINVAL, "pf_next: no session (call pf_open first)");
 	rc = flush_releases(c, 0);
 	if (rc)
 		return rc;
@@ -1350,12 +1869,12 @@ static int next_batch(struct pf_client *c, int timeout_ms, struct pf_batch **bat
 		if (c->pending_err) {
 			rc = pfc_set_err(c, c->pending_err, "%s", c->pending_msg);
 			c->pending_err = 0;
-			break;
+			return rc;
 		}
 		if (c->queue_head || !c->epoch_live || c->epoch_ended)
-			break;
-		if (!blocked_since)
-			blocked_since = now_ns();
+			return 0;
+		if (!*blocked_since)
+			*blocked_since = now_ns();
 		/* Releases waiting for the GPU may be what the daemon needs to
 		 * send the next batch (every slot can be held by them): wait in
 		 * short slices and send each one as its work retires. */
@@ -1367,18 +1886,17 @@ static int next_batch(struct pf_client *c, int timeout_ms, struct pf_batch **bat
 			if (rc == -ETIMEDOUT && (deadline < 0 || now_ns() < deadline)) {
 				rc = flush_releases(c, 0);
 				if (rc)
-					break;
+					return rc;
 				continue;
 			}
 		} else {
 			rc = read_env(c, deadline, &env);
 		}
-		if (rc == -ETIMEDOUT) {
-			pfc_set_err(c, rc, "no batch from %s within %d ms", c->where, timeout_ms);
-			break;
-		}
+		if (rc == -ETIMEDOUT)
+			return pfc_set_err(c, rc, "no batch from %s within %d ms", c->where,
+					   timeout_ms);
 		if (rc)
-			break;
+			return rc;
 		if (env->id != 0) {
 			/* The reply to a request that timed out earlier. */
 			pf__envelope__free_unpacked(env, NULL);
@@ -1386,13 +1904,40 @@ static int next_batch(struct pf_client *c, int timeout_ms, struct pf_batch **bat
 		}
 		rc = handle_push(c, env);
 		if (rc)
-			break;
+			return rc;
 	}
-	if (blocked_since)
+}
+
+static int next_batch(struct pf_client *c, int timeout_ms, struct pf_batch **batch)
+{
+	int64_t deadline = deadline_after(timeout_ms);
+	int revived = 0;
+	int rc;
+
+	if (c->dead && !reconnecting(c))
+		return fail_dead(c);
+	if (!c->opened)
+		return pfc_set_err(c, -EINVAL, "pf_next: no session (call pf_open first)");
+	for (;;) {
+		int64_t blocked_since = 0;
+
+		rc = wait_batch(c, deadline, timeout_ms, &blocked_since);
+		/* Counted before the Ack, which carries the total. */
+		if (blocked_since)
+			c->wait_s += (now_ns() - blocked_since) / 1e9;
+		if (!rc && c->queue_head)
+			rc = take(c, batch);
+		if (!rc || !c->dead || !reconnecting(c) || revived++ == RECONNECTS_PER_CALL)
+			return rc;
+		/* The daemon went away: get the session back, then wait on for
+		 * the batch the trainer asked for.  The trainer waits for data
+		 * meanwhile, so that is wait time too. */
+		blocked_since = now_ns();
+		rc = revive(c, deadline);
 		c->wait_s += (now_ns() - blocked_since) / 1e9;
-	if (rc || !c->queue_head)
-		return rc;
-	return take(c, batch);
+		if (rc)
+			return rc;
+	}
 }
 
 PF_API int pf_next(struct pf_client *c, int timeout_ms, struct pf_batch **batch)
@@ -1429,6 +1974,17 @@ PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream)
 				   "pf_release: this batch is not held by this client "
 				   "(released twice?)");
 	b = *pp;
+	/* A batch of a connection that broke, on a client that reconnects:
+	 * its slot died with that daemon, so there is nothing to send, only
+	 * its arenas to let go of once no batch points into them. */
+	note_outage(c);
+	if (b->gen != c->gen) {
+		*pp = b->next;
+		c->nheld--;
+		retired_put(c, b->gen);
+		free_batch(b);
+		return 0;
+	}
 	if (c->dead) {
 		*pp = b->next;
 		c->nheld--;
@@ -1446,21 +2002,28 @@ PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream)
 		*pp = b->next;
 		c->nheld--;
 		free_batch(b);
-		return flush_releases(c, 0);
+	} else {
+		*pp = b->next;
+		c->nheld--;
+		rc = send_release(c, b->pub.epoch, b->pub.seq, b->slot);
+		free_batch(b);
 	}
-	*pp = b->next;
-	c->nheld--;
-	rc = send_release(c, b->pub.epoch, b->pub.seq, b->slot);
-	free_batch(b);
-	if (rc)
-		return rc;
-	return flush_releases(c, 0);
+	if (!rc)
+		rc = flush_releases(c, 0);
+	if (rc && c->dead && reconnecting(c)) {
+		/* The daemon died before this release could reach it: the slot
+		 * went with it, as for a batch of an older connection. */
+		note_outage(c);
+		return 0;
+	}
+	return rc;
 }
 
 PF_API int pf_set_depth(struct pf_client *c, uint64_t session, uint32_t target)
 {
 	Pf__Envelope env = PF__ENVELOPE__INIT;
 	Pf__SetDepth msg = PF__SET_DEPTH__INIT;
+	int revived = 0, rc;
 
 	if (!c)
 		return -EINVAL;
@@ -1469,7 +2032,20 @@ PF_API int pf_set_depth(struct pf_client *c, uint64_t session, uint32_t target)
 	msg.automatic = target == 0;
 	env.msg_case = PF__ENVELOPE__MSG_SET_DEPTH;
 	env.set_depth = &msg;
-	return pfc_call(c, &env, PF__ENVELOPE__MSG_OK, NULL);
+	for (;;) {
+		rc = revive(c, -1);
+		if (rc)
+			return rc;
+		rc = pfc_call(c, &env, PF__ENVELOPE__MSG_OK, NULL);
+		if (!rc || !c->dead || !reconnecting(c) || ++revived > RECONNECTS_PER_CALL)
+			break;
+	}
+	/* The session's own depth is set again on a restarted daemon. */
+	if (!rc && c->opened && (session == 0 || session == c->session)) {
+		c->own_target_set = true;
+		c->own_target = target;
+	}
+	return rc;
 }
 
 /* How long pf_abandon waits for released batches' GPU work (ms). */
@@ -1484,6 +2060,14 @@ PF_API int pf_abandon(struct pf_client *c)
 
 	if (!c)
 		return -EINVAL;
+	if (c->dead && reconnecting(c)) {
+		/* The daemon that was filling the epoch is gone: forget the
+		 * epoch, so that the next connection does not start it again. */
+		note_outage(c);
+		c->resume_pending = false;
+		c->epoch_live = false;
+		return 0;
+	}
 	if (c->dead)
 		return fail_dead(c);
 	if (!c->opened)
@@ -1510,6 +2094,12 @@ PF_API int pf_abandon(struct pf_client *c)
 	 * the next call, as in pf_next, rather than blocking the trainer. */
 	if (!qrc)
 		qrc = flush_releases(c, ABANDON_FLUSH_MS);
+	if ((rc || qrc) && c->dead && reconnecting(c)) {
+		/* It broke on the way: the epoch is not live, so it is not
+		 * started again, and there is nothing left to stop. */
+		note_outage(c);
+		return 0;
+	}
 	return rc ? rc : qrc;
 }
 
@@ -1528,6 +2118,8 @@ PF_API int pf_stats(const struct pf_client *c, struct pf_stats *out)
 	out->busy_s = c->busy_s;
 	total = c->wait_s + c->busy_s;
 	out->stall_fraction = total > 0 ? c->wait_s / total : 0;
+	out->reconnects = c->reconnects;
+	out->resume_batch = c->resume_seq;
 	return 0;
 }
 
@@ -1543,15 +2135,20 @@ PF_API void pf_close(struct pf_client *c)
 	while (c->held) {
 		struct pfc_batch *b = c->held;
 
+		c->held = b->next;
+		/* A batch of a broken connection has no slot to give back; its
+		 * arenas are unmapped below with the rest. */
+		if (b->gen != c->gen) {
+			free_batch(b);
+			continue;
+		}
 		/* A device batch still held may be read by queued work on a
 		 * stream we do not know: wait for the legacy default stream,
 		 * which waits for every blocking stream. */
 		if (b->pub.on_device && !c->dead && release_after(c, b, NULL) == 0) {
-			c->held = b->next;
 			free_batch(b);
 			continue;
 		}
-		c->held = b->next;
 		if (!c->dead)
 			send_release(c, b->pub.epoch, b->pub.seq, b->slot);
 		free_batch(b);
@@ -1560,7 +2157,8 @@ PF_API void pf_close(struct pf_client *c)
 	/* Work that has not retired by now still gets its release dropped
 	 * (the socket is closing, which returns every slot), but its events
 	 * are disposed of, and the arenas are unmapped only after the device
-	 * has finished with them: a queued kernel must not fault. */
+	 * has finished with them (unmap_arenas): a queued kernel must not
+	 * fault. */
 	while (c->releases) {
 		struct pfc_release *r = c->releases;
 
@@ -1569,17 +2167,13 @@ PF_API void pf_close(struct pf_client *c)
 			r->free_event(r->event);
 		free(r);
 	}
-	if (c->cuda)
-		pfcuda_sync(c->cuda, NULL, 0);
-	for (uint32_t a = 0; a < c->narenas; a++) {
-		struct pfc_arena *ar = &c->arenas[a];
+	unmap_arenas(c, c->arenas, c->narenas);
+	while (c->retired) {
+		struct pfc_retired *r = c->retired;
 
-		if (!ar->present)
-			continue;
-		if (ar->kind == PF__ARENA_KIND__ARENA_HOST_MEMFD)
-			munmap(ar->base, (size_t)ar->bytes);
-		else
-			pfcuda_unmap(c->cuda, &ar->garena, NULL, 0);
+		c->retired = r->next;
+		unmap_arenas(c, r->arenas, r->narenas);
+		free(r);
 	}
 	while (c->events) {
 		struct pfc_event *e = c->events;
@@ -1599,8 +2193,10 @@ PF_API void pf_close(struct pf_client *c)
 	}
 	free(c->fields);
 	free(c->slot_mine);
-	free(c->arenas);
 	free(c->device);
+	free(c->epoch_indices);
+	free_open_opts(c);
+	free(c->path);
 	free(c->where);
 	free(c);
 }

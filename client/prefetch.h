@@ -26,6 +26,47 @@
  * Every function returns 0 or a negative errno-style code; pf_errmsg()
  * describes the last failure on that client.  Nothing here aborts or exits.
  * A client is not thread-safe: use it from one thread at a time.
+ *
+ * A daemon that dies.  Every wait in this library is a poll() on the
+ * daemon's socket, and the kernel closes that socket when the daemon's
+ * process ends, however it ends (SIGKILL included): a call blocked on the
+ * daemon (pf_connect's hello, pf_open, pf_start_epoch, pf_next with any
+ * timeout, -1 included, pf_set_depth, pf_abandon, pf_close's releases)
+ * returns -ECONNRESET (or -EPIPE) as soon as the kernel has closed it,
+ * measured in milliseconds for a host daemon (tests/test_integration_restart.c),
+ * and pf_errmsg() says "prefetchd at PATH went away (...)".  Every later
+ * call returns the same error.  A daemon that is alive but does not answer
+ * (stopped with SIGSTOP, wedged) is not dead: requests give up after 10 s
+ * ($PREFETCHD_TIMEOUT_MS) with -ETIMEDOUT, hello after 5 s, and pf_next
+ * waits as long as its timeout says (-1: for ever, as for a slow disk).
+ *
+ * Daemon restart.  With pf_open_opts.reconnect_s > 0 a broken connection
+ * is not the end of the session: the next call that needs the daemon
+ * (pf_next, pf_start_epoch, pf_set_depth, pf_probe) connects to the same
+ * socket again, with back-off (at once, then after 50 ms, doubling to 1 s
+ * between tries), until reconnect_s have passed since the connection broke.
+ * It opens the session again with the same options, maps the new daemon's
+ * arenas, and starts the interrupted epoch again with the same order, seed,
+ * rank and world at start_batch = the first batch the trainer had not taken
+ * (pf_stats.resume_batch), under the same epoch number: pf_next goes on
+ * with exactly the batches the trainer has not had, nothing lost or
+ * repeated.  pf_next's timeout bounds the waits between tries (it returns
+ * -ETIMEDOUT and the next call carries on); one try may take up to the
+ * request timeout when a daemon accepts but does not answer.  A daemon that
+ * answers but refuses the session (its dataset left the config, or now has
+ * another shape) ends the reconnection at once, with its message.  When
+ * reconnect_s runs out, every later call fails as without reconnection.
+ *
+ * Batches taken before the connection broke stay valid until released:
+ * host sessions keep the old daemon's arena mapped (its memory is this
+ * process's mapping of the memfd, which outlives the daemon) until the
+ * last such batch is released.  Releasing one returns 0 and sends nothing
+ * (its slot died with its daemon).  CUDA sessions keep the old import
+ * mapped the same way, but whether the memory still holds the data depends
+ * on the driver (a legacy IPC arena is freed with its exporter): treat a
+ * device batch taken before a restart as gone, and only release it.  Without
+ * reconnect_s, pf_release of a batch whose connection broke frees it and
+ * returns the connection's error.
  */
 #ifndef PREFETCH_H
 #define PREFETCH_H
@@ -63,6 +104,10 @@ struct pf_open_opts {
 	uint32_t max_depth; /* 0: daemon default */
 	enum pf_ipc ipc;    /* CUDA sessions: how device arenas are shared */
 	const char *name;   /* shown by prefetchctl status; NULL: program name */
+	/* Longest time, in seconds, to keep trying to get the session back
+	 * after the connection to the daemon broke (see "Daemon restart"
+	 * above); 0: never, the first error is final. */
+	double reconnect_s;
 };
 
 struct pf_epoch_opts {
@@ -103,6 +148,12 @@ struct pf_stats {
 	double wait_s;	       /* time blocked inside pf_next */
 	double busy_s;	       /* time between pf_next calls */
 	double stall_fraction; /* wait / (wait + busy) */
+	uint64_t reconnects;   /* times the session was opened again after the
+				* daemon went away (reconnect_s) */
+	uint64_t resume_batch; /* the first batch of the current epoch's share
+				* not taken yet: the start_batch that resumes it
+				* (what a reconnection uses; a trainer that starts
+				* a new client itself can use it too) */
 };
 
 /* Connects and says hello.  path NULL: $PREFETCHD_SOCKET, else the default. */
@@ -117,13 +168,15 @@ PF_API int pf_field_info(const struct pf_client *c, uint32_t i, struct pf_field 
  * receives the number of batches this share will deliver from start_batch. */
 PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts, uint64_t *batches);
 /* Takes the next batch.  timeout_ms < 0 waits for ever.  Returns 0 with
- * *batch set, 0 with *batch NULL at the end of the epoch, -ETIMEDOUT, or
- * the error of an error batch (e.g. -EIO; pf_errmsg says which file and
- * which batch; the epoch goes on with the next call). */
+ * *batch set, 0 with *batch NULL at the end of the epoch, -ETIMEDOUT, the
+ * error of an error batch (e.g. -EIO; pf_errmsg says which file and which
+ * batch; the epoch goes on with the next call), or the connection's error
+ * (-ECONNRESET when the daemon went away and reconnect_s is 0 or spent). */
 PF_API int pf_next(struct pf_client *c, int timeout_ms, struct pf_batch **batch);
 /* Gives the batch's slot back.  stream: the cudaStream_t whose queued work
  * still reads the batch (CUDA sessions; NULL = the legacy default stream),
- * ignored for host sessions.  The batch must not be used afterwards. */
+ * ignored for host sessions.  The batch must not be used afterwards.  A
+ * batch of a connection that broke: see "Daemon restart" above. */
 PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream);
 /* Target depth of a session: target 0 means automatic.  session 0: own. */
 PF_API int pf_set_depth(struct pf_client *c, uint64_t session, uint32_t target);
@@ -132,7 +185,9 @@ PF_API int pf_set_depth(struct pf_client *c, uint64_t session, uint32_t target);
  * larger model, an evaluation pass): the daemon resizes the depth and the
  * VRAM pool at once.  -EINVAL for a host session. */
 PF_API int pf_probe(struct pf_client *c);
-/* Leaves the current epoch early: the daemon stops filling at once. */
+/* Leaves the current epoch early: the daemon stops filling at once.  While
+ * a reconnecting client is cut off it only forgets the epoch (0): the
+ * daemon that was filling it is gone. */
 PF_API int pf_abandon(struct pf_client *c);
 PF_API int pf_stats(const struct pf_client *c, struct pf_stats *out);
 /* Releases everything, unmaps every arena, closes the socket, frees c. */

@@ -44,6 +44,7 @@ class OpenOpts(ctypes.Structure):
         ("max_depth", ctypes.c_uint32),
         ("ipc", ctypes.c_int),  # enum pf_ipc
         ("name", ctypes.c_char_p),
+        ("reconnect_s", ctypes.c_double),
     ]
 
 
@@ -100,6 +101,8 @@ class Stats(ctypes.Structure):
         ("wait_s", ctypes.c_double),
         ("busy_s", ctypes.c_double),
         ("stall_fraction", ctypes.c_double),
+        ("reconnects", ctypes.c_uint64),
+        ("resume_batch", ctypes.c_uint64),
     ]
 
 

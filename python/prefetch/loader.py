@@ -174,13 +174,25 @@ class Loader:
     seconds a batch may take before PrefetchError (-ETIMEDOUT); None waits
     for ever.
 
+    ``reconnect_s``: seconds to keep trying to get the session back when
+    the daemon goes away (it crashed, was killed or restarted); 0, the
+    default, raises PrefetchError (errno ECONNRESET) within a second of its
+    death instead.  While reconnecting, the epoch loop simply waits; once a
+    daemon answers on the socket again, the session is re-opened and the
+    epoch goes on with the first batch not yet taken, nothing lost or
+    repeated (``stats()["reconnects"]`` counts the times).  The batch in
+    hand when the daemon died stays readable (host sessions) until it is
+    released; for CUDA sessions treat it as gone.  ``timeout`` still bounds
+    each wait for a batch, the time spent reconnecting included.
+
     Raises PrefetchError (with the daemon's message) when the daemon cannot
     be reached or refuses the session.
     """
 
     def __init__(self, dataset, batch_size=256, device="cpu", shuffle=True, seed=0,
                  drop_last=False, rank=None, world_size=None, socket=None, augment=1,
-                 min_depth=0, max_depth=0, ipc="default", name=None, timeout=None):
+                 min_depth=0, max_depth=0, ipc="default", name=None, timeout=None,
+                 reconnect_s=0):
         self._client = None
         self._held = None  # the batch last yielded, until released
         self._active = None  # token of the epoch generator that may call pf_next
@@ -193,11 +205,15 @@ class Loader:
         self.rank = _env_int("RANK", 0) if rank is None else int(rank)
         self.augment = int(augment)
         self.timeout = timeout
+        self.reconnect_s = float(reconnect_s)
         if self.batch_size <= 0:
             raise ValueError("batch_size must be positive, not %d" % self.batch_size)
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ValueError("rank %d of world_size %d: need 0 <= rank < world_size"
                              % (self.rank, self.world_size))
+        if not 0 <= self.reconnect_s <= 1e9:
+            raise ValueError("reconnect_s must be a number of seconds >= 0, not %r"
+                             % (reconnect_s,))
         if ipc not in _lib.PF_IPC:
             raise ValueError("ipc must be one of %s, not %r" % (", ".join(_lib.PF_IPC), ipc))
         self.device = self._parse_device(device)
@@ -230,7 +246,7 @@ class Loader:
                              batch_size=self.batch_size, drop_last=self.drop_last,
                              augment=self.augment, min_depth=int(min_depth),
                              max_depth=int(max_depth), ipc=_lib.PF_IPC[ipc],
-                             name=str(name).encode())
+                             name=str(name).encode(), reconnect_s=self.reconnect_s)
         try:
             self._check(lib.pf_open(client, ctypes.byref(opts)))
             self._read_fields()
@@ -471,8 +487,10 @@ class Loader:
 
     def stats(self):
         """This client's counters: batches and bytes taken, batches held,
-        seconds waiting in pf_next (wait_s) and between calls (busy_s), and
-        stall_fraction = wait / (wait + busy)."""
+        seconds waiting in pf_next (wait_s) and between calls (busy_s),
+        stall_fraction = wait / (wait + busy), reconnects (sessions opened
+        again after the daemon went away) and resume_batch (the first batch
+        of the current epoch not taken yet)."""
         self._check_open()
         s = _lib.Stats()
         self._check(self._libref.pf_stats(self._client, ctypes.byref(s)))

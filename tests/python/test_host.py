@@ -66,6 +66,7 @@ class HostSessions(unittest.TestCase):
         cls.late = np.random.default_rng(7).integers(0, 256, size=(200, 64), dtype=np.uint8)
         cls.late_path = os.path.join(cls.tmp, "late.npy")
         np.save(cls.late_path, cls.late)
+        cls.fields = fields
         cls.daemon = pfutil.Daemon("host", {"multi": fields, "late": {"x": cls.late_path}},
                                    env={"CUDA_VISIBLE_DEVICES": ""}, tmpdir=cls.tmp)
 
@@ -390,6 +391,71 @@ class HostSessions(unittest.TestCase):
             loader.epoch(1)
         with self.assertRaisesRegex(ValueError, "closed"):
             loader.stats()
+
+    # ---- daemon restart ------------------------------------------------------------
+
+    def restart_daemon(self):
+        """A daemon of its own serving "multi", started again on the same
+        socket and config by each call (the one before must be dead)."""
+        return pfutil.Daemon("restart", {"multi": self.fields}, env={"CUDA_VISIBLE_DEVICES": ""},
+                             tmpdir=self.tmp)
+
+    def test_reconnecting_loader_ends_an_epoch_across_a_daemon_restart(self):
+        daemon = self.restart_daemon()
+        try:
+            with self.loader(socket=daemon.sock, batch_size=64, seed=SEED,
+                             reconnect_s=10) as loader:
+                picks, seqs = [], []
+                for batch in loader.epoch(2):
+                    self.check_batch(batch, loader)
+                    picks.append(batch.picks)
+                    seqs.append(batch.seq)
+                    if batch.seq == 5:
+                        daemon.proc.kill()
+                        daemon.proc.wait()
+                        # The batch in hand stays readable: its arena is
+                        # this process's mapping, which outlives the daemon.
+                        self.check_batch(batch, loader)
+                        daemon = self.restart_daemon()
+                self.assertEqual(seqs, list(range(16)))
+                self.assertEqual(np.concatenate(picks).tolist(), pfutil.shuffle(N, SEED + 2))
+                st = loader.stats()
+                self.assertEqual(st["reconnects"], 1)
+                self.assertEqual(st["resume_batch"], 16)
+                self.assertEqual(st["held"], 0)
+                self.assertEqual(loader.state_dict()["epoch"], 3)
+                # And the next epoch runs on the new daemon as on any.
+                picks, _, _ = self.run_epoch(loader, 3)
+                self.assertEqual(picks.tolist(), pfutil.shuffle(N, SEED + 3))
+        finally:
+            daemon.stop()
+
+    def test_loader_without_reconnect_raises_econnreset_within_a_second_of_a_kill(self):
+        daemon = self.restart_daemon()
+        try:
+            with self.loader(socket=daemon.sock, batch_size=64, seed=SEED) as loader:
+                it = loader.epoch(0)
+                for _ in range(3):
+                    self.check_batch(next(it), loader)
+                daemon.proc.kill()
+                daemon.proc.wait()
+                t0 = time.monotonic()
+                with self.assertRaises(prefetch.PrefetchError) as cm:
+                    while True:
+                        next(it)  # batches already received may come first
+                self.assertLess(time.monotonic() - t0, 1.0)
+                self.assertEqual(cm.exception.errno, errno.ECONNRESET)
+                self.assertIn(daemon.sock, cm.exception.message)
+                self.assertIn("went away", cm.exception.message)
+                with self.assertRaises(prefetch.PrefetchError):
+                    next(loader.epoch(1))
+        finally:
+            daemon.stop()
+
+    def test_reconnect_s_must_be_a_number_of_seconds(self):
+        for bad in (-1, float("nan")):
+            with self.assertRaisesRegex(ValueError, "reconnect_s"):
+                self.loader(batch_size=10, reconnect_s=bad)
 
     # ---- the binding itself ------------------------------------------------------
 
