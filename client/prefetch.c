@@ -206,7 +206,9 @@ struct pf_client {
 
 	/* Stall accounting and totals (pf_stats). */
 	uint64_t batches;
-	uint64_t epoch_batches; /* taken in the current epoch */
+	uint64_t epoch_batches;	  /* taken in the current epoch */
+	uint64_t paced_requested; /* paced epochs: pf_load calls this epoch */
+	bool paced_ended;	  /* paced epochs: pf_load_end was called */
 	uint64_t bytes;
 	double wait_s;
 	double busy_s;
@@ -1525,6 +1527,15 @@ static int reconnect_once(struct pf_client *c, int64_t giveup, bool *final)
 		env.set_depth = &msg;
 		rc = pfc_call(c, &env, PF__ENVELOPE__MSG_OK, NULL);
 	}
+	if (!rc && c->resume_pending && c->epoch_order == PF_ORDER_PACED) {
+		/* The requests not yet delivered lived in the old daemon. */
+		c->resume_pending = false;
+		c->refused = true;
+		rc = pfc_set_err(c, -ECONNRESET,
+				 "prefetchd at %s restarted: a paced epoch's requests went with it "
+				 "(start a new epoch)",
+				 c->path);
+	}
 	if (!rc && c->resume_pending) {
 		rc = send_start(c, c->resume_seq, c->epoch_indices, c->epoch_nindices, NULL);
 		if (!rc)
@@ -1653,6 +1664,8 @@ static int start_epoch_once(struct pf_client *c, const struct pf_epoch_opts *opt
 		return rc;
 	c->epoch = ++c->last_epoch;
 	c->epoch_batches = 0;
+	c->paced_requested = 0;
+	c->paced_ended = false;
 	c->epoch_order = opts->order;
 	c->epoch_seed = opts->seed;
 	c->epoch_rank = opts->rank;
@@ -1674,6 +1687,55 @@ static int start_epoch_once(struct pf_client *c, const struct pf_epoch_opts *opt
 	return send_start(c, opts->start_batch, opts->indices, opts->nindices, batches);
 }
 
+static int send_load(struct pf_client *c, const uint64_t *picks, size_t n, bool end)
+{
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__LoadBatch msg = PF__LOAD_BATCH__INIT;
+
+	if (c->dead)
+		return fail_dead(c);
+	if (!c->epoch_live || c->epoch_order != PF_ORDER_PACED || c->paced_ended)
+		return pfc_set_err(c, -EINVAL,
+				   "%s: no paced epoch is taking requests (pf_start_epoch with "
+				   "PF_ORDER_PACED, before pf_load_end)",
+				   end ? "pf_load_end" : "pf_load");
+	msg.epoch = c->epoch;
+	msg.n_picks = n;
+	msg.picks = (uint64_t *)picks;
+	msg.end = end;
+	env.msg_case = PF__ENVELOPE__MSG_LOAD;
+	env.load = &msg;
+	return pfc_send(c, &env);
+}
+
+PF_API int pf_load(struct pf_client *c, const uint64_t *picks, size_t n)
+{
+	int rc;
+
+	if (!c || (n && !picks))
+		return -EINVAL;
+	if (c->paced_requested - c->epoch_batches >= PF_PACED_MAX)
+		return pfc_set_err(c, -EAGAIN,
+				   "pf_load: %d batches requested and not taken; take one first",
+				   PF_PACED_MAX);
+	rc = send_load(c, picks, n, false);
+	if (!rc)
+		c->paced_requested++;
+	return rc;
+}
+
+PF_API int pf_load_end(struct pf_client *c)
+{
+	int rc;
+
+	if (!c)
+		return -EINVAL;
+	rc = send_load(c, NULL, 0, true);
+	if (!rc)
+		c->paced_ended = true;
+	return rc;
+}
+
 PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts, uint64_t *batches)
 {
 	int revived = 0, rc;
@@ -1691,6 +1753,10 @@ PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts,
 		return pfc_set_err(c, -EINVAL,
 				   "pf_start_epoch: indices given without "
 				   "PF_ORDER_EXPLICIT");
+	if (opts->order == PF_ORDER_PACED && (opts->start_batch || opts->world > 1))
+		return pfc_set_err(c, -EINVAL,
+				   "pf_start_epoch: a paced epoch takes no start_batch or world "
+				   "(pf_load chooses every batch)");
 	for (;;) {
 		if (c->dead) {
 			/* This epoch replaces the interrupted one, which is
@@ -1836,6 +1902,7 @@ static int take(struct pf_client *c, struct pf_batch **batch)
 	}
 	c->resume_seq = b->pub.seq + 1;
 	if (b->error) {
+		c->epoch_batches++; /* taken, as far as paced requests go */
 		rc = pfc_set_err(c, b->error, "batch %" PRIu64 "/%" PRIu64 ": %s", b->pub.epoch,
 				 b->pub.seq, b->message);
 		free_batch(b);

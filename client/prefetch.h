@@ -91,7 +91,15 @@ extern "C" {
 
 struct pf_client;
 
-enum pf_order { PF_ORDER_SEQUENTIAL = 0, PF_ORDER_SHUFFLE = 1, PF_ORDER_EXPLICIT = 2 };
+/* PF_ORDER_PACED: the epoch has no order; each batch is what the trainer
+ * asks for with pf_load (custom samplers, weighted sampling, curricula),
+ * delivered in request order; pf_load_end ends the epoch. */
+enum pf_order {
+	PF_ORDER_SEQUENTIAL = 0,
+	PF_ORDER_SHUFFLE = 1,
+	PF_ORDER_EXPLICIT = 2,
+	PF_ORDER_PACED = 3
+};
 enum pf_ipc { PF_IPC_DEFAULT = 0, PF_IPC_FD = 1, PF_IPC_LEGACY = 2 };
 
 struct pf_open_opts {
@@ -185,6 +193,18 @@ PF_API int pf_set_depth(struct pf_client *c, uint64_t session, uint32_t target);
  * larger model, an evaluation pass): the daemon resizes the depth and the
  * VRAM pool at once.  -EINVAL for a host session. */
 PF_API int pf_probe(struct pf_client *c);
+/* Paced epochs: asks for one batch of these picks (1 .. batch_size of
+ * them, each below augment * N).  Returns at once; the daemon loads
+ * `target` requested batches ahead and pf_next delivers them in request
+ * order.  A request the daemon cannot serve (a pick out of range, too many
+ * picks) arrives as an error batch in its place.  -EAGAIN when
+ * PF_PACED_MAX batches are requested and not yet taken: take one first.
+ * Paced epochs are not resumed after a daemon restart (their requests went
+ * with it): the next call fails, even with reconnect_s. */
+#define PF_PACED_MAX 1024
+PF_API int pf_load(struct pf_client *c, const uint64_t *picks, size_t n);
+/* Paced epochs: no more requests; pf_next returns NULL after the last. */
+PF_API int pf_load_end(struct pf_client *c);
 /* Leaves the current epoch early: the daemon stops filling at once.  While
  * a reconnecting client is cut off it only forgets the epoch (0): the
  * daemon that was filling it is gone. */

@@ -313,11 +313,12 @@ static void map_shard(struct ds_field *field, struct ds_shard *shard, int rc)
 static int add_token_shard(struct ds_field *field, const char *path, int fd, uint64_t data_offset,
 			   uint64_t windows)
 {
-	struct ds_shard *grown = realloc(field->shards, (field->nshards + 1) * sizeof(*grown));
-	struct ds_shard *shard;
+	/* Read before the realloc, which may free the old array. */
 	uint64_t first = field->nshards ? field->shards[field->nshards - 1].first_row +
 						  field->shards[field->nshards - 1].rows
 					: 0;
+	struct ds_shard *grown = realloc(field->shards, (field->nshards + 1) * sizeof(*grown));
+	struct ds_shard *shard;
 
 	if (!grown)
 		return -ENOMEM;

@@ -387,6 +387,7 @@ static int dispatch(struct conn *c, Pf__Envelope *env)
 	case PF__ENVELOPE__MSG_RELEASE: sess_release(c->sess, env->release); return 0;
 	case PF__ENVELOPE__MSG_ABANDON: return sess_abandon(c->sess, id, env->abandon);
 	case PF__ENVELOPE__MSG_PROBE: sess_probe(c->sess, env->probe); return 0;
+	case PF__ENVELOPE__MSG_LOAD: return sess_load(c->sess, id, env->load);
 	default:
 		return conn_error(c, id, -EPROTO, "unexpected message %s from a client",
 				  wire_msg_name(env->msg_case));

@@ -69,10 +69,13 @@ static void free_sess_mem(uv_handle_t *h)
 	free(h->data);
 }
 
+static void drop_requests(struct sess *s);
+
 /* Every job is back (s->jobs == 0): nothing reads or writes s's memory. */
 static void sess_free(struct sess *s)
 {
-	for (uint32_t i = 0; i < s->nslots; i++) {
+	/* slots is NULL when sess_open failed before making them. */
+	for (uint32_t i = 0; s->slots && i < s->nslots; i++) {
 		free(s->slots[i].errmsg);
 		/* A batch whose reads came back after the session died never
 		 * reached a copy: its pins and admissions end here. */
@@ -86,6 +89,8 @@ static void sess_free(struct sess *s)
 	if (s->ds && s->ds_held)
 		daemon_dataset_put(s->d, (struct dataset *)s->ds);
 	free(s->ahead.picks);
+	drop_requests(s);
+	free(s->reqs);
 	for (uint32_t i = 0; i < s->narenas; i++)
 		arena_destroy(&s->arenas[i]);
 	/* Device arenas are released on their transfer thread (the calls
@@ -438,7 +443,7 @@ int sess_open(struct conn *c, uint64_t id, const Pf__OpenSession *req)
 	struct sess *s;
 	char err[256] = "";
 	uint32_t min_depth, max_depth;
-	uint64_t fit;
+	uint64_t fit, want;
 	int gpu = -1;
 	int rc;
 
@@ -498,24 +503,27 @@ int sess_open(struct conn *c, uint64_t id, const Pf__OpenSession *req)
 		goto fail;
 
 	/* Slots: the depth bound plus what the trainer may hold, trimmed to
-	 * the session's memory cap but never below min_depth + 1. */
-	s->nslots = max_depth + SESS_HOLD_SLOTS;
+	 * the session's memory cap but never below min_depth + 1.  Counted in
+	 * 64 bits: a max_depth near UINT32_MAX (a client's to choose) must not
+	 * wrap to a session of one slot, or of none. */
+	want = (uint64_t)max_depth + SESS_HOLD_SLOTS;
 	fit = cfg->session_bytes / s->slot_stride;
-	if (fit < s->nslots) {
+	if (fit < want) {
 		if (fit < (uint64_t)min_depth + 1) {
 			snprintf(err, sizeof(err),
-				 "a batch takes %.1f MiB; %u slots (min_depth %u + 1) exceed "
-				 "session_bytes (%.1f MiB)",
-				 s->slot_stride / 1048576.0, min_depth + 1, min_depth,
+				 "a batch takes %.1f MiB; %" PRIu64 " slots (min_depth %u + 1) "
+				 "exceed session_bytes (%.1f MiB)",
+				 s->slot_stride / 1048576.0, (uint64_t)min_depth + 1, min_depth,
 				 cfg->session_bytes / 1048576.0);
 			rc = -E2BIG;
 			goto fail;
 		}
-		s->nslots = (uint32_t)fit;
-		max_depth = s->nslots - 1 > max_depth ? max_depth : s->nslots - 1;
+		want = fit;
+		max_depth = want - 1 > max_depth ? max_depth : (uint32_t)(want - 1);
 		if (max_depth < min_depth)
 			max_depth = min_depth;
 	}
+	s->nslots = want < UINT32_MAX ? (uint32_t)want : UINT32_MAX;
 	s->slots = calloc(s->nslots, sizeof(*s->slots));
 	if (!s->slots) {
 		rc = -ENOMEM;
@@ -614,12 +622,43 @@ static void slot_set_error(struct sess *s, struct slot *sl, int rc, const char *
 	sl->error = sl->errmsg ? rc : -ENOMEM;
 }
 
+static struct sess_req *paced_req(const struct sess *s, uint64_t seq)
+{
+	return &s->reqs[seq % SESS_PACED_MAX];
+}
+
 static uint32_t batch_count(const struct sess *s, uint64_t seq)
 {
 	uint64_t first = seq * s->batch_size;
 	uint64_t left = s->npicks - first;
 
+	if (s->paced)
+		return paced_req(s, seq)->count;
 	return left < s->batch_size ? (uint32_t)left : s->batch_size;
+}
+
+/* Batch seq's picks (borrowed: valid until it is sent or the epoch ends). */
+static const uint64_t *batch_picks(const struct sess *s, uint64_t seq)
+{
+	if (s->paced)
+		return paced_req(s, seq)->picks;
+	return s->picks + seq * s->batch_size;
+}
+
+static void req_clear(struct sess_req *r)
+{
+	free(r->picks);
+	free(r->errmsg);
+	memset(r, 0, sizeof(*r));
+}
+
+/* Paced requests not yet sent go (an epoch ends or the session does). */
+static void drop_requests(struct sess *s)
+{
+	if (!s->reqs)
+		return;
+	for (uint64_t q = s->next_send; q < s->nbatches; q++)
+		req_clear(paced_req(s, q));
 }
 
 static int send_batch(struct sess *s, struct slot *sl)
@@ -637,12 +676,12 @@ static int send_batch(struct sess *s, struct slot *sl)
 	 * no varint per row on either side. */
 	if (s->picks_le) {
 		msg.picks_le.len = (size_t)count * sizeof(uint64_t);
-		msg.picks_le.data = (uint8_t *)(s->picks + sl->seq * s->batch_size);
+		msg.picks_le.data = (uint8_t *)batch_picks(s, sl->seq);
 	} else
 #endif
 	{
 		msg.n_picks = count;
-		msg.picks = s->picks + sl->seq * s->batch_size;
+		msg.picks = (uint64_t *)batch_picks(s, sl->seq);
 	}
 	if (sl->error) {
 		msg.slot = -1;
@@ -656,6 +695,8 @@ static int send_batch(struct sess *s, struct slot *sl)
 	env.msg_case = PF__ENVELOPE__MSG_BATCH;
 	env.batch = &msg;
 	rc = conn_send(s->conn, &env, -1);
+	if (s->paced)
+		req_clear(paced_req(s, sl->seq)); /* packed: its picks are sent */
 	if (sl->error) {
 		s->errors++;
 		free(sl->errmsg);
@@ -720,13 +761,26 @@ static const uint64_t *plan_batch(struct sess *s, struct slot *sl, const uint64_
 static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 {
 	uint32_t count = batch_count(s, s->next_fill);
-	const uint64_t *picks = s->picks + s->next_fill * s->batch_size;
+	const uint64_t *picks = batch_picks(s, s->next_fill);
 	const uint64_t *rows = NULL; /* NULL: the picks themselves */
 	const uint64_t *field_offset = s->field_offset;
 	uint32_t nrows = count, parts, nparts, main_rows, extra = 0;
 	struct reader_job *jobs[64];
 	uint8_t *dst;
 
+	if (s->paced && paced_req(s, s->next_fill)->error) {
+		/* A request that cannot be served is an error batch in its
+		 * place: nothing is read. */
+		const struct sess_req *r = paced_req(s, s->next_fill);
+
+		sl->state = SLOT_READY;
+		sl->epoch = s->epoch;
+		sl->seq = s->next_fill;
+		slot_set_error(s, sl, r->error, r->errmsg ? r->errmsg : "bad request");
+		s->next_fill++;
+		s->gov.prepared++;
+		return 0;
+	}
 	if (s->gpu >= 0) {
 		sl->ring = ring;
 		s->ring_busy[ring] = 1;
@@ -818,7 +872,7 @@ static void pump(struct sess *s)
 			return;
 		s->next_send++;
 	}
-	if (s->next_send == s->nbatches) {
+	if (s->next_send == s->nbatches && (!s->paced || s->paced_end)) {
 		s->running = false;
 		if (s->timed)
 			log_debug("session %" PRIu64 ": epoch %" PRIu64 " per batch: read %.1f us, "
@@ -1282,7 +1336,108 @@ static void stop_epoch(struct sess *s)
 			sl->state = SLOT_ORPHAN;
 		}
 	}
+	drop_requests(s);
 	s->running = false;
+}
+
+/* An epoch with no order: the client's LoadBatch requests are its batches
+ * (sess_load).  The governor loads target of them ahead, as for ordered
+ * epochs; the rest wait, up to SESS_PACED_MAX. */
+static int start_paced(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
+{
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__EpochStarted msg = PF__EPOCH_STARTED__INIT;
+
+	if (req->start_batch || req->n_indices || req->world > 1)
+		return conn_error(s->conn, id, -EINVAL,
+				  "epoch %" PRIu64 ": a paced epoch takes no start_batch, indices "
+				  "or world (the client chooses every batch)",
+				  req->epoch);
+	if (!s->reqs) {
+		s->reqs = calloc(SESS_PACED_MAX, sizeof(*s->reqs));
+		if (!s->reqs)
+			return conn_error(s->conn, id, -ENOMEM, "out of memory");
+	}
+	if (s->running)
+		log_info("session %" PRIu64 ": epoch %" PRIu64 " left unfinished by epoch %" PRIu64,
+			 s->id, s->epoch, req->epoch);
+	stop_epoch(s);
+	free(s->picks);
+	s->picks = NULL;
+	s->npicks = 0;
+	s->nbatches = 0;
+	s->paced = true;
+	s->paced_end = false;
+	s->epoch = req->epoch;
+	s->start_batch = 0;
+	s->next_fill = s->next_send = 0;
+	s->sent = 0;
+	s->running = true;
+	s->epoch_started_ns = now_ns();
+	s->first_sent = false;
+	gov_new_epoch(&s->gov);
+	s->ns_read = s->ns_device = s->ns_turn = s->ns_client = s->ns_plan = s->timed = 0;
+	if (s->pool)
+		pool_new_epoch(s->pool, s->epoch);
+	log_debug("session %" PRIu64 ": epoch %" PRIu64 " paced", s->id, s->epoch);
+	msg.epoch = s->epoch;
+	env.id = id;
+	env.msg_case = PF__ENVELOPE__MSG_STARTED;
+	env.started = &msg;
+	return conn_send(s->conn, &env, -1);
+}
+
+int sess_load(struct sess *s, uint64_t id, const Pf__LoadBatch *req)
+{
+	struct sess_req *r;
+	uint64_t space = s->ds->num_samples * s->augment;
+	char why[200] = "";
+
+	if (!s->paced || req->epoch != s->epoch || !s->running || s->paced_end)
+		return conn_error(s->conn, id, -EINVAL,
+				  "load of epoch %" PRIu64 " refused: epoch %" PRIu64
+				  " of session %" PRIu64 " is %s",
+				  req->epoch, s->epoch, s->id,
+				  !s->paced			? "not paced"
+				  : s->running && !s->paced_end ? "another epoch"
+								: "over");
+	if (req->end) {
+		s->paced_end = true;
+		pump(s);
+		return 0;
+	}
+	if (s->nbatches - s->next_send >= SESS_PACED_MAX)
+		return conn_error(s->conn, id, -ENOBUFS,
+				  "more than %d paced batches requested and not yet delivered: "
+				  "take some first",
+				  SESS_PACED_MAX);
+	r = paced_req(s, s->nbatches);
+	memset(r, 0, sizeof(*r));
+	if (req->n_picks == 0)
+		snprintf(why, sizeof(why), "a paced batch needs at least one pick");
+	else if (req->n_picks > s->batch_size)
+		snprintf(why, sizeof(why), "%zu picks asked for, more than batch_size %u",
+			 req->n_picks, s->batch_size);
+	for (size_t i = 0; !why[0] && i < req->n_picks; i++)
+		if (req->picks[i] >= space)
+			snprintf(why, sizeof(why),
+				 "pick %" PRIu64
+				 " at position %zu is out of range (the dataset has "
+				 "%" PRIu64 " picks)",
+				 req->picks[i], i, space);
+	r->count = (uint32_t)(req->n_picks < s->batch_size ? req->n_picks : s->batch_size);
+	r->picks = malloc((r->count ? r->count : 1) * sizeof(*r->picks));
+	if (!r->picks)
+		return conn_error(s->conn, id, -ENOMEM, "out of memory");
+	if (r->count) /* picks is NULL when there are none */
+		memcpy(r->picks, req->picks, r->count * sizeof(*r->picks));
+	if (why[0]) {
+		r->error = req->n_picks > s->batch_size || req->n_picks == 0 ? -EINVAL : -ERANGE;
+		r->errmsg = strdup(why);
+	}
+	s->nbatches++;
+	pump(s);
+	return 0;
 }
 
 int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
@@ -1301,6 +1456,7 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 	case PF__ORDER__ORDER_SEQUENTIAL: spec.kind = ORDER_SEQ; break;
 	case PF__ORDER__ORDER_SHUFFLE: spec.kind = ORDER_SHUFFLE; break;
 	case PF__ORDER__ORDER_EXPLICIT: spec.kind = ORDER_EXPLICIT; break;
+	case PF__ORDER__ORDER_PACED: return start_paced(s, id, req);
 	default: return conn_error(c, id, -EINVAL, "unknown order %d", req->order);
 	}
 	spec.seed = req->seed;
@@ -1330,6 +1486,7 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 		log_info("session %" PRIu64 ": epoch %" PRIu64 " left unfinished by epoch %" PRIu64,
 			 s->id, s->epoch, req->epoch);
 	stop_epoch(s);
+	s->paced = false;
 	free(s->picks);
 	s->picks = picks;
 	s->npicks = npicks;

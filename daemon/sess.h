@@ -100,6 +100,18 @@ struct sess_ahead {
 	uint32_t again_rank, again_world;
 };
 
+/* Paced mode: a batch the client asked for, until it is sent. */
+struct sess_req {
+	uint64_t *picks; /* owned: count picks */
+	uint32_t count;
+	int error;    /* 0, or why the request cannot be served (-ERANGE, -EINVAL) */
+	char *errmsg; /* owned, with error */
+};
+
+/* Paced batches requested and not yet sent, at most: the governor loads
+ * target of them ahead; the rest wait here. */
+#define SESS_PACED_MAX 1024
+
 struct sess {
 	struct sess *next, *prev; /* daemon->sessions while alive */
 	struct daemon *d;	  /* borrowed */
@@ -157,6 +169,11 @@ struct sess {
 	uint64_t start_batch;
 	uint64_t next_fill; /* next seq to hand to a reader */
 	uint64_t next_send; /* next seq to send */
+	/* Paced epochs (ORDER_PACED): no picks list; batch seq is request
+	 * reqs[seq % SESS_PACED_MAX], nbatches counts requests so far, and
+	 * the epoch ends once `end` came and every request was sent. */
+	bool paced, paced_end;
+	struct sess_req *reqs; /* owned, SESS_PACED_MAX, made on first use */
 
 	struct sess_ahead ahead;
 	unsigned jobs; /* reader and transfer jobs (and the order ahead) not yet back */
@@ -182,6 +199,8 @@ void sess_ack(struct sess *s, const Pf__Ack *req);
 void sess_release(struct sess *s, const Pf__Release *req);
 int sess_abandon(struct sess *s, uint64_t id, const Pf__Abandon *req);
 void sess_probe(struct sess *s, const Pf__Probe *req);
+/* LoadBatch: one paced batch's picks, or the end of the paced epoch. */
+int sess_load(struct sess *s, uint64_t id, const Pf__LoadBatch *req);
 /* Something outside changed (target): fill and send what is now allowed. */
 void sess_kick(struct sess *s);
 /* The connection is gone: leave status now, free once jobs are back. */
