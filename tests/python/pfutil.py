@@ -25,7 +25,7 @@ from prefetch import _lib  # noqa: E402
 __all__ = ["ROOT", "Daemon", "prefetch", "shard", "shuffle"]
 
 PREFETCHD = os.environ.get("PREFETCHD_BIN") or os.path.join(ROOT, "build", "prefetchd")
-PREFETCHCTL = os.path.join(ROOT, "build", "prefetchctl")
+PREFETCHCTL = os.environ.get("PREFETCHCTL_BIN") or os.path.join(ROOT, "build", "prefetchctl")
 
 _PR_SET_PDEATHSIG = 1
 
@@ -134,11 +134,6 @@ class Daemon:
         self.stop()
 
 
-# ---- docs/SHUFFLE.md's reference implementation ------------------------------
-
-MASK = (1 << 64) - 1
-
-
 def mixed_arrays(rng, n):
     """n rows of six fields with different dtypes and sample shapes, drawn
     from the numpy Generator rng (tests add their own fields after)."""
@@ -154,36 +149,8 @@ def mixed_arrays(rng, n):
     }
 
 
-class SplitMix64:
-    def __init__(self, seed):
-        self.state = seed & MASK
-
-    def next(self):
-        self.state = (self.state + 0x9E3779B97F4A7C15) & MASK
-        z = self.state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
-        return z ^ (z >> 31)
-
-    def bounded(self, m):
-        threshold = (2**64 - m) % m
-        while True:
-            r = self.next()
-            if r >= threshold:
-                return r % m
+# The shuffle's reference implementation is the package's own
+# (python/prefetch/order.py, checked against the daemon by test_order.py).
+from prefetch.order import shuffle, share as shard  # noqa: E402,F401
 
 
-def shuffle(n, seed):
-    rng = SplitMix64(seed)
-    perm = list(range(n))
-    for i in range(n - 1, 0, -1):
-        j = rng.bounded(i + 1)
-        perm[i], perm[j] = perm[j], perm[i]
-    return perm
-
-
-def shard(picks, rank, world):
-    world = max(world, 1)
-    total = -(-len(picks) // world) * world
-    padded = [picks[k % len(picks)] for k in range(total)]
-    return padded[rank::world]
