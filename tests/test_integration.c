@@ -509,7 +509,7 @@ static void status_json_matches_what_the_consumer_did(void **state)
 	usleep(200000);
 	assert_int_equal(pf_stats(c, &s), 0);
 
-	snprintf(cmd, sizeof(cmd), "build/prefetchctl -s %s status --json", td.sock);
+	snprintf(cmd, sizeof(cmd), "%s -s %s status --json", td_prefetchctl(), td.sock);
 	p = popen(cmd, "r");
 	assert_non_null(p);
 	len = fread(json, 1, sizeof(json) - 1, p);

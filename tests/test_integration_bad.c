@@ -407,7 +407,7 @@ static void pool_control_without_a_pool_is_refused_with_the_reason(void **state)
 		size_t n;
 		int st;
 
-		snprintf(cmd, sizeof(cmd), "build/prefetchctl -s %s %s 2>&1", td.sock,
+		snprintf(cmd, sizeof(cmd), "%s -s %s %s 2>&1", td_prefetchctl(), td.sock,
 			 cases[i].args);
 		f = popen(cmd, "r");
 		assert_non_null(f);

@@ -150,8 +150,12 @@ static int group_setup(void **state)
 	if (td_write_npy(g.paths[0], 1, "|u1", 1, N, label_shape, 1, SEED[0], 0) ||
 	    td_write_npy(g.paths[1], 1, "<f4", 4, N, x_shape, 1, SEED[1], 0))
 		return -1;
-	g.decl = (struct config_dataset){
-		"train", "npy", g.fields, NFIELDS, CONFIG_READ_MMAP, CONFIG_POOL_DEFAULT};
+	g.decl = (struct config_dataset){.name = "train",
+					 .format = "npy",
+					 .fields = g.fields,
+					 .nfields = NFIELDS,
+					 .read = CONFIG_READ_MMAP,
+					 .pool = CONFIG_POOL_DEFAULT};
 	rc = ds_load(&g.ds, &g.decl);
 	if (rc) {
 		fprintf(stderr, "ds_load: %s\n", g.ds.error);
