@@ -1191,6 +1191,7 @@ static int send_open(struct pf_client *c, Pf__Envelope **reply)
 	msg.dataset = (char *)o->dataset;
 	msg.device = (char *)o->device;
 	msg.batch_size = o->batch_size;
+	msg.picks_le = true; /* copy_picks reads either form */
 	msg.drop_last = o->drop_last;
 	msg.augment = o->augment;
 	msg.min_depth = o->min_depth;

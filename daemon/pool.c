@@ -188,10 +188,12 @@ static void slab_free_now(struct pool *p, uint32_t j)
 	sl->live = false;
 }
 
-/* Takes slab j out of the index; its memory goes when no batch pins it. */
-static void slab_drop(struct pool *p, uint32_t j)
+/* Takes slab j out of the index; its memory goes when no batch pins it.
+ * Returns the record table's bytes if they went with it. */
+static uint64_t slab_drop(struct pool *p, uint32_t j)
 {
 	struct pool_slab *sl = &p->slabs[j];
+	uint64_t table_bytes;
 	uint32_t first = j << p->slab_shift;
 
 	for (uint32_t e = first; e < first + sl->used; e++) {
@@ -204,7 +206,9 @@ static void slab_drop(struct pool *p, uint32_t j)
 		}
 	}
 	sl->live = false;
-	p->table_valid = false; /* its entries point into this slab */
+	/* The table's entries point into this slab: stale, and its memory
+	 * goes too (a slab leaves under pressure, or on request). */
+	table_bytes = table_free(p);
 	p->nlive--;
 	p->bytes -= sl->mem.bytes;
 	p->room -= p->per_slab - sl->used;
@@ -213,6 +217,7 @@ static void slab_drop(struct pool *p, uint32_t j)
 		sl->dying = true;
 	else
 		slab_free_now(p, j);
+	return table_bytes;
 }
 
 /* Drops live slabs, newest first, until the pool holds at most `keep`. */
@@ -224,7 +229,7 @@ static uint64_t shrink_to(struct pool *p, uint64_t keep)
 		if (!p->slabs[j].live)
 			continue;
 		freed += p->slabs[j].mem.bytes;
-		slab_drop(p, j);
+		freed += slab_drop(p, j);
 	}
 	return freed;
 }

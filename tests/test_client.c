@@ -116,6 +116,7 @@ struct fake {
 	int nlog;
 	char hello_client[64];
 	char open_name[64];
+	bool open_picks_le; /* the client asked for raw picks */
 	char failed[256]; /* non-empty: the fake saw something it did not expect */
 };
 
@@ -387,6 +388,7 @@ static void fake_handle(struct fake *f, const Pf__Envelope *env)
 	case PF__ENVELOPE__MSG_OPEN:
 		pthread_mutex_lock(&f->mu);
 		snprintf(f->open_name, sizeof(f->open_name), "%s", env->open->name);
+		f->open_picks_le = env->open->picks_le;
 		pthread_mutex_unlock(&f->mu);
 		fake_log(f, (struct ev){.kind = EV_OPEN});
 		fake_open(f, env->id);
@@ -704,6 +706,9 @@ static void hello_names_program_and_pid_and_open_keeps_the_shape(void **unused)
 	snprintf(want, sizeof(want), "%s[%d]", program_invocation_short_name, (int)getpid());
 	assert_string_equal(f->hello_client, want);
 	assert_string_equal(f->open_name, want);
+	/* Raw little-endian picks: at 16384 rows a batch, varints cost the
+	 * daemon and the client ~100 us each (bench/NOTES.md). */
+	assert_true(f->open_picks_le);
 	assert_string_equal(pfc_daemon_version(c), "fake 0.0");
 	assert_int_equal(pfc_daemon_max_frame(c), 1 << 20);
 	assert_int_equal(pf_num_samples(c), 35);

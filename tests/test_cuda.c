@@ -800,15 +800,40 @@ static void mode_pool(struct trainer *t)
 
 	t_start(t, t->o.seed + 1);
 	if (!strcmp(how, "evict")) {
-		uint64_t free_b, total, reserve, grab;
+		uint64_t free_b, total, reserve, grab, dropped, freed = 0;
 
 		for (int i = 0; i < 10; i++) {
 			if (t_next(t, &b) || !b)
 				tfail("pf_next %d of epoch 2: %s", i, pf_errmsg(t->c));
 			t_release(t, b);
 		}
+		/* Mid-epoch, with batches in flight that read the slabs: drop
+		 * them all; the rest of the epoch fills the pool again. */
+		if (td_pool_control(t->o.sock, "d", PF__POOL_ACTION__POOL_DROP, &freed))
+			tfail("pool drop refused");
+		p = t_pool(t, &env);
+		log_pool("after prefetchctl pool d drop", p);
+		/* The pool may refill at once (its budget allows), so judge the
+		 * drop by what it gave back. */
+		if (freed < pool_before || p->slabs_dropped == 0)
+			tfail("pool drop freed %" PRIu64 " of %" PRIu64 " bytes, %" PRIu64
+			      " slabs dropped",
+			      freed, pool_before, p->slabs_dropped);
+		dropped = p->slabs_dropped;
+		pf__envelope__free_unpacked(env, NULL);
+		for (int i = 0; i < 20; i++) {
+			if (t_next(t, &b) || !b)
+				tfail("pf_next %d of epoch 2: %s", 10 + i, pf_errmsg(t->c));
+			t_release(t, b);
+		}
+		p = t_pool(t, &env);
+		log_pool("refilled", p);
+		pool_before = p->bytes;
+		if (pool_before == 0)
+			tfail("the pool did not refill after the drop");
+		pf__envelope__free_unpacked(env, NULL);
 		/* Leave free memory half the pool below the reserve: the next
-		 * probe's budget is then half what the pool holds. */
+		 * probe's budget is then about half what the pool holds. */
 		if (pfcuda_mem_info(t->dev, &free_b, &total, msg, sizeof(msg)))
 			tfail("pfcuda_mem_info: %s", msg);
 		reserve = total / 10 > 2 * GiB ? total / 10 : 2 * GiB;
@@ -819,33 +844,17 @@ static void mode_pool(struct trainer *t)
 		nptrs++;
 		if (pf_probe(t->c))
 			tfail("pf_probe: %s", pf_errmsg(t->c));
-		for (int i = 0; i < 20; i++) {
+		for (int i = 0; i < 10; i++) {
 			if (t_next(t, &b) || !b)
-				tfail("pf_next %d of epoch 2: %s", 10 + i, pf_errmsg(t->c));
+				tfail("pf_next %d of epoch 2: %s", 30 + i, pf_errmsg(t->c));
 			t_release(t, b);
 		}
 		p = t_pool(t, &env);
 		log_pool("after a probe half the pool short", p);
-		if (p->bytes >= pool_before || p->slabs_dropped == 0)
+		if (p->bytes >= pool_before || p->slabs_dropped <= dropped)
 			tfail("the pool did not shrink: %.2f MiB, was %.2f", p->bytes / (double)MiB,
 			      pool_before / (double)MiB);
-		{
-			uint64_t dropped = p->slabs_dropped, freed = 0;
-
-			pf__envelope__free_unpacked(env, NULL);
-			/* Mid-epoch, with batches in flight that read the slabs. */
-			if (td_pool_control(t->o.sock, "d", PF__POOL_ACTION__POOL_DROP, &freed))
-				tfail("pool drop refused");
-			p = t_pool(t, &env);
-			log_pool("after prefetchctl pool d drop", p);
-			/* The pool may refill at once (the budget still allows a
-			 * slab), so judge the drop by what it gave back. */
-			if (freed == 0 || p->slabs_dropped <= dropped)
-				tfail("pool drop freed %" PRIu64 " bytes, slabs dropped %" PRIu64
-				      " -> %" PRIu64,
-				      freed, dropped, p->slabs_dropped);
-			pf__envelope__free_unpacked(env, NULL);
-		}
+		pf__envelope__free_unpacked(env, NULL);
 	} else if (!strcmp(how, "pressure")) {
 		if (t_next(t, &b) || !b)
 			tfail("first pf_next of epoch 2: %s", pf_errmsg(t->c));
