@@ -866,6 +866,7 @@ static void pump(struct sess *s)
 
 	if (s->dead || !s->conn || !s->running || s->d->stopping)
 		return;
+again:
 	while (s->next_send < s->nbatches &&
 	       (sl = find_slot(s, s->epoch, s->next_send, SLOT_READY))) {
 		if (send_batch(s, sl))
@@ -902,6 +903,11 @@ static void pump(struct sess *s)
 			return;
 		}
 	}
+	/* A paced request that cannot be served became an error batch right
+	 * in start_fill: when its turn has come, it goes now, not at whatever
+	 * event comes next (a trainer waiting for it would wait forever). */
+	if (s->next_send < s->nbatches && find_slot(s, s->epoch, s->next_send, SLOT_READY))
+		goto again;
 }
 
 static void on_retry(uv_timer_t *t)

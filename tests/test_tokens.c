@@ -57,9 +57,9 @@ static void good_header_gives_count_and_data_offset(void **state)
 	char err[256] = "";
 
 	make_header(h, TOKENS_MAGIC, 1, 100000000);
-	assert_int_equal(tokens_parse_header(h, sizeof(h), 1024 + 2 * 100000000ull, &th, err,
-					     sizeof(err)),
-			 0);
+	assert_int_equal(
+		tokens_parse_header(h, sizeof(h), 1024 + 2 * 100000000ull, &th, err, sizeof(err)),
+		0);
 	assert_int_equal(th.tokens, 100000000);
 	assert_int_equal(th.data_offset, 1024);
 	assert_string_equal(err, "");
@@ -212,9 +212,8 @@ static void shard_written_like_llm_c_is_accepted(void **state)
 	assert_int_equal(fstat(fd, &st), 0);
 	memset(h, 0, sizeof(h));
 	assert_int_equal(pread(fd, h, sizeof(h), 0), sizeof(h));
-	assert_int_equal(tokens_parse_header(h, sizeof(h), (uint64_t)st.st_size, &th, err,
-					     sizeof(err)),
-			 0);
+	assert_int_equal(
+		tokens_parse_header(h, sizeof(h), (uint64_t)st.st_size, &th, err, sizeof(err)), 0);
 	assert_int_equal(th.tokens, 7);
 	assert_int_equal(pread(fd, tok, 2, (off_t)th.data_offset), 2);
 	assert_int_equal(tok[0] | tok[1] << 8, 50256);
