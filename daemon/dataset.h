@@ -46,7 +46,7 @@ struct ds_field {
 	size_t itemsize;
 	int sample_ndim; /* ndim - 1 */
 	uint64_t sample_shape[NPY_MAX_DIMS];
-	uint64_t sample_bytes;	 /* row_bytes */
+	uint64_t sample_bytes; /* row_bytes */
 	/* Bytes from one row's start to the next's in a shard: sample_bytes
 	 * for .npy; for token windows, which overlap by one token, less. */
 	uint64_t row_stride;

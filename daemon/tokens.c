@@ -78,7 +78,8 @@ int tokens_parse_header(const void *buf, size_t len, uint64_t file_bytes, struct
 	version = header_int(p, 1);
 	if (version != TOKENS_VERSION) {
 		set_err(err, errlen,
-			"unsupported token shard version %d (only version %d, uint16 tokens, is read)",
+			"unsupported token shard version %d (only version %d, uint16 tokens, is "
+			"read)",
 			version, TOKENS_VERSION);
 		return -EINVAL;
 	}

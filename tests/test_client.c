@@ -117,7 +117,7 @@ struct fake {
 	char hello_client[64];
 	char open_name[64];
 	bool open_picks_le; /* the client asked for raw picks */
-	char failed[256]; /* non-empty: the fake saw something it did not expect */
+	char failed[256];   /* non-empty: the fake saw something it did not expect */
 };
 
 static int64_t mono_ns(void)
