@@ -8,6 +8,10 @@
 #   make fuzz-long FUZZ_RUNS=N   every harness for N executions (default 10
 #                                million), FUZZ_JOBS (nproc) at a time
 #   make fuzz-smoke FUZZ_NAMES=npy   only some harnesses
+#   make fuzz-long FUZZ_NAMES=sess FUZZ_WORKERS=2
+#                                one harness as 2 processes on a shared
+#                                corpus, FUZZ_RUNS split between them; the
+#                                line printed sums their executions
 #
 # Harnesses: wire (the frame reader), sess (client requests through the
 # server and sessions), npy (the .npy header), tokens (the token-shard
@@ -24,6 +28,7 @@ FUZZ_CC    ?= clang
 FUZZ_TIME  ?= 60
 FUZZ_RUNS  ?= 10000000
 FUZZ_JOBS  ?= $(shell nproc 2>/dev/null || echo 1)
+FUZZ_WORKERS ?= 1
 FUZZ_NAMES ?= wire sess npy tokens
 FZ         := $(B)/fuzz
 
@@ -80,7 +85,7 @@ $(FZ)/seeds/.stamp: $(FZ)/mkcorpus
 	$(call say,GEN,$(FZ)/seeds)rm -rf $(FZ)/seeds && $(FZ)/mkcorpus $(FZ)/seeds && touch $@
 
 fuzz-smoke: fuzz-need-clang $(FUZZ_BINS) $(FZ)/seeds/.stamp
-	@sh tests/fuzz/run.sh -j 1 $(FZ) -max_total_time=$(FUZZ_TIME) $(FUZZ_NAMES)
+	@sh tests/fuzz/run.sh -j 1 -w $(FUZZ_WORKERS) $(FZ) -max_total_time=$(FUZZ_TIME) $(FUZZ_NAMES)
 
 fuzz-long: fuzz-need-clang $(FUZZ_BINS) $(FZ)/seeds/.stamp
-	@sh tests/fuzz/run.sh -j $(FUZZ_JOBS) $(FZ) -runs=$(FUZZ_RUNS) $(FUZZ_NAMES)
+	@sh tests/fuzz/run.sh -j $(FUZZ_JOBS) -w $(FUZZ_WORKERS) $(FZ) -runs=$(FUZZ_RUNS) $(FUZZ_NAMES)

@@ -2,24 +2,43 @@
 # run.sh — runs libFuzzer harnesses on scratch copies of their corpora and
 # prints one line per harness: its name, executions, rate and result.
 #
-#   tests/fuzz/run.sh [-j JOBS] DIR LIMIT NAME...
+#   tests/fuzz/run.sh [-j JOBS] [-w WORKERS] DIR LIMIT NAME...
 #
 # DIR holds fuzz_NAME and seeds/NAME (build/fuzz); LIMIT is the libFuzzer
 # option that ends a run (-max_total_time=60, -runs=10000000).  Inputs
 # committed in tests/fuzz/corpus/NAME join the seeds.  Up to JOBS harnesses
-# run at once.  Exits 1 if any harness found a crash, a leak or a timeout
-# (libFuzzer's exit status), after every harness has run.
+# run at once.  With WORKERS > 1 each harness runs as that many processes
+# on one shared corpus, each with its own seed (libFuzzer picks up what the
+# others add to the directory); -runs=N is split between them, and the line
+# printed gives the sum and each worker's count.  Exits 1 if any harness
+# found a crash, a leak or a timeout (libFuzzer's exit status), after every
+# harness has run.
 set -u
 
 jobs=1
-if [ "${1:-}" = "-j" ]; then
-	jobs=$2
-	shift 2
-fi
-[ $# -ge 3 ] || { echo "usage: run.sh [-j JOBS] DIR LIMIT NAME..." >&2; exit 2; }
+workers=1
+while [ $# -gt 0 ]; do
+	case $1 in
+	-j) jobs=$2; shift 2 ;;
+	-w) workers=$2; shift 2 ;;
+	*) break ;;
+	esac
+done
+[ $# -ge 3 ] || { echo "usage: run.sh [-j JOBS] [-w WORKERS] DIR LIMIT NAME..." >&2; exit 2; }
+case $workers in
+''|*[!0-9]*|0) echo "run.sh: -w wants a count of processes, not '$workers'" >&2; exit 2 ;;
+esac
 dir=$1
 limit=$2
 shift 2
+# -runs=N is the total: each of the workers runs its share.
+wlimit=$limit
+case $limit in
+-runs=*)
+	n=${limit#-runs=}
+	wlimit=-runs=$(( (n + workers - 1) / workers ))
+	;;
+esac
 
 # One harness, start to end; its verdict goes to $dir/log/NAME.result.
 run_one() {
@@ -27,7 +46,7 @@ run_one() {
 	corpus=$dir/corpus/$name
 	art=$dir/artifacts/$name
 	log=$dir/log/$name.log
-	rm -rf "$corpus" "$art"
+	rm -rf "$corpus" "$art" "$dir/log/$name".*.log
 	mkdir -p "$corpus" "$art" "$dir/log"
 	cp "$dir/seeds/$name/"* "$corpus/" 2>/dev/null
 	if [ -d "tests/fuzz/corpus/$name" ]; then
@@ -41,21 +60,45 @@ run_one() {
 	[ "$name" = sess ] && extra=-max_len=320
 	start=$(date +%s)
 	# -timeout: one input running 25 s is a hang; the others are
-	# libFuzzer's defaults (2 GiB RSS, leak detection on).
-	"$dir/fuzz_$name" "$limit" $extra -print_final_stats=1 -timeout=25 \
-		-artifact_prefix="$art/" "$corpus" >"$log" 2>&1
-	rc=$?
+	# libFuzzer's defaults (2 GiB RSS, leak detection on).  Worker 1
+	# logs to NAME.log, the others to NAME.W.log.
+	rc=0
+	wpids=""
+	w=1
+	while [ "$w" -le "$workers" ]; do
+		wlog=$log
+		[ "$w" -eq 1 ] || wlog=$dir/log/$name.$w.log
+		seed=
+		[ "$workers" -eq 1 ] || seed=-seed=$w
+		"$dir/fuzz_$name" "$wlimit" $extra $seed -print_final_stats=1 -timeout=25 \
+			-artifact_prefix="$art/" "$corpus" >"$wlog" 2>&1 &
+		wpids="$wpids $!"
+		w=$((w + 1))
+	done
+	for p in $wpids; do
+		wait "$p" || rc=$?
+	done
 	secs=$(( $(date +%s) - start ))
 	[ "$secs" -gt 0 ] || secs=1
-	execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
-	execs=${execs:-0}
+	execs=0
+	each=
+	w=1
+	while [ "$w" -le "$workers" ]; do
+		wlog=$log
+		[ "$w" -eq 1 ] || wlog=$dir/log/$name.$w.log
+		n=$(sed -n 's/^stat::number_of_executed_units: *//p' "$wlog" | tail -n 1)
+		execs=$((execs + ${n:-0}))
+		each="$each${each:+ + }${n:-0}"
+		w=$((w + 1))
+	done
+	[ "$workers" -eq 1 ] && each= || each=" ($each in $workers workers)"
 	if [ "$rc" -eq 0 ]; then
 		verdict="no crash"
 	else
-		verdict="FAILED (exit $rc), see $log and $art/"
+		verdict="FAILED (exit $rc), see $log (and $name.W.log beside it) and $art/"
 	fi
-	printf 'fuzz %-6s %10s executions in %4d s (%d/s), corpus %d -> %d inputs: %s\n' \
-		"$name" "$execs" "$secs" $((execs / secs)) "$seeds" "$(ls "$corpus" | wc -l)" \
+	printf 'fuzz %-6s %10s executions%s in %4d s (%d/s), corpus %d -> %d inputs: %s\n' \
+		"$name" "$execs" "$each" "$secs" $((execs / secs)) "$seeds" "$(ls "$corpus" | wc -l)" \
 		"$verdict" >"$dir/log/$name.result"
 	# The session harness says what its scripts reached.
 	sed -n 's/^fuzz_sess: /    /p' "$log" >>"$dir/log/$name.result"
