@@ -82,15 +82,18 @@ static const char *DATASETS = "[dataset.d]\n"
 
 struct topts {
 	const char *sock;
-	const char *mode; /* epochs | stream | hold | probe | oom | pool | lag */
+	const char *mode; /* epochs | stream | hold | restart | probe | oom | pool | lag */
 	enum pf_ipc ipc;
 	uint32_t epochs;
 	uint64_t seed;
 	uint32_t min_depth, max_depth;
-	uint32_t batch;	  /* samples per batch (BATCH unless batch=N) */
-	bool alloc;	  /* probe: fill the GPU before the probe */
-	bool halved;	  /* epochs: expect an OOM-halved target after batch 1 */
-	const char *pool; /* pool: all | part | evict | pressure */
+	uint32_t batch;	     /* samples per batch (BATCH unless batch=N) */
+	bool alloc;	     /* probe: fill the GPU before the probe */
+	bool halved;	     /* epochs: expect an OOM-halved target after batch 1 */
+	const char *pool;    /* pool: all | part | evict | pressure */
+	double reconnect_s;  /* pf_open_opts.reconnect_s */
+	uint32_t step_us;    /* restart: the "training step" after each batch */
+	uint32_t reconnects; /* restart: reconnections the run must see */
 };
 
 /* What one epoch delivered, by batch seq. */
@@ -165,6 +168,7 @@ static void t_open(struct trainer *t, uint32_t min_depth, uint32_t max_depth)
 				  .min_depth = min_depth,
 				  .max_depth = max_depth,
 				  .ipc = t->o.ipc,
+				  .reconnect_s = t->o.reconnect_s,
 				  .name = t->o.mode};
 	uint64_t most = 0;
 	char msg[256] = "";
@@ -507,6 +511,88 @@ static void mode_stream(struct trainer *t)
 	tlog("stream: %" PRIu64 " complete epochs, %" PRIu64 " batches, %" PRIu64
 	     " samples, every byte checked, no error",
 	     epochs, t->batches, t->samples);
+	t_close(t);
+}
+
+/*
+ * mode=restart: a trainer that reconnects (reconnect_s) and, like a real
+ * one, keeps the batch it is training on while it asks for the next, so
+ * that it holds a batch of the old daemon when the test SIGKILLs it.  Each
+ * batch is followed by a step_us "training step"; "streaming" after 10
+ * batches is the test's cue.  Every batch is checked as always (bytes
+ * copied back, each pick once); at the end the reconnections must number
+ * `reconnects`, each must resume at the batch after the last one taken, and
+ * the trainer says "restarted <reconnects> <resumed at> <longest wait ms>".
+ */
+static void mode_restart(struct trainer *t)
+{
+	uint64_t reconnects = 0, resumed_at = 0;
+	double longest = 0;
+	bool said = false;
+	struct pf_stats st;
+
+	t_open(t, t->o.min_depth, t->o.max_depth);
+	for (uint32_t e = 0; e < t->o.epochs; e++) {
+		struct pf_batch *prev = NULL, *b;
+		uint64_t last_seq = 0;
+
+		t_start(t, t->o.seed + e);
+		for (;;) {
+			double t0 = td_now(), waited;
+			int rc = t_next(t, &b);
+
+			waited = td_now() - t0;
+			if (rc)
+				tfail("pf_next after %" PRIu64 " batches: %d %s", t->batches, rc,
+				      pf_errmsg(t->c));
+			if (waited > longest)
+				longest = waited;
+			if (pf_stats(t->c, &st))
+				tfail("pf_stats: %s", pf_errmsg(t->c));
+			if (st.reconnects != reconnects) {
+				/* The first batch since the session was opened
+				 * again: the one after the last one taken. */
+				if (!b)
+					tfail("the epoch ended at the reconnection, after "
+					      "batch %" PRIu64 " of %" PRIu64,
+					      last_seq, t->ep.announced);
+				if (b->seq != last_seq + 1)
+					tfail("reconnected at batch %" PRIu64 ", want %" PRIu64,
+					      b->seq, last_seq + 1);
+				tlog("reconnection %" PRIu64 ": epoch %u resumed at batch %" PRIu64
+				     " after a %.0f ms wait, the batch taken before it still held",
+				     st.reconnects, e, b->seq, waited * 1000);
+				reconnects = st.reconnects;
+				resumed_at = b->seq;
+			}
+			/* The batch it trained on is released once the next one
+			 * is in hand; after a reconnection it belongs to the
+			 * dead daemon, and pf_release only lets go of it. */
+			if (prev)
+				t_release(t, prev);
+			prev = b;
+			if (!b)
+				break;
+			last_seq = b->seq;
+			if (!said && t->batches >= 10) {
+				tsay("streaming");
+				said = true;
+			}
+			if (t->o.step_us)
+				usleep(t->o.step_us);
+		}
+		t_epoch_complete(t);
+		tlog("epoch %u (seed %" PRIu64 "): %" PRIu64 " batches, %" PRIu64
+		     " picks, each once, every byte checked",
+		     e, t->o.seed + e, t->ep.announced, t->ep.delivered);
+	}
+	if (pf_stats(t->c, &st))
+		tfail("pf_stats: %s", pf_errmsg(t->c));
+	if (st.reconnects != t->o.reconnects)
+		tfail("%" PRIu64 " reconnections, want %u", st.reconnects, t->o.reconnects);
+	if (st.held != 0)
+		tfail("%" PRIu64 " batches still held at the end", st.held);
+	tsay("restarted %" PRIu64 " %" PRIu64 " %.0f", st.reconnects, resumed_at, longest * 1000);
 	t_close(t);
 }
 
@@ -937,6 +1023,12 @@ static int trainer_main(int argc, char **argv)
 			t.o.halved = atoi(v) != 0;
 		else if (!strncmp(a, "pool=", 5))
 			t.o.pool = v;
+		else if (!strncmp(a, "reconnect_s=", 12))
+			t.o.reconnect_s = strtod(v, NULL);
+		else if (!strncmp(a, "step_us=", 8))
+			t.o.step_us = (uint32_t)strtoul(v, NULL, 10);
+		else if (!strncmp(a, "reconnects=", 11))
+			t.o.reconnects = (uint32_t)strtoul(v, NULL, 10);
 		else
 			tfail("unknown trainer argument '%s'", a);
 	}
@@ -952,6 +1044,8 @@ static int trainer_main(int argc, char **argv)
 		mode_stream(&t);
 	else if (!strcmp(t.o.mode, "hold"))
 		mode_hold(&t);
+	else if (!strcmp(t.o.mode, "restart"))
+		mode_restart(&t);
 	else if (!strcmp(t.o.mode, "probe"))
 		mode_probe(&t);
 	else if (!strcmp(t.o.mode, "oom"))
@@ -1595,6 +1689,62 @@ static void trainer_grabbing_the_gpu_shrinks_the_pool_and_its_epoch_completes(vo
 		  "seed=64");
 }
 
+/*
+ * The daemon is SIGKILLed while a trainer that reconnects streams, holding
+ * the batch it trains on, and started again on the same socket 300 ms
+ * later.  The trainer must ride through: its pf_next returns the batch
+ * after the last one it took, from the new daemon's freshly imported
+ * arenas, the epoch ends with every pick once and every byte right, the
+ * held batch of the dead daemon is let go of, and the next epoch runs.
+ */
+static void restart_test(const char *daemon_extra, const char *ipc_arg)
+{
+	const char *args[] = {"mode=restart", "epochs=2",     "seed=11",
+			      "batch=64",     "step_us=2000", "reconnect_s=30",
+			      "reconnects=1", ipc_arg,	      NULL};
+	struct kid *k;
+	char line[256];
+	unsigned long long reconnects = 0, resumed = 0, longest = 0;
+	double killed;
+	int rc;
+
+	need_gpu();
+	start_daemon(daemon_extra, NULL);
+	k = spawn("trainer", args);
+	kid_line(k, "streaming", 60000, true, line, sizeof(line));
+	killed = td_now();
+	assert_int_equal(td_kill(&fx.td), 0);
+	usleep(300 * 1000);
+	rc = td_start(&fx.td, daemon_extra, DATASETS);
+	if (rc)
+		fail_msg("td_start again: %d (%s)", rc, strerror(-rc));
+	print_message("daemon SIGKILLed mid-epoch, started again %.0f ms later\n",
+		      (td_now() - killed) * 1000);
+	kid_line(k, "restarted", 120000, false, line, sizeof(line));
+	if (sscanf(line, "restarted %llu %llu %llu", &reconnects, &resumed, &longest) != 3)
+		fail_msg("trainer said \"%s\"", line);
+	kid_reap(k, 60000);
+	kid_verdict(k, false);
+	print_message("trainer: %llu reconnection, epoch resumed at batch %llu, longest pf_next "
+		      "wait %llu ms; 2 epochs, every pick once, every byte checked\n",
+		      reconnects, resumed, longest);
+	assert_int_equal(reconnects, 1);
+	/* "streaming" came after batch 9: the kill was later. */
+	assert_true(resumed >= 10);
+	stop_daemon();
+	fx.done = true;
+}
+
+static void killed_daemon_is_ridden_through_by_a_reconnecting_trainer_over_fd(void **state)
+{
+	restart_test("ipc = fd\n", "ipc=fd");
+}
+
+static void killed_daemon_is_ridden_through_by_a_reconnecting_trainer_over_legacy_ipc(void **state)
+{
+	restart_test("ipc = legacy\n", "ipc=default");
+}
+
 #define CASE(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 
 int main(int argc, char **argv)
@@ -1614,6 +1764,8 @@ int main(int argc, char **argv)
 		CASE(pool_holding_part_of_the_rows_serves_hits_and_misses_byte_exact),
 		CASE(pool_losing_slabs_mid_epoch_loses_no_sample),
 		CASE(trainer_grabbing_the_gpu_shrinks_the_pool_and_its_epoch_completes),
+		CASE(killed_daemon_is_ridden_through_by_a_reconnecting_trainer_over_fd),
+		CASE(killed_daemon_is_ridden_through_by_a_reconnecting_trainer_over_legacy_ipc),
 	};
 	int rc;
 
