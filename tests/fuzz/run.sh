@@ -10,7 +10,9 @@
 # run at once.  With WORKERS > 1 each harness runs as that many processes
 # on one shared corpus, each with its own seed (libFuzzer picks up what the
 # others add to the directory); -runs=N is split between them, and the line
-# printed gives the sum and each worker's count.  Exits 1 if any harness
+# printed gives the sum and each worker's count.  FUZZ_FLAGS in the
+# environment adds libFuzzer options to every process (a time cap beside
+# -runs, say: -max_total_time=530).  Exits 1 if any harness
 # found a crash, a leak or a timeout (libFuzzer's exit status), after every
 # harness has run.
 set -u
@@ -70,7 +72,7 @@ run_one() {
 		[ "$w" -eq 1 ] || wlog=$dir/log/$name.$w.log
 		seed=
 		[ "$workers" -eq 1 ] || seed=-seed=$w
-		"$dir/fuzz_$name" "$wlimit" $extra $seed -print_final_stats=1 -timeout=25 \
+		"$dir/fuzz_$name" "$wlimit" $extra $seed ${FUZZ_FLAGS:-} -print_final_stats=1 -timeout=25 \
 			-artifact_prefix="$art/" "$corpus" >"$wlog" 2>&1 &
 		wpids="$wpids $!"
 		w=$((w + 1))
