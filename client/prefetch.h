@@ -107,7 +107,8 @@ struct pf_open_opts {
 	const char *device;  /* NULL or "host": host memory; "cuda:N": GPU N */
 	uint32_t batch_size;
 	bool drop_last;	    /* drop the last, partial batch of each epoch */
-	uint32_t augment;   /* 0/1: plain; k: picks range over k*N, sample = pick % N */
+	uint32_t augment;   /* 0/1: plain; k: picks range over k*N, sample = pick % N;
+			     * k*N above the daemon's max_epoch_picks: -E2BIG */
 	uint32_t min_depth; /* 0: daemon default */
 	uint32_t max_depth; /* 0: daemon default */
 	enum pf_ipc ipc;    /* CUDA sessions: how device arenas are shared */

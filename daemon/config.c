@@ -67,6 +67,7 @@ enum daemon_key {
 	K_POOL,
 	K_POOL_BYTES,
 	K_POOL_SLAB,
+	K_MAX_EPOCH_PICKS,
 	K_COUNT
 };
 
@@ -92,6 +93,7 @@ static const char *const daemon_keys[K_COUNT] = {
 	[K_POOL] = "pool",
 	[K_POOL_BYTES] = "pool_bytes",
 	[K_POOL_SLAB] = "pool_slab",
+	[K_MAX_EPOCH_PICKS] = "max_epoch_picks",
 };
 
 enum section { SEC_NONE, SEC_DAEMON, SEC_DATASET };
@@ -479,6 +481,17 @@ static int daemon_key(struct parse *st, const char *name, const char *value)
 	case K_SESSION_BYTES:
 		return key_size(st, name, value, 4096, UINT64_MAX, &cfg->session_bytes);
 	case K_MAX_SESSIONS: return key_uint(st, name, value, 1, 65536, &cfg->max_sessions);
+	case K_MAX_EPOCH_PICKS:
+		/* A count, with the size suffixes: 2G is 2^31 picks. */
+		if (config_parse_size(value, &cfg->max_epoch_picks))
+			return fail(
+				st,
+				"max_epoch_picks: '%s' is not a count (a number, or one with K, "
+				"M, G or T)",
+				value);
+		if (cfg->max_epoch_picks == 0)
+			return fail(st, "max_epoch_picks: must be at least 1");
+		return 1;
 	case K_MAX_FRAME:
 		/* The wire length prefix is 32 bits; 1G is far above any sane
 		 * frame and keeps a hostile length from reserving 4G. */
@@ -902,6 +915,10 @@ void config_defaults(struct config *cfg)
 	cfg->arena_bytes = 256ULL << 20;
 	cfg->session_bytes = 2ULL << 30;
 	cfg->max_sessions = 64;
+	/* A 16 GiB order (and as much again while the next epoch's is built
+	 * ahead): far above ImageNet's 1.3M or a 10B-token corpus's 10M
+	 * windows, and far below what one client may make the daemon take. */
+	cfg->max_epoch_picks = 2ULL << 30;
 	cfg->max_frame = 16ULL << 20;
 	cfg->depth = 4;
 	cfg->max_depth = 16;

@@ -10,6 +10,8 @@
  *   arena_bytes = 256M              ; largest single arena
  *   session_bytes = 2G              ; most slot memory one session may hold
  *   max_sessions = 64
+ *   max_epoch_picks = 2G            ; most picks in one epoch's order (N x augment);
+ *                                   ; each costs the daemon 8 bytes
  *   max_frame = 16M
  *   allow_users = root, alice, 1001 ; names or uids; * = anyone
  *   allow_groups = prefetch         ; names or gids
@@ -95,6 +97,7 @@ struct config {
 	uint64_t arena_bytes;
 	uint64_t session_bytes;
 	unsigned max_sessions;
+	uint64_t max_epoch_picks; /* N x augment of an OpenSession, at most */
 	uint64_t max_frame;
 	bool allow_any;	   /* allow_users = * */
 	uid_t *allow_uids; /* owned */

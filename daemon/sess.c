@@ -443,7 +443,7 @@ int sess_open(struct conn *c, uint64_t id, const Pf__OpenSession *req)
 	struct sess *s;
 	char err[256] = "";
 	uint32_t min_depth, max_depth;
-	uint64_t fit, want;
+	uint64_t fit, want, picks;
 	int gpu = -1;
 	int rc;
 
@@ -465,6 +465,18 @@ int sess_open(struct conn *c, uint64_t id, const Pf__OpenSession *req)
 				  ds->error);
 	if (req->batch_size == 0)
 		return conn_error(c, id, -EINVAL, "batch_size must be at least 1");
+	/* StartEpoch builds an order of N x augment picks, 8 bytes each: the
+	 * client must not choose how much memory the daemon takes. */
+	if (__builtin_mul_overflow(ds->num_samples, (uint64_t)(req->augment ? req->augment : 1),
+				   &picks) ||
+	    picks > cfg->max_epoch_picks)
+		return conn_error(c, id, -E2BIG,
+				  "an epoch of '%s' with augment %u is %" PRIu64 " samples x %u "
+				  "picks, above max_epoch_picks = %" PRIu64
+				  " ([daemon] in the configuration; each pick costs the daemon 8 "
+				  "bytes)",
+				  ds->name, req->augment ? req->augment : 1, ds->num_samples,
+				  req->augment ? req->augment : 1, cfg->max_epoch_picks);
 	if (req->device[0] && strcmp(req->device, "host") != 0) {
 		rc = pick_gpu(d, req, &gpu, err, sizeof(err));
 		if (rc)

@@ -100,6 +100,7 @@ static void defaults_are_the_documented_values(void **state)
 	assert_int_equal(cfg->arena_bytes, 256ULL << 20);
 	assert_int_equal(cfg->session_bytes, 2ULL << 30);
 	assert_int_equal(cfg->max_sessions, 64);
+	assert_int_equal(cfg->max_epoch_picks, 2ULL << 30);
 	assert_int_equal(cfg->max_frame, 16ULL << 20);
 	assert_int_equal(cfg->depth, 4);
 	assert_int_equal(cfg->max_depth, 16);
@@ -147,6 +148,7 @@ static void full_file_sets_every_key(void **state)
 				       "arena_bytes = 64M\n"
 				       "session_bytes = 3G\n"
 				       "max_sessions = 7\n"
+				       "max_epoch_picks = 5000000000\n"
 				       "max_frame = 1048576\n"
 				       "allow_users = root, 1001\n"
 				       "allow_groups = root,4242\n"
@@ -175,6 +177,7 @@ static void full_file_sets_every_key(void **state)
 	assert_int_equal(cfg->arena_bytes, 64ULL << 20);
 	assert_int_equal(cfg->session_bytes, 3ULL << 30);
 	assert_int_equal(cfg->max_sessions, 7);
+	assert_int_equal(cfg->max_epoch_picks, 5000000000ULL);
 	assert_int_equal(cfg->max_frame, 1048576);
 	assert_false(cfg->allow_any);
 	assert_int_equal(cfg->n_allow_uids, 2);
@@ -422,6 +425,8 @@ static const struct {
 	 "reserve_min: conflicts with reserve = SIZE on line 2"},
 	{"[daemon]\nreserve_min = 1G\nreserve = 4G\n", 3,
 	 "reserve: a size conflicts with reserve_min on line 2"},
+	{"[daemon]\nmax_epoch_picks = 0\n", 2, "max_epoch_picks: must be at least 1"},
+	{"[daemon]\nmax_epoch_picks = lots\n", 2, "max_epoch_picks: 'lots' is not a count"},
 	{"[daemon]\nprobe_interval = 0\n", 2, "probe_interval: 0 is out of range"},
 	{"[daemon]\npool = yes\n", 2, "pool: 'yes' is not on or off"},
 	{"[daemon]\npool_slab = 1M\n", 2, "pool_slab: 1M is out of range"},

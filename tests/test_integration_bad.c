@@ -81,7 +81,7 @@ static int setup(void **state)
 		      "{'descr': '>f4', 'fortran_order': False, 'shape': (10, 4), }", 160);
 	write_npy_raw("complex.npy", "{'descr': '<c8', 'fortran_order': False, 'shape': (10, 4), }",
 		      320);
-	if (td_start(&td, "max_frame = 1M",
+	if (td_start(&td, "max_frame = 1M\nmax_epoch_picks = 1000",
 		     "[dataset.ok]\nfield.x = ok.npy\n"
 		     "[dataset.late]\nfield.x = late.npy\n"
 		     "[dataset.truncated]\nfield.x = truncated.npy\n"
@@ -181,6 +181,53 @@ static void mismatched_field_lengths_are_refused(void **state)
 static void unknown_dataset_is_refused(void **state)
 {
 	assert_open_refused("no-such-set", -ENOENT, "unknown dataset 'no-such-set'", NULL);
+}
+
+/* The order of an epoch is N x augment picks of 8 bytes, built by the
+ * daemon: max_epoch_picks (1000 here, N = 200) bounds what a client can
+ * make it take.  augment 5 is served whole; 6 and 2^32 - 1 (a 6.4 TB
+ * order) are refused, naming the key, and nothing else is disturbed. */
+static void augment_beyond_max_epoch_picks_is_refused(void **state)
+{
+	static const uint32_t too_big[] = {6, UINT32_MAX};
+	struct pf_client *c = NULL;
+	struct pf_batch *b;
+	uint8_t seen[5 * N_OK] = {0};
+	int n = 0, rc;
+
+	for (size_t i = 0; i < sizeof(too_big) / sizeof(too_big[0]); i++) {
+		assert_int_equal(pf_connect(td.sock, &c), 0);
+		rc = pf_open(c, &(struct pf_open_opts){
+					.dataset = "ok", .batch_size = 32, .augment = too_big[i]});
+		print_message("augment %u: %d %s\n", too_big[i], rc, pf_errmsg(c));
+		assert_int_equal(rc, -E2BIG);
+		assert_non_null(strstr(pf_errmsg(c), "max_epoch_picks = 1000"));
+		pf_close(c);
+	}
+	assert_int_equal(pf_connect(td.sock, &c), 0);
+	assert_int_equal(
+		pf_open(c, &(struct pf_open_opts){.dataset = "ok", .batch_size = 32, .augment = 5}),
+		0);
+	assert_int_equal(
+		pf_start_epoch(c, &(struct pf_epoch_opts){.order = PF_ORDER_SHUFFLE, .seed = 3},
+			       NULL),
+		0);
+	while ((rc = pf_next(c, 10000, &b)) == 0 && b) {
+		for (uint32_t k = 0; k < b->count; k++) {
+			assert_true(b->picks[k] < 5 * N_OK);
+			assert_false(seen[b->picks[k]]);
+			seen[b->picks[k]] = 1;
+			assert_true(td_row_ok((const uint8_t *)b->data[0] + k * 64, 64, SEED,
+					      b->picks[k] % N_OK));
+			n++;
+		}
+		pf_release(c, b, NULL);
+	}
+	assert_int_equal(rc, 0);
+	assert_int_equal(n, 5 * N_OK);
+	pf_close(c);
+	assert_still_serving();
+	(void)state;
 }
 
 static void out_of_range_explicit_index_is_refused(void **state)
@@ -436,6 +483,7 @@ int main(void)
 		cmocka_unit_test(mismatched_field_lengths_are_refused),
 		cmocka_unit_test(unknown_dataset_is_refused),
 		cmocka_unit_test(out_of_range_explicit_index_is_refused),
+		cmocka_unit_test(augment_beyond_max_epoch_picks_is_refused),
 		cmocka_unit_test(oversized_frame_closes_only_that_connection),
 		cmocka_unit_test(garbage_frame_closes_only_that_connection),
 		cmocka_unit_test(release_of_foreign_slot_is_refused),

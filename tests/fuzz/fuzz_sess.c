@@ -317,6 +317,8 @@ long __wrap_wire_send_some(int sock, const uint8_t *buf, size_t len, int pass_fd
 
 #define FZ_ROWS	      37
 #define FZ_MAX_FIELDS 2
+/* Orders of at most this many times N picks: max_epoch_picks. */
+#define FZ_AUGMENT_MAX 1024u
 
 struct fz_field {
 	const char *name;
@@ -1351,10 +1353,11 @@ static void do_open(struct fz_client *c, struct script *in)
 	if (flags & 8)
 		msg.pci_bus_id = "0000:3b:00.0";
 	b = next_u8(in);
-	/* Bounded here: the daemon builds an order of augment * N picks and
-	 * does not bound augment itself (reported on issue 6), so a large one
-	 * is an allocation of any size the client likes. */
-	msg.augment = b < 240 ? b % 9u : (uint32_t)(next_u64(in) & 0xffff) % 1025u;
+	/* The daemon refuses an order above max_epoch_picks (FZ_AUGMENT_MAX
+	 * times N here): small ones, the edge, and any 32-bit value. */
+	msg.augment = b < 240	? b % 9u
+		      : b < 248 ? FZ_AUGMENT_MAX - 3u + (b - 240u)
+				: (uint32_t)next_u64(in);
 	msg.min_depth = pick_depth(in);
 	msg.max_depth = pick_depth(in);
 	fill_name(name, sizeof(name), in);
@@ -1366,7 +1369,8 @@ static void do_open(struct fz_client *c, struct script *in)
 	r->set = set < FZ_NSETS ? &sets[set] : NULL;
 	r->expect_ok = FZ_REFUSE;
 	if (c->hello_sent && !c->session && r->set && !r->set->broken && msg.batch_size > 0 &&
-	    (!device[0] || strcmp(device, "host") == 0) && d.nsessions < d.cfg.max_sessions) {
+	    (!device[0] || strcmp(device, "host") == 0) && d.nsessions < d.cfg.max_sessions &&
+	    (msg.augment ? msg.augment : 1) <= FZ_AUGMENT_MAX) {
 		uint64_t min = msg.min_depth ? msg.min_depth : 1;
 		uint64_t max = msg.max_depth ? msg.max_depth : d.cfg.max_depth;
 		uint64_t lo, hi;
@@ -1970,6 +1974,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	d.cfg.session_bytes = 4 << 20;
 	d.cfg.max_sessions = 2;
 	d.cfg.max_frame = 64 << 10;
+	d.cfg.max_epoch_picks = (uint64_t)FZ_ROWS * FZ_AUGMENT_MAX;
 	d.datasets = calloc(FZ_NSETS, sizeof(*d.datasets));
 	if (!d.cfg.socket_path || !d.datasets)
 		die("out of memory");
