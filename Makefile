@@ -167,22 +167,25 @@ $(B)/bench/%: $(B)/bench/%.o $(B)/libprefetch.a $(TEST_UTIL)
 # tests/python/test_*.py run through tests/python/run.py, which reports as
 # cmocka does, from wrapper scripts in build/tests that run.sh runs like the
 # test binaries.  Each runs under the first of PY_CANDIDATES that imports
-# what it needs, looked up whenever a check target runs (so a module
-# installed since is found); with none, plain python3, and the test says
-# what is missing.
+# what it needs and what it would like (torch: without it the CUDA cases
+# skip, saying so), else the first that imports what it needs, looked up
+# whenever a check target runs (so a module installed since is found); with
+# none, plain python3, and the test says what is missing.
 PY_CANDIDATES := python3 /usr/bin/python3
-find_python = $(shell for p in $(PY_CANDIDATES); do \
+py_imports = for p in $(PY_CANDIDATES); do \
   $$p -c 'import sys; [__import__(m) for m in sys.argv[1:]]' $(1) >/dev/null 2>&1 && \
-  { command -v $$p; exit 0; }; done; echo python3)
+  { command -v $$p; exit 0; }; done
+find_python = $(shell $(call py_imports,$(1) $(2)); $(call py_imports,$(1)); echo python3)
 PY_HOST := $(B)/tests/py_host
 PY_CUDA := $(B)/tests/py_torch_cuda
 UNITS_TEST := $(B)/tests/units
 PY_ORDER := $(B)/tests/py_order
 
-# $(1): the modules the test imports, $(2): the test file.
+# $(1): the modules the test needs, $(2): the test file, $(3): modules it
+# would like.
 define py_wrapper
 	@mkdir -p $(@D)
-	$(call say,GEN,$@)printf '#!/bin/sh\nexec %s -B %s %s "$$@"\n' '$(call find_python,$(1))' \
+	$(call say,GEN,$@)printf '#!/bin/sh\nexec %s -B %s %s "$$@"\n' '$(call find_python,$(1),$(3))' \
 	  '$(CURDIR)/tests/python/run.py' '$(CURDIR)/tests/python/$(2)' > $@.tmp && \
 	  chmod +x $@.tmp && mv $@.tmp $@
 endef
@@ -198,7 +201,7 @@ $(UNITS_TEST):
 $(PY_HOST):
 	$(call py_wrapper,numpy,test_host.py)
 $(PY_CUDA):
-	$(call py_wrapper,numpy torch,test_torch_cuda.py)
+	$(call py_wrapper,numpy,test_torch_cuda.py,torch)
 
 # ---- user targets -----------------------------------------------------------
 deps:
