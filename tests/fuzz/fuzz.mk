@@ -23,6 +23,12 @@
 # scratch copy of both in build/fuzz/corpus/NAME: the tree is never written.
 # A crash leaves its input in build/fuzz/artifacts/NAME/ and the log in
 # build/fuzz/log/NAME.log; `build/fuzz/fuzz_NAME FILE` replays it.
+#
+# A machine with more cores and no clang (the lent GPU machine) runs the
+# binary built here: copy build/fuzz/fuzz_NAME and build/fuzz/seeds into a
+# folder DIR, then `tests/fuzz/run.sh -w 16 DIR -runs=10000000 NAME` there,
+# with FUZZ_FLAGS=-max_total_time=S below the machine's command limit, and
+# copy DIR/artifacts and the failing DIR/log files back in the same command.
 
 FUZZ_CC    ?= clang
 FUZZ_TIME  ?= 60
