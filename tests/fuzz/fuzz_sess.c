@@ -1170,9 +1170,65 @@ static void check_pumped(const struct sess *s)
 		    s->id, s->epoch);
 }
 
+/* What the harness knows of the daemon's connections, for a failure's
+ * message: each one's peer text, state, poll entry, and the client that
+ * drives it. */
+static const char *describe_conns(void)
+{
+	static char buf[2048];
+	size_t len = 0;
+
+	buf[0] = '\0';
+	for (struct conn *c = d.conns; c && len < sizeof(buf) - 200; c = c->next) {
+		const struct fz_poll *p = find_poll(&c->poll);
+		int owner = -1;
+
+		for (int i = 0; i < FZ_CLIENTS; i++)
+			if (clients[i].peer == (uv_handle_t *)&c->poll)
+				owner = i;
+		len += (size_t)snprintf(
+			buf + len, sizeof(buf) - len,
+			"; conn fd %d (%s)%s%s, poll %s events %d%s, client %d", c->fd, c->peer,
+			c->closing ? " closing" : "", c->out_head ? " output queued" : "",
+			!p	    ? "gone"
+			: p->active ? "active"
+				    : "stopped",
+			p ? p->events : 0, p && p->readable ? " readable" : "", owner);
+	}
+	return buf;
+}
+
+/* After settling, every connected client drives exactly one open
+ * connection whose poll handle the harness still turns: else the client's
+ * writes (and its hang-up at the end of the script) reach nothing. */
+static void check_peers(void)
+{
+	for (int i = 0; i < FZ_CLIENTS; i++) {
+		const struct fz_client *c = &clients[i];
+		const struct fz_poll *p;
+
+		if (c->fd < 0)
+			continue;
+		p = c->peer ? find_poll(c->peer) : NULL;
+		if (!p || !p->active)
+			die("client %d (fd %d) drives no open connection (peer %p %s)%s", i, c->fd,
+			    (const void *)c->peer,
+			    !c->peer ? "none"
+			    : !p     ? "not polled"
+				     : "stopped",
+			    describe_conns());
+		for (int k = 0; k < i; k++)
+			if (clients[k].fd >= 0 && clients[k].peer == c->peer)
+				die("clients %d and %d drive one connection%s", k, i,
+				    describe_conns());
+	}
+}
+
 static void check_daemon(void)
 {
 	unsigned n = 0;
+
+	check_peers();
 
 	for (struct sess *s = d.sessions; s; s = s->next, n++) {
 		if (!sess_check(s))
@@ -1907,7 +1963,7 @@ static void end_script(void)
 	for (int i = 0; i < 1000 && (d.nconns || ncloses); i++)
 		turn();
 	if (d.nconns)
-		die("%u connection(s) outlived their clients", d.nconns);
+		die("%u connection(s) outlived their clients%s", d.nconns, describe_conns());
 	while (njobs || nworks) {
 		if (njobs)
 			complete_job(0);
