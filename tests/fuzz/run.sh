@@ -77,8 +77,10 @@ run_one() {
 		wpids="$wpids $!"
 		w=$((w + 1))
 	done
+	# The first worker that failed gives the status: a crash is not
+	# hidden by another worker stopped by hand (72) later.
 	for p in $wpids; do
-		wait "$p" || rc=$?
+		wait "$p" || { s=$?; [ "$rc" -ne 0 ] || rc=$s; }
 	done
 	secs=$(( $(date +%s) - start ))
 	[ "$secs" -gt 0 ] || secs=1
