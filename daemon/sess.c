@@ -442,7 +442,7 @@ int sess_open(struct conn *c, uint64_t id, const Pf__OpenSession *req)
 	const struct dataset *ds;
 	struct sess *s;
 	char err[256] = "";
-	uint32_t min_depth, max_depth;
+	uint32_t min_depth, max_depth, augment = req->augment ? req->augment : 1;
 	uint64_t fit, want, picks;
 	int gpu = -1;
 	int rc;
@@ -467,16 +467,15 @@ int sess_open(struct conn *c, uint64_t id, const Pf__OpenSession *req)
 		return conn_error(c, id, -EINVAL, "batch_size must be at least 1");
 	/* StartEpoch builds an order of N x augment picks, 8 bytes each: the
 	 * client must not choose how much memory the daemon takes. */
-	if (__builtin_mul_overflow(ds->num_samples, (uint64_t)(req->augment ? req->augment : 1),
-				   &picks) ||
+	if (__builtin_mul_overflow(ds->num_samples, (uint64_t)augment, &picks) ||
 	    picks > cfg->max_epoch_picks)
 		return conn_error(c, id, -E2BIG,
 				  "an epoch of '%s' with augment %u is %" PRIu64 " samples x %u "
 				  "picks, above max_epoch_picks = %" PRIu64
 				  " ([daemon] in the configuration; each pick costs the daemon 8 "
 				  "bytes)",
-				  ds->name, req->augment ? req->augment : 1, ds->num_samples,
-				  req->augment ? req->augment : 1, cfg->max_epoch_picks);
+				  ds->name, augment, ds->num_samples, augment,
+				  cfg->max_epoch_picks);
 	if (req->device[0] && strcmp(req->device, "host") != 0) {
 		rc = pick_gpu(d, req, &gpu, err, sizeof(err));
 		if (rc)
@@ -502,7 +501,7 @@ int sess_open(struct conn *c, uint64_t id, const Pf__OpenSession *req)
 	s->ds_held = true;
 	s->batch_size = req->batch_size;
 	s->picks_le = req->picks_le;
-	s->augment = req->augment ? req->augment : 1;
+	s->augment = augment;
 	s->drop_last = req->drop_last;
 	s->opened_ns = now_ns();
 	snprintf(s->name, sizeof(s->name), "%.63s", req->name[0] ? req->name : c->peer);
