@@ -104,32 +104,47 @@ static int teardown(void **state)
 	return rc == 0 ? 0 : -1;
 }
 
-/* The daemon still serves: a full shuffled epoch of `ok`, every byte right. */
-static void assert_still_serving(void)
+/* A full shuffled epoch of `ok` opened with this augment: every pick below
+ * augment x N exactly once, each row's bytes right. */
+static void assert_epoch_served(uint32_t augment)
 {
 	struct pf_client *c = NULL;
 	struct pf_batch *b;
-	uint8_t seen[N_OK] = {0};
-	int n = 0;
+	uint8_t *seen = calloc((size_t)augment * N_OK, 1);
+	uint64_t n = 0;
+	int rc;
 
+	assert_non_null(seen);
 	assert_int_equal(pf_connect(td.sock, &c), 0);
-	assert_int_equal(pf_open(c, &(struct pf_open_opts){.dataset = "ok", .batch_size = 32}), 0);
+	assert_int_equal(pf_open(c, &(struct pf_open_opts){.dataset = "ok",
+							   .batch_size = 32,
+							   .augment = augment}),
+			 0);
 	assert_int_equal(
 		pf_start_epoch(c, &(struct pf_epoch_opts){.order = PF_ORDER_SHUFFLE, .seed = 2},
 			       NULL),
 		0);
-	while (pf_next(c, 10000, &b) == 0 && b) {
+	while ((rc = pf_next(c, 10000, &b)) == 0 && b) {
 		for (uint32_t k = 0; k < b->count; k++) {
+			assert_true(b->picks[k] < (uint64_t)augment * N_OK);
 			assert_false(seen[b->picks[k]]);
 			seen[b->picks[k]] = 1;
 			assert_true(td_row_ok((const uint8_t *)b->data[0] + k * 64, 64, SEED,
-					      b->picks[k]));
+					      b->picks[k] % N_OK));
 			n++;
 		}
 		pf_release(c, b, NULL);
 	}
-	assert_int_equal(n, N_OK);
+	assert_int_equal(rc, 0);
+	assert_int_equal(n, (uint64_t)augment * N_OK);
 	pf_close(c);
+	free(seen);
+}
+
+/* The daemon still serves: a full shuffled epoch of `ok`, every byte right. */
+static void assert_still_serving(void)
+{
+	assert_epoch_served(1);
 }
 
 static void assert_open_refused(const char *dataset, int code, const char *w1, const char *w2)
@@ -191,9 +206,7 @@ static void augment_beyond_max_epoch_picks_is_refused(void **state)
 {
 	static const uint32_t too_big[] = {6, UINT32_MAX};
 	struct pf_client *c = NULL;
-	struct pf_batch *b;
-	uint8_t seen[5 * N_OK] = {0};
-	int n = 0, rc;
+	int rc;
 
 	for (size_t i = 0; i < sizeof(too_big) / sizeof(too_big[0]); i++) {
 		assert_int_equal(pf_connect(td.sock, &c), 0);
@@ -204,28 +217,7 @@ static void augment_beyond_max_epoch_picks_is_refused(void **state)
 		assert_non_null(strstr(pf_errmsg(c), "max_epoch_picks = 1000"));
 		pf_close(c);
 	}
-	assert_int_equal(pf_connect(td.sock, &c), 0);
-	assert_int_equal(
-		pf_open(c, &(struct pf_open_opts){.dataset = "ok", .batch_size = 32, .augment = 5}),
-		0);
-	assert_int_equal(
-		pf_start_epoch(c, &(struct pf_epoch_opts){.order = PF_ORDER_SHUFFLE, .seed = 3},
-			       NULL),
-		0);
-	while ((rc = pf_next(c, 10000, &b)) == 0 && b) {
-		for (uint32_t k = 0; k < b->count; k++) {
-			assert_true(b->picks[k] < 5 * N_OK);
-			assert_false(seen[b->picks[k]]);
-			seen[b->picks[k]] = 1;
-			assert_true(td_row_ok((const uint8_t *)b->data[0] + k * 64, 64, SEED,
-					      b->picks[k] % N_OK));
-			n++;
-		}
-		pf_release(c, b, NULL);
-	}
-	assert_int_equal(rc, 0);
-	assert_int_equal(n, 5 * N_OK);
-	pf_close(c);
+	assert_epoch_served(5);
 	assert_still_serving();
 	(void)state;
 }
