@@ -42,6 +42,16 @@ case $limit in
 	;;
 esac
 
+# The log of worker $2 of harness $1: NAME.log for the first (the only one
+# without -w), NAME.W.log for the others.
+worker_log() {
+	if [ "$2" -eq 1 ]; then
+		echo "$dir/log/$1.log"
+	else
+		echo "$dir/log/$1.$2.log"
+	fi
+}
+
 # One harness, start to end; its verdict goes to $dir/log/NAME.result.
 run_one() {
 	name=$1
@@ -62,25 +72,30 @@ run_one() {
 	[ "$name" = sess ] && extra=-max_len=320
 	start=$(date +%s)
 	# -timeout: one input running 25 s is a hang; the others are
-	# libFuzzer's defaults (2 GiB RSS, leak detection on).  Worker 1
-	# logs to NAME.log, the others to NAME.W.log.
+	# libFuzzer's defaults (2 GiB RSS, leak detection on).
 	rc=0
+	failed_log=$log
 	wpids=""
 	w=1
 	while [ "$w" -le "$workers" ]; do
-		wlog=$log
-		[ "$w" -eq 1 ] || wlog=$dir/log/$name.$w.log
 		seed=
 		[ "$workers" -eq 1 ] || seed=-seed=$w
 		"$dir/fuzz_$name" "$wlimit" $extra $seed ${FUZZ_FLAGS:-} -print_final_stats=1 -timeout=25 \
-			-artifact_prefix="$art/" "$corpus" >"$wlog" 2>&1 &
+			-artifact_prefix="$art/" "$corpus" >"$(worker_log "$name" "$w")" 2>&1 &
 		wpids="$wpids $!"
 		w=$((w + 1))
 	done
-	# The first worker that failed gives the status: a crash is not
-	# hidden by another worker stopped by hand (72) later.
+	# The first worker that failed gives the status and the log shown,
+	# but one that found something wins over one stopped by hand (72).
+	w=1
 	for p in $wpids; do
-		wait "$p" || { s=$?; [ "$rc" -ne 0 ] || rc=$s; }
+		s=0
+		wait "$p" || s=$?
+		if [ "$s" -ne 0 ] && { [ "$rc" -eq 0 ] || { [ "$rc" -eq 72 ] && [ "$s" -ne 72 ]; }; }; then
+			rc=$s
+			failed_log=$(worker_log "$name" "$w")
+		fi
+		w=$((w + 1))
 	done
 	secs=$(( $(date +%s) - start ))
 	[ "$secs" -gt 0 ] || secs=1
@@ -88,9 +103,8 @@ run_one() {
 	each=
 	w=1
 	while [ "$w" -le "$workers" ]; do
-		wlog=$log
-		[ "$w" -eq 1 ] || wlog=$dir/log/$name.$w.log
-		n=$(sed -n 's/^stat::number_of_executed_units: *//p' "$wlog" | tail -n 1)
+		n=$(sed -n 's/^stat::number_of_executed_units: *//p' "$(worker_log "$name" "$w")" |
+			tail -n 1)
 		execs=$((execs + ${n:-0}))
 		each="$each${each:+ + }${n:-0}"
 		w=$((w + 1))
@@ -99,7 +113,7 @@ run_one() {
 	if [ "$rc" -eq 0 ]; then
 		verdict="no crash"
 	else
-		verdict="FAILED (exit $rc), see $log (and $name.W.log beside it) and $art/"
+		verdict="FAILED (exit $rc), see $failed_log and $art/"
 	fi
 	printf 'fuzz %-6s %10s executions%s in %4d s (%d/s), corpus %d -> %d inputs: %s\n' \
 		"$name" "$execs" "$each" "$secs" $((execs / secs)) "$seeds" "$(ls "$corpus" | wc -l)" \
@@ -107,8 +121,8 @@ run_one() {
 	# The session harness says what its scripts reached.
 	sed -n 's/^fuzz_sess: /    /p' "$log" >>"$dir/log/$name.result"
 	if [ "$rc" -ne 0 ]; then
-		echo "---- last lines of $log:" >>"$dir/log/$name.result"
-		grep -v '^#[0-9]' "$log" | tail -n 40 >>"$dir/log/$name.result"
+		echo "---- last lines of $failed_log:" >>"$dir/log/$name.result"
+		grep -v '^#[0-9]' "$failed_log" | tail -n 40 >>"$dir/log/$name.result"
 	fi
 	return "$rc"
 }
