@@ -53,6 +53,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -1186,8 +1187,8 @@ static void check_pumped(const struct sess *s)
 }
 
 /* What the harness knows of the daemon's connections, for a failure's
- * message: each one's peer text, state, poll entry, and the client that
- * drives it. */
+ * message: each one's peer text, state, poll entry, the client that drives
+ * it, and what the kernel says of its socket (readable, peer gone). */
 static const char *describe_conns(void)
 {
 	static char buf[2048];
@@ -1196,19 +1197,23 @@ static const char *describe_conns(void)
 	buf[0] = '\0';
 	for (struct conn *c = d.conns; c && len < sizeof(buf) - 200; c = c->next) {
 		const struct fz_poll *p = find_poll(&c->poll);
+		struct pollfd k = {.fd = c->fd, .events = POLLIN | POLLRDHUP};
 		int owner = -1;
 
 		for (int i = 0; i < FZ_CLIENTS; i++)
 			if (clients[i].peer == (uv_handle_t *)&c->poll)
 				owner = i;
+		if (poll(&k, 1, 0) < 0)
+			k.revents = -1;
 		len += (size_t)snprintf(
 			buf + len, sizeof(buf) - len,
-			"; conn fd %d (%s)%s%s, poll %s events %d%s, client %d", c->fd, c->peer,
-			c->closing ? " closing" : "", c->out_head ? " output queued" : "",
+			"; conn fd %d (%s)%s%s, poll %s events %d%s, client %d, kernel revents %#x",
+			c->fd, c->peer, c->closing ? " closing" : "",
+			c->out_head ? " output queued" : "",
 			!p	    ? "gone"
 			: p->active ? "active"
 				    : "stopped",
-			p ? p->events : 0, p && p->readable ? " readable" : "", owner);
+			p ? p->events : 0, p && p->readable ? " readable" : "", owner, k.revents);
 	}
 	return buf;
 }

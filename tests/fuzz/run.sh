@@ -12,7 +12,8 @@
 # others add to the directory); -runs=N is split between them, and the line
 # printed gives the sum and each worker's count.  FUZZ_FLAGS in the
 # environment adds libFuzzer options to every process (a time cap beside
-# -runs, say: -max_total_time=530).  Exits 1 if any harness
+# -runs, say: -max_total_time=530); FUZZ_SEED_BASE offsets the workers'
+# seeds, so that a second run explores anew.  Exits 1 if any harness
 # found a crash, a leak or a timeout (libFuzzer's exit status), after every
 # harness has run.
 set -u
@@ -79,7 +80,7 @@ run_one() {
 	w=1
 	while [ "$w" -le "$workers" ]; do
 		seed=
-		[ "$workers" -eq 1 ] || seed=-seed=$w
+		[ "$workers" -eq 1 ] || seed=-seed=$((${FUZZ_SEED_BASE:-0} + w))
 		"$dir/fuzz_$name" "$wlimit" $extra $seed ${FUZZ_FLAGS:-} -print_final_stats=1 -timeout=25 \
 			-artifact_prefix="$art/" "$corpus" >"$(worker_log "$name" "$w")" 2>&1 &
 		wpids="$wpids $!"
