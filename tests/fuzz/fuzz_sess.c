@@ -1993,6 +1993,20 @@ static void end_script(void)
 	}
 	if (d.nsessions || d.sessions)
 		die("%u session(s) outlived their connections", d.nsessions);
+	/* Nothing of this script may reach the next one, where a failure
+	 * would depend on what ran before and not replay alone: the harness
+	 * turns only the listener, and no dataset or pool is held. */
+	if (npolls != 1 || polls[0].h != (uv_handle_t *)&d.listen_poll || !polls[0].active ||
+	    ncloses)
+		die("the harness still turns %zu poll handle(s) (%zu closing), not the listener "
+		    "alone%s",
+		    npolls, ncloses, describe_conns());
+	for (size_t i = 0; i < d.ndatasets; i++)
+		if (d.datasets[i]->users)
+			die("dataset %s is still held by %u session(s)", d.datasets[i]->name,
+			    d.datasets[i]->users);
+	if (d.pools || d.nretired)
+		die("a pool or a retired dataset outlived the script");
 	fd = dup(STDERR_FILENO);
 	if (fd != fd_baseline)
 		die("descriptor leak: the lowest free descriptor is %d, was %d", fd, fd_baseline);
