@@ -29,6 +29,9 @@
 # folder DIR, then `tests/fuzz/run.sh -w 16 DIR -runs=10000000 NAME` there,
 # with FUZZ_FLAGS=-max_total_time=S below the machine's command limit, and
 # copy DIR/artifacts and the failing DIR/log files back in the same command.
+# A second such run gets new worker seeds with FUZZ_SEED_BASE=16 (then 32,
+# ...); start it from the first one's DIR/corpus (archive it into the
+# command's output) to go on where that one stopped.
 
 FUZZ_CC    ?= clang
 FUZZ_TIME  ?= 60
