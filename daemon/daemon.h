@@ -54,7 +54,6 @@ struct daemon {
 	bool stopping;
 };
 
-uint64_t now_ns(void);
 /* A configured dataset by name (retired ones are not found). */
 struct dataset *daemon_dataset(const struct daemon *d, const char *name);
 /* Loads every dataset of d->cfg (startup).  A dataset that fails to load is

@@ -54,20 +54,7 @@
 
 #include "config.h"
 #include "tokens.h"
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || !errlen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
+#include "util.h"
 
 /* "(3, 4)", "()" for a field of scalars; used in mismatch messages. */
 static void format_shape(char *out, size_t cap, const uint64_t *shape, int ndim)

@@ -24,6 +24,7 @@
 #include "server.h"
 #include "pool.h"
 #include "sess.h"
+#include "util.h"
 #include "xfer.h"
 
 #define DEFAULT_CONFIG "/etc/prefetchd/prefetchd.conf"

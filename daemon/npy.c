@@ -16,6 +16,7 @@
  * is checked for overflow before use, because the file may be hostile.
  */
 #include "npy.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -51,20 +52,6 @@ const char *npy_dtype_name(enum npy_dtype t)
 	if ((unsigned)t >= NPY_NTYPES)
 		return "?";
 	return npy_types[t].name;
-}
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || !errlen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
 }
 
 /* Reads the fixed prefix.  Returns 0 with *prefix_len and *header_len set,

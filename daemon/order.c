@@ -15,6 +15,7 @@
  * before order_shuffle returns.
  */
 #include "order.h"
+#include "util.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -173,20 +174,6 @@ uint64_t order_num_batches(uint64_t npicks, uint32_t batch_size, bool drop_last)
 	if (drop_last)
 		return npicks / batch_size;
 	return npicks / batch_size + (npicks % batch_size != 0);
-}
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || errlen == 0)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
 }
 
 int order_build(const struct order_spec *spec, uint64_t space, uint64_t **picks, uint64_t *npicks,

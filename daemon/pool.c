@@ -19,6 +19,7 @@
 #include "daemon.h"
 #include "dataset.h"
 #include "log.h"
+#include "util.h"
 #include "xfer.h"
 
 /* Records start at this alignment so the gather moves them 16 bytes at a
@@ -28,11 +29,6 @@
  * flight to cover a memory latency of ~100-200 ns (a VM's) at a few ns a
  * row. */
 #define PLAN_PREFETCH 64
-
-static uint64_t align_up(uint64_t v, uint64_t a)
-{
-	return (v + a - 1) / a * a;
-}
 
 static bool config_enabled(const struct daemon *d, const struct dataset *ds)
 {

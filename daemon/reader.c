@@ -18,6 +18,7 @@
 
 #include "dataset.h"
 #include "log.h"
+#include "util.h"
 
 struct reader_pool {
 	pthread_mutex_t lock;
@@ -33,18 +34,10 @@ struct reader_pool {
 	unsigned nthreads;
 };
 
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 void reader_run_job(struct reader_job *job)
 {
 	const struct dataset *ds = job->ds;
-	uint64_t t0 = mono_ns();
+	uint64_t t0 = now_ns();
 
 	job->rc = 0;
 	job->err[0] = '\0';
@@ -53,7 +46,7 @@ void reader_run_job(struct reader_job *job)
 					job->dst + job->field_offset[f] +
 						(uint64_t)job->first * ds->fields[f].sample_bytes,
 					job->err, sizeof(job->err));
-	job->read_ns = mono_ns() - t0;
+	job->read_ns = now_ns() - t0;
 }
 
 static void push(struct reader_job **head, struct reader_job **tail, struct reader_job *job)

@@ -31,6 +31,7 @@
 #include "reader.h"
 #include "pool.h"
 #include "sess.h"
+#include "util.h"
 
 static void conn_update_poll(struct conn *c);
 

@@ -23,6 +23,7 @@
 #include "daemon.h"
 #include "dataset.h"
 #include "log.h"
+#include "util.h"
 #include "order.h"
 #include "pool.h"
 #include "reader.h"
@@ -34,11 +35,6 @@
  * vectorised copies and for CUDA's 256-byte allocation alignment. */
 #define FIELD_ALIGN 256u
 #define SLOT_ALIGN  4096u
-
-static uint64_t align_up(uint64_t v, uint64_t a)
-{
-	return (v + a - 1) / a * a;
-}
 
 static void sess_link(struct daemon *d, struct sess *s)
 {

@@ -11,6 +11,7 @@
  * widened to 64 bits before arithmetic: a hostile count cannot wrap.
  */
 #include "tokens.h"
+#include "util.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -20,20 +21,6 @@
 /* llm.c's Llama 3 shards: uint32 tokens under another magic.  Named in the
  * refusal because it is the likeliest wrong file to be handed. */
 #define LLAMA3_MAGIC 20240801
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || !errlen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 /* header[i], little-endian, whatever the host's byte order. */
 static int32_t header_int(const uint8_t *p, unsigned i)

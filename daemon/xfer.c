@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "log.h"
+#include "util.h"
 
 struct xfer {
 	int dev;
@@ -45,14 +46,6 @@ struct xfer {
 	unsigned npool, cap;
 	struct gpu_arena stage; /* owned: gather staging (GPU_IPC_NONE), grown on demand */
 };
-
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static void push(struct xfer_job **head, struct xfer_job **tail, struct xfer_job *job)
 {
@@ -165,7 +158,7 @@ static void queue_copy(struct xfer *x, struct xfer_job *job, struct xfer_job **f
 {
 	int rc;
 
-	job->queued_ns = mono_ns();
+	job->queued_ns = now_ns();
 	job->err[0] = '\0';
 	rc = get_event(x, &job->event);
 	if (!rc && job->gather)
@@ -215,7 +208,7 @@ static int retire_one(struct xfer *x, struct xfer_job **fl_head, struct xfer_job
 	/* The stream runs copies in order: this one had the engine from when
 	 * it was queued or the one before it finished, whichever came last. */
 	{
-		uint64_t now = mono_ns();
+		uint64_t now = now_ns();
 		uint64_t from =
 			job->queued_ns > x->last_retire_ns ? job->queued_ns : x->last_retire_ns;
 

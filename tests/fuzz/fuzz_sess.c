@@ -74,6 +74,7 @@
 #include "server.h"
 #include "sess.h"
 #include "sess_ops.h"
+#include "util.h"
 #include "wire.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
