@@ -17,7 +17,7 @@
 
 struct conn;
 struct sess;
-struct reader_pool;
+struct readers;
 struct xfer;
 struct pool;
 
@@ -30,7 +30,7 @@ struct daemon {
 	size_t ndatasets;
 	struct dataset **retired; /* owned: taken out by a reload, still in use */
 	size_t nretired;
-	struct reader_pool *readers; /* owned */
+	struct readers *readers; /* owned */
 	struct conn *conns;	     /* owned: every open connection */
 	unsigned nconns;
 	struct sess *sessions; /* borrowed from conns: live sessions */

@@ -522,11 +522,11 @@ static uint64_t gcd_u64(uint64_t a, uint64_t b)
 	return a;
 }
 
-/* Rounds bytes up to a multiple of both gran and GPU_ARENA_ALIGN; 0 when
+/* Rounds bytes up to a multiple of both gran and GPU_MEM_ALIGN; 0 when
  * that overflows. */
-static uint64_t arena_size(uint64_t bytes, uint64_t gran)
+static uint64_t mem_size(uint64_t bytes, uint64_t gran)
 {
-	uint64_t align = GPU_ARENA_ALIGN;
+	uint64_t align = GPU_MEM_ALIGN;
 
 	if (gran > 1)
 		align = gran / gcd_u64(gran, align) * align;
@@ -535,13 +535,13 @@ static uint64_t arena_size(uint64_t bytes, uint64_t gran)
 	return (bytes + align - 1) / align * align;
 }
 
-static void arena_reset(struct gpu_arena *a)
+static void mem_reset(struct gpu_mem *a)
 {
 	memset(a, 0, sizeof(*a));
 	a->export_fd = -1;
 }
 
-static int arena_alloc_fd(int dev, uint64_t bytes, struct gpu_arena *a)
+static int mem_alloc_fd(int dev, uint64_t bytes, struct gpu_mem *a)
 {
 	CUmemAllocationProp prop;
 	CUmemAccessDesc access;
@@ -580,7 +580,7 @@ static int arena_alloc_fd(int dev, uint64_t bytes, struct gpu_arena *a)
 	r = drv.mem_get_allocation_granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
 	if (r != CUDA_SUCCESS)
 		return cu_fail(r, "cuMemGetAllocationGranularity", dev);
-	size = arena_size(bytes, gran);
+	size = mem_size(bytes, gran);
 	if (size == 0)
 		return -EINVAL;
 
@@ -637,7 +637,7 @@ fail:
 	return rc;
 }
 
-static int arena_alloc_legacy(int dev, uint64_t bytes, struct gpu_arena *a)
+static int mem_alloc_legacy(int dev, uint64_t bytes, struct gpu_mem *a)
 {
 	cudaIpcMemHandle_t ipc;
 	cudaError_t e;
@@ -645,7 +645,7 @@ static int arena_alloc_legacy(int dev, uint64_t bytes, struct gpu_arena *a)
 	uint64_t size;
 	int rc;
 
-	size = arena_size(bytes, 1);
+	size = mem_size(bytes, 1);
 	if (size == 0)
 		return -EINVAL;
 	e = cudaMalloc(&p, size);
@@ -672,13 +672,13 @@ fail:
 /* The daemon's own memory (pool slabs, staging): never exported, so a plain
  * cudaMalloc, rounded like the others so that the free-memory accounting
  * of every kind agrees. */
-static int arena_alloc_none(int dev, uint64_t bytes, struct gpu_arena *a)
+static int mem_alloc_none(int dev, uint64_t bytes, struct gpu_mem *a)
 {
 	cudaError_t e;
 	void *p = NULL;
 	uint64_t size;
 
-	size = arena_size(bytes, 1);
+	size = mem_size(bytes, 1);
 	if (size == 0)
 		return -EINVAL;
 	e = cudaMalloc(&p, size);
@@ -693,23 +693,23 @@ static int arena_alloc_none(int dev, uint64_t bytes, struct gpu_arena *a)
 	return 0;
 }
 
-int gpu_arena_alloc(int dev, uint64_t bytes, enum gpu_ipc kind, struct gpu_arena *out)
+int gpu_mem_alloc(int dev, uint64_t bytes, enum gpu_ipc kind, struct gpu_mem *out)
 {
 	int rc;
 
-	arena_reset(out);
+	mem_reset(out);
 	rc = use_dev(dev);
 	if (rc < 0)
 		return rc;
 	switch (kind) {
-	case GPU_IPC_FD: return arena_alloc_fd(dev, bytes, out);
-	case GPU_IPC_LEGACY: return arena_alloc_legacy(dev, bytes, out);
-	case GPU_IPC_NONE: return arena_alloc_none(dev, bytes, out);
+	case GPU_IPC_FD: return mem_alloc_fd(dev, bytes, out);
+	case GPU_IPC_LEGACY: return mem_alloc_legacy(dev, bytes, out);
+	case GPU_IPC_NONE: return mem_alloc_none(dev, bytes, out);
 	}
 	return -EINVAL;
 }
 
-void gpu_arena_free(struct gpu_arena *a)
+void gpu_mem_free(struct gpu_mem *a)
 {
 	CUresult r;
 	cudaError_t e;
@@ -736,5 +736,5 @@ void gpu_arena_free(struct gpu_arena *a)
 				rt_fail(e, "cudaFree", a->dev);
 		}
 	}
-	arena_reset(a);
+	mem_reset(a);
 }

@@ -1,7 +1,8 @@
 /*
  * gpu.h — the daemon's only window onto CUDA: devices, the pinned reader
- * ring's registration, one copy stream per GPU, completion events and the
- * device arenas that are exported to clients.
+ * ring's registration, one copy stream per GPU, completion events and
+ * device memory (struct gpu_mem): the session arenas exported to clients,
+ * and the daemon's own pool slabs, record tables and staging areas.
  *
  * Three interchangeable back ends implement it, chosen at link time:
  *   gpu.c       the real one (CUDA=1): runtime linked statically, driver
@@ -20,8 +21,9 @@
  * starts; afterwards the back end's global state is read-only.  Any thread
  * may call the rest: each call that touches a device first makes that device
  * current on the calling thread.  A stream or event is used by one thread at
- * a time (its transfer thread); arenas may be allocated and freed from any
- * thread.
+ * a time (its transfer thread).  Device memory may be allocated and freed
+ * from any thread, but the calls block on the device, so the daemon makes
+ * them on its transfer threads (xfer.h), never on the loop thread.
  */
 #ifndef PF_GPU_H
 #define PF_GPU_H
@@ -30,10 +32,10 @@
 #include <stdint.h>
 
 #define GPU_IPC_HANDLE_BYTES 64
-/* Arena sizes are rounded up to this (and to the allocation granularity):
+/* Allocation sizes are rounded up to this (and to the allocation granularity):
  * the VMM granularity on current GPUs, and large enough that a legacy
  * cudaMalloc is an allocation of its own, never a sub-allocation. */
-#define GPU_ARENA_ALIGN (2u << 20)
+#define GPU_MEM_ALIGN (2u << 20)
 
 enum gpu_ipc {
 	GPU_IPC_FD,	/* cuMemCreate + POSIX fd export (VMM) */
@@ -45,19 +47,24 @@ enum gpu_ipc {
 struct gpu_stream; /* one device's non-blocking copy stream */
 struct gpu_event;  /* a completion marker on a stream */
 
-/* One exported device allocation.  Filled by gpu_arena_alloc. */
-struct gpu_arena {
+/* One device allocation, exported to clients (a session's arena) or not (the
+ * daemon's own memory, GPU_IPC_NONE).  Filled by gpu_mem_alloc. */
+struct gpu_mem {
 	int dev;
 	uint64_t bytes; /* rounded size: >= the size asked for */
 	enum gpu_ipc kind;
 	uint64_t base; /* device pointer of byte 0, in the daemon's context */
-	/* GPU_IPC_FD: the exported POSIX fd, owned by the arena.  The session
+	/* GPU_IPC_FD: the exported POSIX fd, owned by this struct.  The session
 	 * sends it over SCM_RIGHTS, then may close it and set -1; otherwise
-	 * gpu_arena_free closes it.  -1 for GPU_IPC_LEGACY. */
+	 * gpu_mem_free closes it.  -1 for GPU_IPC_LEGACY. */
 	int export_fd;
 	/* GPU_IPC_LEGACY: cudaIpcMemHandle_t of base, sent as bytes. */
 	uint8_t legacy_handle[GPU_IPC_HANDLE_BYTES];
 	uint64_t handle; /* private to the back end */
+	/* The transfer thread's job that will free this memory, allocated
+	 * with it (xfer.c; NULL for memory allocated elsewhere).  Opaque here:
+	 * gpu_mem_alloc and gpu_mem_free zero it with the rest. */
+	void *release;
 };
 
 /* Initialises CUDA and counts devices.  Returns the device count (> 0) or
@@ -155,37 +162,37 @@ int gpu_event_sync(struct gpu_event *e);
 void gpu_event_destroy(struct gpu_event *e);
 
 /* Allocates at least bytes of device memory on dev, exportable as kind.
- * The size is rounded up to the allocation granularity and GPU_ARENA_ALIGN.
+ * The size is rounded up to the allocation granularity and GPU_MEM_ALIGN.
  * On failure *out is left with export_fd -1 and base 0, and nothing leaks. */
-int gpu_arena_alloc(int dev, uint64_t bytes, enum gpu_ipc kind, struct gpu_arena *out);
+int gpu_mem_alloc(int dev, uint64_t bytes, enum gpu_ipc kind, struct gpu_mem *out);
 /* Unmaps and releases a.  The physical memory lives on while a client still
  * maps it (the driver refcounts it); a is zeroed (export_fd -1).  Calling it
- * on a zeroed or failed arena is a no-op. */
-void gpu_arena_free(struct gpu_arena *a);
+ * on a zeroed or failed allocation is a no-op. */
+void gpu_mem_free(struct gpu_mem *a);
 
 /* test hooks (gpu_fake.c only) */
 
 /* Restores the defaults: 1 device, 80 GiB free of 80 GiB per device, no
  * failures armed, events complete at once; gpu_init must be called again.
- * Live arenas, streams and events are kept.
+ * Live allocations, streams and events are kept.
  * Copies are asynchronous, as on a GPU: a queued copy runs only when an
  * event recorded after it completes, its stream is synchronised or
- * destroyed, or an arena is freed.  A copy outside every live arena of its
+ * destroyed, or memory is freed.  A copy outside every live allocation of its
  * device fails with -EFAULT. */
 void gpu_fake_reset(void);
 /* Number of devices gpu_init will report (0: it fails with -ENODEV). */
 void gpu_fake_set_devices(int n);
-/* The next n arena allocations fail with -ENOMEM (later ones succeed). */
+/* The next n device allocations fail with -ENOMEM (later ones succeed). */
 void gpu_fake_fail_next_allocs(int n);
-/* What gpu_mem_info reports on every device from now on.  Each live arena
- * allocated afterwards is taken out of free (and given back when freed); an
- * arena larger than the free figure fails with -ENOMEM. */
+/* What gpu_mem_info reports on every device from now on.  Each allocation
+ * made afterwards is taken out of free (and given back when freed); an
+ * allocation larger than the free figure fails with -ENOMEM. */
 void gpu_fake_set_mem(uint64_t free_bytes, uint64_t total_bytes);
 /* A recorded event reports -EAGAIN for this many queries before it
  * completes (gpu_event_sync completes it at once). */
 void gpu_fake_set_event_delay(int queries);
-/* Arenas allocated and not yet freed, on all devices. */
-int gpu_fake_live_arenas(void);
+/* Device allocations made and not yet freed, on all devices. */
+int gpu_fake_live_allocs(void);
 /* Host ranges currently registered with gpu_host_register. */
 int gpu_fake_host_registrations(void);
 

@@ -4,8 +4,8 @@
  * handling run on a machine with no GPU.
  *
  * What it keeps faithful, so that a test passing here means something:
- *  - device pointers are host addresses (as uint64_t) inside live arenas,
- *    and a copy touching bytes outside every live arena of its stream's
+ *  - device pointers are host addresses (as uint64_t) inside live allocations,
+ *    and a copy touching bytes outside every live allocation of its stream's
  *    device fails with -EFAULT instead of scribbling;
  *  - copies are asynchronous: they are queued on their stream and run only
  *    when an event recorded after them completes (gpu_event_query returning
@@ -16,13 +16,13 @@
  *  - gpu_gather is queued like a copy and, when it runs, assembles the batch
  *    with the kernel's semantics on host memory.  It reads desc, admit and
  *    the staged rows at run time (an H2D queued just before it wrote them),
- *    and checks each range it reads or writes against the live arenas: a
+ *    and checks each range it reads or writes against the live allocations: a
  *    row that leaves them is logged and skipped, so the test sees wrong
  *    bytes.  An admission into a record that a row of the same call reads
  *    (or another admission writes) is a race on a GPU, where the blocks run
  *    concurrently: it is logged and skipped too;
- *  - FD arenas are memfds, so the SCM_RIGHTS path and a client's mmap of the
- *    fd see the very bytes the daemon copied; LEGACY and NONE arenas are
+ *  - FD allocations are memfds, so the SCM_RIGHTS path and a client's mmap of the
+ *    fd see the very bytes the daemon copied; LEGACY and NONE ones are
  *    anonymous mappings;
  *  - allocations draw from a settable free-memory figure per device and can
  *    be made to fail (-ENOMEM), for the governor's OOM path;
@@ -52,8 +52,8 @@
 #define FAKE_MAX_OPS	 (1u << 20)
 #define FAKE_DEFAULT_MEM (80ull << 30) /* an 80 GiB card */
 
-struct fake_arena {
-	struct fake_arena *next;
+struct fake_mem {
+	struct fake_mem *next;
 	int dev;
 	void *base; /* owned: mmap of bytes */
 	uint64_t bytes;
@@ -102,8 +102,8 @@ static struct {
 	int event_delay;
 	uint64_t free_bytes[FAKE_MAX_DEV];
 	uint64_t total_bytes[FAKE_MAX_DEV];
-	struct fake_arena *arenas; /* owned: live arenas */
-	int live_arenas;
+	struct fake_mem *mems; /* owned: live allocations */
+	int live_mems;
 	uint64_t serial;
 	struct {
 		char *p;
@@ -189,12 +189,12 @@ void gpu_fake_set_event_delay(int queries)
 	unlock();
 }
 
-int gpu_fake_live_arenas(void)
+int gpu_fake_live_allocs(void)
 {
 	int n;
 
 	lock();
-	n = fake.live_arenas;
+	n = fake.live_mems;
 	unlock();
 	return n;
 }
@@ -358,12 +358,12 @@ out:
 
 /* ---- streams and copies -------------------------------------------------- */
 
-/* True when [p, p + bytes) lies inside one live arena of dev. */
-static bool in_arena(int dev, uint64_t p, size_t bytes)
+/* True when [p, p + bytes) lies inside one live allocation of dev. */
+static bool in_live_mem(int dev, uint64_t p, size_t bytes)
 {
-	struct fake_arena *a;
+	struct fake_mem *a;
 
-	for (a = fake.arenas; a; a = a->next) {
+	for (a = fake.mems; a; a = a->next) {
 		uint64_t base = (uint64_t)(uintptr_t)a->base;
 
 		if (a->dev == dev && p >= base && bytes <= a->bytes && p - base <= a->bytes - bytes)
@@ -418,7 +418,7 @@ static bool records_overlap(uint64_t a, uint64_t b, uint64_t lo, uint64_t hi)
 }
 
 /* Copies field by field from the sources to the destinations of one row,
- * or nothing when any range leaves the arenas: a row is all or nothing. */
+ * or nothing when any range leaves device memory: a row is all or nothing. */
 static void gather_row(struct gather_report *r, const struct gpu_gather *g, const char *what,
 		       uint64_t row, const uint64_t *dst, const uint64_t *src)
 {
@@ -427,10 +427,10 @@ static void gather_row(struct gather_report *r, const struct gpu_gather *g, cons
 	for (f = 0; f < g->nfields; f++) {
 		if (!g->row_bytes[f])
 			continue;
-		if (!in_arena(r->dev, src[f], g->row_bytes[f]) ||
-		    !in_arena(r->dev, dst[f], g->row_bytes[f])) {
+		if (!in_live_mem(r->dev, src[f], g->row_bytes[f]) ||
+		    !in_live_mem(r->dev, dst[f], g->row_bytes[f])) {
 			gather_problem(r,
-				       "%s %llu field %u: %u bytes %#llx -> %#llx leave the arenas",
+				       "%s %llu field %u: %u bytes %#llx -> %#llx leave device memory",
 				       what, (unsigned long long)row, f, g->row_bytes[f],
 				       (unsigned long long)src[f], (unsigned long long)dst[f]);
 			return;
@@ -453,16 +453,16 @@ static void run_gather(int dev, const struct gpu_gather *g)
 	uint64_t i, j, k, lo, hi;
 	uint32_t f;
 
-	if (g->count && !in_arena(dev, g->desc, (size_t)g->count * sizeof(*desc))) {
-		gather_problem(&r, "desc %#llx leaves the arenas", (unsigned long long)g->desc);
+	if (g->count && !in_live_mem(dev, g->desc, (size_t)g->count * sizeof(*desc))) {
+		gather_problem(&r, "desc %#llx leaves device memory", (unsigned long long)g->desc);
 		desc = NULL;
 	}
-	if (g->nstaged && !in_arena(dev, g->admit, (size_t)g->nstaged * sizeof(*admit))) {
-		gather_problem(&r, "admit %#llx leaves the arenas", (unsigned long long)g->admit);
+	if (g->nstaged && !in_live_mem(dev, g->admit, (size_t)g->nstaged * sizeof(*admit))) {
+		gather_problem(&r, "admit %#llx leaves device memory", (unsigned long long)g->admit);
 		admit = NULL;
 	}
-	if (g->table && !in_arena(dev, g->table, (size_t)g->table_n * sizeof(uint64_t))) {
-		gather_problem(&r, "table %#llx leaves the arenas", (unsigned long long)g->table);
+	if (g->table && !in_live_mem(dev, g->table, (size_t)g->table_n * sizeof(uint64_t))) {
+		gather_problem(&r, "table %#llx leaves device memory", (unsigned long long)g->table);
 		desc = NULL;
 	}
 	for (i = 0; desc && i < g->count; i++) {
@@ -628,8 +628,8 @@ int gpu_copy_h2d(struct gpu_stream *s, uint64_t dst, const void *src, size_t byt
 	lock();
 	if (!dev_ok(s->dev)) {
 		rc = -ENODEV;
-	} else if (!in_arena(s->dev, dst, bytes)) {
-		log_err("gpu_fake: H2D of %zu bytes to %#llx is outside every arena of device %d",
+	} else if (!in_live_mem(s->dev, dst, bytes)) {
+		log_err("gpu_fake: H2D of %zu bytes to %#llx is outside every allocation of device %d",
 			bytes, (unsigned long long)dst, s->dev);
 		rc = -EFAULT;
 	} else {
@@ -648,8 +648,8 @@ int gpu_copy_d2d(struct gpu_stream *s, uint64_t dst, uint64_t src, size_t bytes)
 	lock();
 	if (!dev_ok(s->dev)) {
 		rc = -ENODEV;
-	} else if (!in_arena(s->dev, dst, bytes) || !in_arena(s->dev, src, bytes)) {
-		log_err("gpu_fake: D2D of %zu bytes %#llx -> %#llx leaves the arenas of device %d",
+	} else if (!in_live_mem(s->dev, dst, bytes) || !in_live_mem(s->dev, src, bytes)) {
+		log_err("gpu_fake: D2D of %zu bytes %#llx -> %#llx leaves device memory of device %d",
 			bytes, (unsigned long long)src, (unsigned long long)dst, s->dev);
 		rc = -EFAULT;
 	} else {
@@ -666,16 +666,16 @@ int gpu_copy_d2d(struct gpu_stream *s, uint64_t dst, uint64_t src, size_t bytes)
 
 /* Checks the ranges a gather covers whatever desc and admit will say: the
  * slot, the staged rows and the two index arrays.  Returns 0 when they lie
- * in live arenas, else -EFAULT with what does not in what (a message). */
+ * in live allocations, else -EFAULT with what does not in what (a message). */
 static int gather_ranges_check(int dev, const struct gpu_gather *g, char *what, size_t len)
 {
 	uint32_t f;
 
-	if (g->count && !in_arena(dev, g->desc, (size_t)g->count * sizeof(uint64_t))) {
+	if (g->count && !in_live_mem(dev, g->desc, (size_t)g->count * sizeof(uint64_t))) {
 		snprintf(what, len, "desc %#llx", (unsigned long long)g->desc);
 		return -EFAULT;
 	}
-	if (g->nstaged && !in_arena(dev, g->admit, (size_t)g->nstaged * sizeof(uint64_t))) {
+	if (g->nstaged && !in_live_mem(dev, g->admit, (size_t)g->nstaged * sizeof(uint64_t))) {
 		snprintf(what, len, "admit %#llx", (unsigned long long)g->admit);
 		return -EFAULT;
 	}
@@ -683,12 +683,12 @@ static int gather_ranges_check(int dev, const struct gpu_gather *g, char *what, 
 		uint64_t in_slot = (uint64_t)g->count * g->row_bytes[f];
 		uint64_t staged = (uint64_t)g->nstaged * g->row_bytes[f];
 
-		if (in_slot && !in_arena(dev, g->slot + g->slot_off[f], in_slot)) {
+		if (in_slot && !in_live_mem(dev, g->slot + g->slot_off[f], in_slot)) {
 			snprintf(what, len, "field %u of slot %#llx", f,
 				 (unsigned long long)g->slot);
 			return -EFAULT;
 		}
-		if (staged && !in_arena(dev, g->staged + g->staged_off[f], staged)) {
+		if (staged && !in_live_mem(dev, g->staged + g->staged_off[f], staged)) {
 			snprintf(what, len, "field %u of the staged rows %#llx", f,
 				 (unsigned long long)g->staged);
 			return -EFAULT;
@@ -720,7 +720,7 @@ int gpu_gather(struct gpu_stream *s, const struct gpu_gather *g)
 		goto out; /* the kernel is not even launched */
 	rc = gather_ranges_check(s->dev, g, what, sizeof(what));
 	if (rc < 0) {
-		log_err("gpu_fake: gather of %u rows (%u staged): %s leaves the arenas of "
+		log_err("gpu_fake: gather of %u rows (%u staged): %s leaves device memory of "
 			"device %d",
 			g->count, g->nstaged, what, s->dev);
 		goto out;
@@ -826,22 +826,22 @@ void gpu_event_destroy(struct gpu_event *e)
 	free(e);
 }
 
-/* ---- arenas -------------------------------------------------------------- */
+/* ---- allocations -------------------------------------------------------------- */
 
-static void arena_reset(struct gpu_arena *a)
+static void mem_reset(struct gpu_mem *a)
 {
 	memset(a, 0, sizeof(*a));
 	a->export_fd = -1;
 }
 
-int gpu_arena_alloc(int dev, uint64_t bytes, enum gpu_ipc kind, struct gpu_arena *out)
+int gpu_mem_alloc(int dev, uint64_t bytes, enum gpu_ipc kind, struct gpu_mem *out)
 {
-	struct fake_arena *fa = NULL;
+	struct fake_mem *fa = NULL;
 	uint64_t size;
 	void *p = MAP_FAILED;
 	int fd = -1, rc = 0;
 
-	arena_reset(out);
+	mem_reset(out);
 	lock();
 	if (!dev_ok(dev)) {
 		rc = -ENODEV;
@@ -851,11 +851,11 @@ int gpu_arena_alloc(int dev, uint64_t bytes, enum gpu_ipc kind, struct gpu_arena
 		rc = -EINVAL;
 		goto fail;
 	}
-	if (bytes == 0 || bytes > UINT64_MAX - GPU_ARENA_ALIGN) {
+	if (bytes == 0 || bytes > UINT64_MAX - GPU_MEM_ALIGN) {
 		rc = -EINVAL;
 		goto fail;
 	}
-	size = (bytes + GPU_ARENA_ALIGN - 1) / GPU_ARENA_ALIGN * GPU_ARENA_ALIGN;
+	size = (bytes + GPU_MEM_ALIGN - 1) / GPU_MEM_ALIGN * GPU_MEM_ALIGN;
 	if (fake.fail_allocs > 0) {
 		fake.fail_allocs--;
 		rc = -ENOMEM;
@@ -871,7 +871,7 @@ int gpu_arena_alloc(int dev, uint64_t bytes, enum gpu_ipc kind, struct gpu_arena
 		goto fail;
 	}
 	if (kind == GPU_IPC_FD) {
-		fd = memfd_create("prefetchd-fake-arena", MFD_CLOEXEC);
+		fd = memfd_create("prefetchd-fake-mem", MFD_CLOEXEC);
 		if (fd < 0 || ftruncate(fd, (off_t)size) < 0) {
 			rc = -errno;
 			goto fail;
@@ -888,9 +888,9 @@ int gpu_arena_alloc(int dev, uint64_t bytes, enum gpu_ipc kind, struct gpu_arena
 	fa->dev = dev;
 	fa->base = p;
 	fa->bytes = size;
-	fa->next = fake.arenas;
-	fake.arenas = fa;
-	fake.live_arenas++;
+	fa->next = fake.mems;
+	fake.mems = fa;
+	fake.live_mems++;
 	fake.free_bytes[dev] -= size;
 	fake.serial++;
 
@@ -916,19 +916,19 @@ fail:
 	return rc;
 }
 
-void gpu_arena_free(struct gpu_arena *a)
+void gpu_mem_free(struct gpu_mem *a)
 {
-	struct fake_arena **pp, *fa = NULL;
+	struct fake_mem **pp, *fa = NULL;
 	struct gpu_stream *s;
 
 	if (a->export_fd >= 0)
 		close(a->export_fd);
 	if (!a->handle) {
-		arena_reset(a);
+		mem_reset(a);
 		return;
 	}
 	lock();
-	for (pp = &fake.arenas; *pp; pp = &(*pp)->next) {
+	for (pp = &fake.mems; *pp; pp = &(*pp)->next) {
 		if ((uint64_t)(uintptr_t)*pp == a->handle) {
 			fa = *pp;
 			*pp = fa->next;
@@ -940,17 +940,17 @@ void gpu_arena_free(struct gpu_arena *a)
 		 * queued copy runs before the memory goes. */
 		for (s = fake.streams; s; s = s->next)
 			run_ops(s, s->queued);
-		fake.live_arenas--;
+		fake.live_mems--;
 		fake.free_bytes[fa->dev] += fa->bytes;
 		if (fake.free_bytes[fa->dev] > fake.total_bytes[fa->dev])
 			fake.free_bytes[fa->dev] = fake.total_bytes[fa->dev];
 	} else {
-		log_err("gpu_fake: free of an arena that is not live (double free?)");
+		log_err("gpu_fake: free of memory that is not live (double free?)");
 	}
 	unlock();
 	if (fa) {
 		munmap(fa->base, fa->bytes);
 		free(fa);
 	}
-	arena_reset(a);
+	mem_reset(a);
 }

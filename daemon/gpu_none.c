@@ -111,14 +111,14 @@ void gpu_event_destroy(struct gpu_event *e)
 {
 }
 
-int gpu_arena_alloc(int dev, uint64_t bytes, enum gpu_ipc kind, struct gpu_arena *out)
+int gpu_mem_alloc(int dev, uint64_t bytes, enum gpu_ipc kind, struct gpu_mem *out)
 {
 	memset(out, 0, sizeof(*out));
 	out->export_fd = -1;
 	return -ENODEV;
 }
 
-void gpu_arena_free(struct gpu_arena *a)
+void gpu_mem_free(struct gpu_mem *a)
 {
 	memset(a, 0, sizeof(*a));
 	a->export_fd = -1;

@@ -50,7 +50,7 @@ static void on_signal(uv_signal_t *h, int signum)
 		 d->nconns, d->nsessions);
 	sd_notify(0, "STOPPING=1");
 	server_stop(d);
-	reader_pool_stop(d->readers);
+	reader_stop(d->readers);
 	d->readers = NULL;
 	/* After the readers: their last completions may still queue copies
 	 * (of dead sessions: none), and sessions freed now release arenas. */
@@ -191,7 +191,7 @@ int main(int argc, char **argv)
 
 	d.loop = uv_default_loop();
 	d.started_ns = now_ns();
-	rc = reader_pool_start(&d.readers, d.cfg.readers, d.loop, sess_job_done, &d);
+	rc = reader_start(&d.readers, d.cfg.readers, d.loop, sess_job_done, &d);
 	if (rc)
 		fatal("cannot start %u reader threads: %s", d.cfg.readers, strerror(-rc));
 	rc = server_listen(&d);

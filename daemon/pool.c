@@ -134,7 +134,7 @@ struct pool *pool_get(struct daemon *d, const struct dataset *ds, int gpu, struc
 		p->slab_shift = 0;
 		while ((1ull << p->slab_shift) < cap)
 			p->slab_shift++;
-		p->slab_bytes = align_up(cap * p->rec_stride, GPU_ARENA_ALIGN);
+		p->slab_bytes = align_up(cap * p->rec_stride, GPU_MEM_ALIGN);
 	}
 	p->loc = malloc(n * sizeof(*p->loc));
 	p->missed = calloc((n + 63) / 64, sizeof(*p->missed));
@@ -166,19 +166,8 @@ nomem:
 static void slab_free_now(struct pool *p, uint32_t j)
 {
 	struct pool_slab *sl = &p->slabs[j];
-	struct xfer_job *job = calloc(1, sizeof(*job));
 
-	if (!job) {
-		log_err("pool %s: out of memory releasing a slab; freeing it on the loop",
-			p->ds->name);
-		gpu_arena_free(&sl->mem);
-	} else {
-		job->kind = XFER_FREE;
-		job->arena = sl->mem;
-		xfer_submit(p->xfer, job);
-	}
-	memset(&sl->mem, 0, sizeof(sl->mem));
-	sl->mem.export_fd = -1;
+	xfer_free_mem(p->xfer, &sl->mem);
 	sl->used = 0;
 	sl->dying = false;
 	sl->live = false;
@@ -249,28 +238,27 @@ static void slab_alloc_done(struct xfer_job *job)
 		free(job);
 		return;
 	}
-	if (p->sessions == 0 || !p->enabled || pool_bytes(p) + job->arena.bytes > p->budget) {
+	if (p->sessions == 0 || !p->enabled || pool_bytes(p) + job->mem.bytes > p->budget) {
 		/* Not wanted any more (the last session left, off, or the
 		 * budget shrank meanwhile). */
-		job->kind = XFER_FREE;
-		job->done = NULL;
-		xfer_submit(p->xfer, job);
+		xfer_free_mem(p->xfer, &job->mem);
+		free(job);
 		return;
 	}
-	p->slabs[j].mem = job->arena;
+	p->slabs[j].mem = job->mem;
 	p->slabs[j].used = 0;
 	p->slabs[j].pins = 0;
 	p->slabs[j].stamp = 0;
 	p->slabs[j].live = true;
 	p->slabs[j].dying = false;
 	p->nlive++;
-	p->bytes += job->arena.bytes;
+	p->bytes += job->mem.bytes;
 	p->room += p->per_slab;
 	p->fill = j;
 	p->want_room = false;
 	p->slabs_made++;
 	log_debug("pool %s on cuda:%d: slab %u, %.0f MiB (%u live, budget %.0f MiB)", p->ds->name,
-		  p->gpu, j, job->arena.bytes / 1048576.0, p->nlive, p->budget / 1048576.0);
+		  p->gpu, j, job->mem.bytes / 1048576.0, p->nlive, p->budget / 1048576.0);
 	free(job);
 }
 
@@ -344,12 +332,11 @@ static void table_alloc_done(struct xfer_job *job)
 		return;
 	}
 	if (p->sessions == 0 || !p->enabled) {
-		job->kind = XFER_FREE;
-		job->done = NULL;
-		xfer_submit(p->xfer, job);
+		xfer_free_mem(p->xfer, &job->mem);
+		free(job);
 		return;
 	}
-	p->table = job->arena;
+	p->table = job->mem;
 	free(job);
 	maybe_table(p);
 }
@@ -748,20 +735,12 @@ bool pool_give_slab(struct pool *p, const char *why)
  * stream before this free, which waits for them (cudaFree does). */
 static uint64_t table_free(struct pool *p)
 {
-	struct xfer_job *job;
 	uint64_t bytes = p->table.bytes;
 
 	p->table_valid = false;
 	if (!p->table.base || p->table_pending)
 		return 0;
-	job = calloc(1, sizeof(*job));
-	if (!job)
-		return 0;
-	job->kind = XFER_FREE;
-	job->arena = p->table;
-	xfer_submit(p->xfer, job);
-	memset(&p->table, 0, sizeof(p->table));
-	p->table.export_fd = -1;
+	xfer_free_mem(p->xfer, &p->table);
 	return bytes;
 }
 
@@ -849,7 +828,7 @@ static void pool_free(struct pool *p)
 	for (uint32_t j = 0; j < p->nslabs; j++)
 		if (p->slabs[j].mem.base)
 			slab_free_now(p, j);
-	gpu_arena_free(&p->table);
+	xfer_free_mem(p->xfer, &p->table);
 	free(p->table_host);
 	free(p->slabs);
 	free(p->owner);

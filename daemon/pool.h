@@ -56,7 +56,7 @@ struct xfer_job;
 #define POOL_PENDING (UINT32_MAX - 1) /* loc: admitted by a batch in flight */
 
 struct pool_slab {
-	struct gpu_arena mem; /* owned: GPU_IPC_NONE, zeroed when not allocated */
+	struct gpu_mem mem; /* owned: GPU_IPC_NONE, zeroed when not allocated */
 	uint32_t used;	      /* entries handed out, 0..per_slab */
 	uint32_t pins;	      /* batches in flight that read or write it */
 	uint64_t stamp;	      /* the last plan that pinned it (pins once per plan) */
@@ -109,7 +109,7 @@ struct pool {
 	 * mode), built once the pool holds every sample: batches then need no
 	 * lookup per row on the loop thread.  Any slab leaving makes it
 	 * stale; it is built again when the pool is whole again. */
-	struct gpu_arena table; /* owned: GPU_IPC_NONE, num_samples addresses */
+	struct gpu_mem table; /* owned: GPU_IPC_NONE, num_samples addresses */
 	uint64_t *table_host;	/* owned while an upload is out */
 	bool table_pending;	/* an allocation or upload is on the transfer thread */
 	bool table_valid;	/* batches may use it */

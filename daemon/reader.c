@@ -1,9 +1,10 @@
 /*
  * reader.c — the reader thread pool (see reader.h).
  *
- * DESIGN: owner threads: N reader threads plus the loop thread.  One mutex
- * guards the pending queue, the done queue and the stop flag; the readers
- * sleep on `more` when nothing is pending.  Readers never touch sessions:
+ * DESIGN: owner threads: N reader threads plus the loop thread.  r->lock
+ * guards the pending queue and the stop flag; the readers sleep on `more`
+ * when nothing is pending.  Finished jobs go back through the handback,
+ * whose lock a reader takes without holding r->lock.  Readers never touch sessions:
  * a job carries everything it needs, borrowed from owners that outlive it.
  */
 #include "reader.h"
@@ -17,17 +18,17 @@
 #include <time.h>
 
 #include "dataset.h"
+#include "handback.h"
 #include "log.h"
 #include "util.h"
 
-struct reader_pool {
+struct readers {
 	pthread_mutex_t lock;
 	pthread_cond_t more;
-	struct reader_job *pending_head, *pending_tail; /* FIFO, under lock */
-	struct reader_job *done_head, *done_tail;	/* FIFO, under lock */
+	struct fifo pending; /* under lock */
 	unsigned npending;
 	bool stop;
-	uv_async_t async; /* wakes the loop to drain done */
+	struct handback back; /* finished jobs, to the loop thread */
 	reader_done_fn done;
 	void *arg;
 	pthread_t *threads;
@@ -49,155 +50,129 @@ void reader_run_job(struct reader_job *job)
 	job->read_ns = now_ns() - t0;
 }
 
-static void push(struct reader_job **head, struct reader_job **tail, struct reader_job *job)
-{
-	job->next = NULL;
-	if (*tail)
-		(*tail)->next = job;
-	else
-		*head = job;
-	*tail = job;
-}
-
 static void *reader_main(void *arg)
 {
-	struct reader_pool *p = arg;
+	struct readers *r = arg;
 
-	pthread_mutex_lock(&p->lock);
+	pthread_mutex_lock(&r->lock);
 	for (;;) {
-		struct reader_job *job;
+		struct fifo_node *n;
 
-		while (!p->pending_head && !p->stop)
-			pthread_cond_wait(&p->more, &p->lock);
-		if (p->stop)
+		while (!r->pending.head && !r->stop)
+			pthread_cond_wait(&r->more, &r->lock);
+		if (r->stop)
 			break;
-		job = p->pending_head;
-		p->pending_head = job->next;
-		if (!p->pending_head)
-			p->pending_tail = NULL;
-		p->npending--;
-		pthread_mutex_unlock(&p->lock);
+		n = fifo_pop(&r->pending);
+		r->npending--;
+		pthread_mutex_unlock(&r->lock);
 
-		reader_run_job(job);
+		reader_run_job(container_of(n, struct reader_job, link));
+		handback_push(&r->back, n);
 
-		pthread_mutex_lock(&p->lock);
-		push(&p->done_head, &p->done_tail, job);
-		/* uv_async_send coalesces: one wake-up drains everything. */
-		uv_async_send(&p->async);
+		pthread_mutex_lock(&r->lock);
 	}
-	pthread_mutex_unlock(&p->lock);
+	pthread_mutex_unlock(&r->lock);
 	return NULL;
 }
 
-static void drain_done(uv_async_t *async)
+static void deliver(struct fifo_node *n, void *arg)
 {
-	struct reader_pool *p = async->data;
-	struct reader_job *job;
+	struct readers *r = arg;
 
-	pthread_mutex_lock(&p->lock);
-	job = p->done_head;
-	p->done_head = p->done_tail = NULL;
-	pthread_mutex_unlock(&p->lock);
-	while (job) {
-		struct reader_job *next = job->next;
-
-		p->done(job, p->arg);
-		job = next;
-	}
+	r->done(container_of(n, struct reader_job, link), r->arg);
 }
 
-int reader_pool_start(struct reader_pool **out, unsigned nthreads, uv_loop_t *loop,
-		      reader_done_fn done, void *arg)
+int reader_start(struct readers **out, unsigned nthreads, uv_loop_t *loop, reader_done_fn done,
+		 void *arg)
 {
-	struct reader_pool *p = calloc(1, sizeof(*p));
+	struct readers *r = calloc(1, sizeof(*r));
 	int rc;
 
-	if (!p)
+	if (!r)
 		return -ENOMEM;
-	p->threads = calloc(nthreads, sizeof(*p->threads));
-	if (!p->threads) {
-		free(p);
+	r->threads = calloc(nthreads, sizeof(*r->threads));
+	if (!r->threads) {
+		free(r);
 		return -ENOMEM;
 	}
-	pthread_mutex_init(&p->lock, NULL);
-	pthread_cond_init(&p->more, NULL);
-	p->done = done;
-	p->arg = arg;
-	rc = uv_async_init(loop, &p->async, drain_done);
+	r->done = done;
+	r->arg = arg;
+	rc = handback_init(&r->back, loop, deliver, r);
 	if (rc) {
-		free(p->threads);
-		free(p);
+		free(r->threads);
+		free(r);
 		return rc;
 	}
-	p->async.data = p;
+	pthread_mutex_init(&r->lock, NULL);
+	pthread_cond_init(&r->more, NULL);
 	for (unsigned i = 0; i < nthreads; i++) {
-		rc = pthread_create(&p->threads[i], NULL, reader_main, p);
+		rc = pthread_create(&r->threads[i], NULL, reader_main, r);
 		if (rc) {
 			log_err("cannot start reader thread %u: %s", i, strerror(rc));
 			break;
 		}
-		p->nthreads++;
+		r->nthreads++;
 	}
-	if (!p->nthreads) {
-		reader_pool_stop(p);
+	if (!r->nthreads) {
+		reader_stop(r);
 		return -rc;
 	}
-	*out = p;
+	*out = r;
 	return 0;
 }
 
-void reader_submit(struct reader_pool *p, struct reader_job *job)
+void reader_submit(struct readers *r, struct reader_job *job)
 {
-	pthread_mutex_lock(&p->lock);
-	push(&p->pending_head, &p->pending_tail, job);
-	p->npending++;
-	pthread_cond_signal(&p->more);
-	pthread_mutex_unlock(&p->lock);
+	pthread_mutex_lock(&r->lock);
+	fifo_push(&r->pending, &job->link);
+	r->npending++;
+	pthread_cond_signal(&r->more);
+	pthread_mutex_unlock(&r->lock);
 }
 
-unsigned reader_pool_queued(struct reader_pool *p)
+unsigned reader_queued(struct readers *r)
 {
 	unsigned n;
 
-	pthread_mutex_lock(&p->lock);
-	n = p->npending;
-	pthread_mutex_unlock(&p->lock);
+	pthread_mutex_lock(&r->lock);
+	n = r->npending;
+	pthread_mutex_unlock(&r->lock);
 	return n;
 }
 
-static void free_pool(uv_handle_t *h)
+static void free_readers(struct handback *hb)
 {
-	struct reader_pool *p = h->data;
+	struct readers *r = container_of(hb, struct readers, back);
 
-	free(p->threads);
-	free(p);
+	free(r->threads);
+	free(r);
 }
 
-void reader_pool_stop(struct reader_pool *p)
+void reader_stop(struct readers *r)
 {
-	struct reader_job *job;
+	struct fifo_node *n;
 
-	pthread_mutex_lock(&p->lock);
-	p->stop = true;
-	pthread_cond_broadcast(&p->more);
-	pthread_mutex_unlock(&p->lock);
-	for (unsigned i = 0; i < p->nthreads; i++)
-		pthread_join(p->threads[i], NULL);
+	pthread_mutex_lock(&r->lock);
+	r->stop = true;
+	pthread_cond_broadcast(&r->more);
+	pthread_mutex_unlock(&r->lock);
+	for (unsigned i = 0; i < r->nthreads; i++)
+		pthread_join(r->threads[i], NULL);
 
 	/* Threads are gone: finish what they did, then cancel the rest, so
 	 * every owner sees each of its jobs come back exactly once. */
-	drain_done(&p->async);
-	job = p->pending_head;
-	p->pending_head = p->pending_tail = NULL;
-	while (job) {
-		struct reader_job *next = job->next;
+	handback_drain(&r->back);
+	n = fifo_take_all(&r->pending);
+	while (n) {
+		struct fifo_node *next = n->next;
+		struct reader_job *job = container_of(n, struct reader_job, link);
 
 		job->rc = -ECANCELED;
 		snprintf(job->err, sizeof(job->err), "daemon shutting down");
-		p->done(job, p->arg);
-		job = next;
+		r->done(job, r->arg);
+		n = next;
 	}
-	pthread_mutex_destroy(&p->lock);
-	pthread_cond_destroy(&p->more);
-	uv_close((uv_handle_t *)&p->async, free_pool);
+	pthread_mutex_destroy(&r->lock);
+	pthread_cond_destroy(&r->more);
+	handback_close(&r->back, free_readers);
 }

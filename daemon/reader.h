@@ -7,12 +7,12 @@
  * several readers fill at once.  Jobs run in
  * submission order on any of N threads, so they may finish out of order;
  * the session delivers in order.  Finished jobs go back to the loop thread
- * through a mutex-protected queue and one uv_async_send; the async callback
- * drains the whole queue (libuv's threadpool pattern).
+ * through a handback (handback.h).
  *
  * DESIGN: threads: the loop thread submits and receives; reader threads
- * only read files and write slot memory.  Locks: pool->lock guards both
- * queues and the stop flag; nothing else is shared.  No CUDA here.
+ * only read files and write slot memory.  Locks: r->lock guards the pending
+ * queue and the stop flag; the handback has its own.  Nothing else is
+ * shared.  No CUDA here.
  */
 #ifndef PF_READER_H
 #define PF_READER_H
@@ -20,10 +20,12 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "util.h"
+
 struct dataset;
 
 struct reader_job {
-	struct reader_job *next;  /* link of whichever queue holds the job */
+	struct fifo_node link;	  /* of whichever queue holds the job */
 	void *owner;		  /* borrowed: the session; it outlives its jobs */
 	const struct dataset *ds; /* borrowed: datasets live as long as the daemon */
 	uint64_t *samples;	  /* owned: count sample numbers */
@@ -38,19 +40,20 @@ struct reader_job {
 	uint64_t read_ns; /* time the reads took */
 };
 
-struct reader_pool;
+/* The reader threads, shared by every session. */
+struct readers;
 
 typedef void (*reader_done_fn)(struct reader_job *job, void *arg);
 
 /* Starts nthreads readers.  done runs on the loop thread for every job. */
-int reader_pool_start(struct reader_pool **out, unsigned nthreads, uv_loop_t *loop,
-		      reader_done_fn done, void *arg);
-void reader_submit(struct reader_pool *p, struct reader_job *job);
+int reader_start(struct readers **out, unsigned nthreads, uv_loop_t *loop, reader_done_fn done,
+		 void *arg);
+void reader_submit(struct readers *r, struct reader_job *job);
 /* Stops and joins the threads.  Jobs not yet run finish with -ECANCELED;
  * done is called for every outstanding job before this returns. */
-void reader_pool_stop(struct reader_pool *p);
+void reader_stop(struct readers *r);
 /* Jobs waiting for a thread (for status). */
-unsigned reader_pool_queued(struct reader_pool *p);
+unsigned reader_queued(struct readers *r);
 
 /* Runs one job on the calling thread (the readers' body; tests use it). */
 void reader_run_job(struct reader_job *job);

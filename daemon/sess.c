@@ -91,18 +91,8 @@ static void sess_free(struct sess *s)
 		arena_destroy(&s->arenas[i]);
 	/* Device arenas are released on their transfer thread (the calls
 	 * block); by now every copy into them has completed. */
-	for (uint32_t i = 0; i < s->ngarenas; i++) {
-		struct xfer_job *job = calloc(1, sizeof(*job));
-
-		if (!job) {
-			log_err("session %" PRIu64 ": out of memory freeing device arena %u", s->id,
-				i);
-			continue;
-		}
-		job->kind = XFER_FREE;
-		job->arena = s->garenas[i];
-		xfer_submit(s->xfer, job);
-	}
+	for (uint32_t i = 0; i < s->ngarenas; i++)
+		xfer_free_mem(s->xfer, &s->garenas[i]);
 	if (s->ring_bytes)
 		ring_give(&s->d->ring, s->ring_off, s->ring_bytes);
 	free(s->ring_busy);
@@ -346,7 +336,7 @@ static int setup_cuda(struct sess *s, const Pf__OpenSession *req, char *err, siz
 /* Announces device arena a (its fd goes with it, once). */
 static int push_garena(struct sess *s, uint32_t a)
 {
-	struct gpu_arena *ga = &s->garenas[a];
+	struct gpu_mem *ga = &s->garenas[a];
 	Pf__Envelope env = PF__ENVELOPE__INIT;
 	Pf__Arena msg = PF__ARENA__INIT;
 	int fd = -1;
@@ -999,11 +989,9 @@ static void give_up_alloc(struct sess *s, const char *why)
 	s->gov.prepared++;
 }
 
-/* Returns true when the job was handed back to the transfer thread (it is
- * no longer the caller's). */
-static bool alloc_done(struct sess *s, struct xfer_job *job)
+static void alloc_done(struct sess *s, struct xfer_job *job)
 {
-	struct gpu_arena *t;
+	struct gpu_mem *t;
 	uint64_t k;
 
 	s->alloc_pending = false;
@@ -1019,7 +1007,7 @@ static bool alloc_done(struct sess *s, struct xfer_job *job)
 			 "pool gave a slab back, retrying",
 			 s->id, job->bytes / 1048576.0, s->device, job->err);
 		uv_timer_start(&s->retry, on_retry, SESS_OOM_PAUSE_MS, 0);
-		return false;
+		return;
 	}
 	if (job->rc) {
 		s->oom_tries++;
@@ -1032,20 +1020,19 @@ static bool alloc_done(struct sess *s, struct xfer_job *job)
 			uv_timer_start(&s->retry, on_retry, SESS_OOM_PAUSE_MS * s->oom_tries, 0);
 		else
 			give_up_alloc(s, job->err);
-		return false;
+		return;
 	}
 	t = realloc(s->garenas, (s->ngarenas + 1) * sizeof(*t));
 	if (!t) {
 		log_err("session %" PRIu64 ": out of memory keeping a device arena", s->id);
-		job->kind = XFER_FREE;
-		xfer_submit(s->xfer, job);
-		return true;
+		xfer_free_mem(s->xfer, &job->mem);
+		return;
 	}
 	s->garenas = t;
-	s->garenas[s->ngarenas] = job->arena;
-	job->arena.export_fd = -1; /* the session owns it now */
+	s->garenas[s->ngarenas] = job->mem;
+	job->mem = (struct gpu_mem){.export_fd = -1}; /* the session owns it now */
 	s->oom_tries = 0;
-	k = job->arena.bytes / s->slot_stride; /* the rounding may hold more */
+	k = s->garenas[s->ngarenas].bytes / s->slot_stride; /* the rounding may hold more */
 	if (k > s->nslots - s->npresent)
 		k = s->nslots - s->npresent;
 	for (uint64_t i = 0; i < k; i++) {
@@ -1054,14 +1041,13 @@ static bool alloc_done(struct sess *s, struct xfer_job *job)
 		sl->present = true;
 		sl->arena = s->ngarenas;
 		sl->offset = i * s->slot_stride;
-		sl->dev_addr = job->arena.base + sl->offset;
+		sl->dev_addr = s->garenas[s->ngarenas].base + sl->offset;
 	}
 	s->npresent += (uint32_t)k;
 	s->ngarenas++;
 	log_debug("session %" PRIu64 ": device arena %u, %.1f MiB, %" PRIu64 " slots (%u in all)",
-		  s->id, s->ngarenas - 1, job->arena.bytes / 1048576.0, k, s->npresent);
+		  s->id, s->ngarenas - 1, s->garenas[s->ngarenas - 1].bytes / 1048576.0, k, s->npresent);
 	push_garena(s, s->ngarenas - 1);
-	return false;
 }
 
 /* A transfer job of a live or dead session came back (loop thread). */
@@ -1074,14 +1060,9 @@ void sess_xfer_done(struct xfer_job *job, void *arg)
 	if (job->kind == XFER_ALLOC) {
 		if (s->dead) {
 			s->alloc_pending = false;
-			if (!job->rc) {
-				job->kind = XFER_FREE; /* nobody will use it */
-				xfer_submit(s->xfer, job);
-				job = NULL;
-			}
+			xfer_free_mem(s->xfer, &job->mem); /* nobody will use it */
 		} else {
-			if (alloc_done(s, job))
-				job = NULL; /* handed back: no longer ours */
+			alloc_done(s, job);
 		}
 		goto out;
 	}

@@ -139,7 +139,7 @@ struct sess {
 	/* CUDA sessions (gpu >= 0). */
 	struct xfer *xfer; /* borrowed: the daemon's transfer thread of gpu */
 	enum gpu_ipc ipc;
-	struct gpu_arena *garenas; /* owned: device arenas, in id order */
+	struct gpu_mem *garenas; /* owned: device arenas, in id order */
 	uint32_t ngarenas;
 	uint32_t npresent;   /* slots with device memory: 0 .. npresent-1 */
 	bool alloc_pending;  /* an XFER_ALLOC is out */

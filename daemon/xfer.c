@@ -7,11 +7,13 @@
  * in flight and nothing queued it waits on its condition variable for at
  * most XFER_POLL_NS, so a new job is queued at once and a completion is
  * seen within that time.  A retired
- * copy goes back to the loop thread, and its event to the thread's pool.
+ * copy goes back to the loop thread, and its event to the thread's idle
+ * events.  A free runs when the thread takes it from the pending queue,
+ * so it follows every job submitted before it.
  *
  * DESIGN: the transfer thread makes every CUDA call of its device; the loop
- * thread only submits and drains.  x->lock guards the two queues and the stop
- * flag.
+ * thread only submits and drains.  x->lock guards the pending queue and the
+ * stop flag; finished jobs go back through the handback.
  */
 #include "xfer.h"
 
@@ -24,6 +26,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "handback.h"
 #include "log.h"
 #include "util.h"
 
@@ -33,34 +36,23 @@ struct xfer {
 	pthread_t thread;
 	pthread_mutex_t lock;
 	pthread_cond_t more;
-	struct xfer_job *pending_head, *pending_tail; /* loop -> thread */
-	struct xfer_job *done_head, *done_tail;	      /* thread -> loop */
+	struct fifo pending; /* under lock: loop -> thread */
 	bool stop;
-	bool stopped; /* joined: submit runs frees inline */
-	uv_async_t async;
+	bool stopped;	      /* joined: frees run inline, other jobs are cancelled */
+	struct handback back; /* thread -> loop */
 	xfer_done_fn done;
 	void *arg;
 	/* Transfer thread only. */
 	uint64_t last_retire_ns;
-	struct gpu_event **pool; /* idle events */
-	unsigned npool, cap;
-	struct gpu_arena stage; /* owned: gather staging (GPU_IPC_NONE), grown on demand */
+	struct gpu_event **idle; /* events not recorded on anything */
+	unsigned nidle, idle_cap;
+	struct gpu_mem stage; /* owned: gather staging (GPU_IPC_NONE), grown on demand */
 };
-
-static void push(struct xfer_job **head, struct xfer_job **tail, struct xfer_job *job)
-{
-	job->next = NULL;
-	if (*tail)
-		(*tail)->next = job;
-	else
-		*head = job;
-	*tail = job;
-}
 
 static int get_event(struct xfer *x, struct gpu_event **out)
 {
-	if (x->npool) {
-		*out = x->pool[--x->npool];
+	if (x->nidle) {
+		*out = x->idle[--x->nidle];
 		return 0;
 	}
 	return gpu_event_create(x->dev, out);
@@ -68,45 +60,54 @@ static int get_event(struct xfer *x, struct gpu_event **out)
 
 static void put_event(struct xfer *x, struct gpu_event *e)
 {
-	if (x->npool == x->cap) {
-		unsigned cap = x->cap ? x->cap * 2 : 16;
-		struct gpu_event **p = realloc(x->pool, cap * sizeof(*p));
+	if (x->nidle == x->idle_cap) {
+		unsigned cap = x->idle_cap ? x->idle_cap * 2 : 16;
+		struct gpu_event **p = realloc(x->idle, cap * sizeof(*p));
 
 		if (!p) {
 			gpu_event_destroy(e);
 			return;
 		}
-		x->pool = p;
-		x->cap = cap;
+		x->idle = p;
+		x->idle_cap = cap;
 	}
-	x->pool[x->npool++] = e;
+	x->idle[x->nidle++] = e;
 }
 
-/* Back to the loop thread (frees are only freed). */
+/* Back to the loop thread. */
 static void finish(struct xfer *x, struct xfer_job *job)
 {
-	if (job->kind == XFER_FREE) {
-		free(job);
-		return;
-	}
-	pthread_mutex_lock(&x->lock);
-	push(&x->done_head, &x->done_tail, job);
-	pthread_mutex_unlock(&x->lock);
-	uv_async_send(&x->async);
+	handback_push(&x->back, &job->link);
 }
 
+/* The memory comes with the job that will free it (gpu_mem.release), so
+ * that giving it back never needs an allocation: a loop thread that is
+ * short of host memory can still let go of device memory. */
 static void run_alloc(struct xfer *x, struct xfer_job *job)
 {
+	struct xfer_job *release;
+
 	if (job->inject_enomem) {
 		job->rc = -ENOMEM;
 		snprintf(job->err, sizeof(job->err),
 			 "out of memory (forced by PREFETCHD_TEST_FAIL_ALLOCS)");
 		return;
 	}
-	job->rc = gpu_arena_alloc(x->dev, job->bytes, job->ipc, &job->arena);
-	if (job->rc)
+	release = calloc(1, sizeof(*release));
+	if (!release) {
+		job->rc = -ENOMEM;
+		snprintf(job->err, sizeof(job->err), "out of host memory");
+		return;
+	}
+	job->rc = gpu_mem_alloc(x->dev, job->bytes, job->ipc, &job->mem);
+	if (job->rc) {
+		free(release);
 		snprintf(job->err, sizeof(job->err), "%s",
 			 job->rc == -ENOMEM ? "out of memory" : strerror(-job->rc));
+		return;
+	}
+	release->kind = XFER_FREE;
+	job->mem.release = release;
 }
 
 /* Makes the staging area at least bytes large.  Growing waits for the
@@ -122,8 +123,8 @@ static int stage_reserve(struct xfer *x, uint64_t bytes)
 	 * largest ring slot prefix bounds it, so it grows a few times at most. */
 	want = bytes;
 	gpu_stream_sync(x->stream);
-	gpu_arena_free(&x->stage);
-	rc = gpu_arena_alloc(x->dev, want, GPU_IPC_NONE, &x->stage);
+	gpu_mem_free(&x->stage);
+	rc = gpu_mem_alloc(x->dev, want, GPU_IPC_NONE, &x->stage);
 	return rc;
 }
 
@@ -153,8 +154,7 @@ static int queue_gather(struct xfer *x, struct xfer_job *job, char *err, size_t 
 }
 
 /* Queues one copy and its event; on failure the job is finished at once. */
-static void queue_copy(struct xfer *x, struct xfer_job *job, struct xfer_job **fl_head,
-		       struct xfer_job **fl_tail)
+static void queue_copy(struct xfer *x, struct xfer_job *job, struct fifo *inflight)
 {
 	int rc;
 
@@ -181,24 +181,23 @@ static void queue_copy(struct xfer *x, struct xfer_job *job, struct xfer_job **f
 		finish(x, job);
 		return;
 	}
-	push(fl_head, fl_tail, job);
+	fifo_push(inflight, &job->link);
 }
 
 /* Retires the oldest copy if its event has completed.  Returns 1 when one
  * was retired. */
-static int retire_one(struct xfer *x, struct xfer_job **fl_head, struct xfer_job **fl_tail)
+static int retire_one(struct xfer *x, struct fifo *inflight)
 {
-	struct xfer_job *job = *fl_head;
+	struct xfer_job *job;
 	int rc;
 
-	if (!job)
+	if (!inflight->head)
 		return 0;
+	job = container_of(inflight->head, struct xfer_job, link);
 	rc = gpu_event_query(job->event);
 	if (rc == -EAGAIN)
 		return 0;
-	*fl_head = job->next;
-	if (!*fl_head)
-		*fl_tail = NULL;
+	fifo_pop(inflight);
 	if (rc) {
 		job->rc = rc;
 		snprintf(job->err, sizeof(job->err), "copy to the device failed: %s",
@@ -230,16 +229,16 @@ static int retire_one(struct xfer *x, struct xfer_job **fl_head, struct xfer_job
 static void *xfer_main(void *arg)
 {
 	struct xfer *x = arg;
-	struct xfer_job *fl_head = NULL, *fl_tail = NULL; /* copies in flight */
+	struct fifo inflight = {0}; /* copies queued on the stream, oldest first */
 
 	/* Timed waits of 20 us mean little with the default 50 us slack. */
 	prctl(PR_SET_TIMERSLACK, 1000UL);
 	for (;;) {
-		struct xfer_job *jobs;
+		struct fifo_node *n;
 
 		pthread_mutex_lock(&x->lock);
-		while (!x->pending_head) {
-			if (fl_head) {
+		while (!x->pending.head) {
+			if (inflight.head) {
 				struct timespec ts;
 
 				clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -255,68 +254,51 @@ static void *xfer_main(void *arg)
 				break;
 			pthread_cond_wait(&x->more, &x->lock);
 		}
-		if (!x->pending_head && !fl_head && x->stop) {
+		if (!x->pending.head && !inflight.head && x->stop) {
 			pthread_mutex_unlock(&x->lock);
 			break;
 		}
-		jobs = x->pending_head;
-		x->pending_head = x->pending_tail = NULL;
+		n = fifo_take_all(&x->pending);
 		pthread_mutex_unlock(&x->lock);
 
-		while (jobs) {
-			struct xfer_job *job = jobs;
+		while (n) {
+			struct xfer_job *job = container_of(n, struct xfer_job, link);
 
-			jobs = job->next;
-			job->next = NULL;
+			n = n->next;
 			switch (job->kind) {
-			case XFER_COPY: queue_copy(x, job, &fl_head, &fl_tail); break;
+			case XFER_COPY: queue_copy(x, job, &inflight); break;
 			case XFER_ALLOC:
 				run_alloc(x, job);
 				finish(x, job);
 				break;
 			case XFER_FREE:
-				/* The session's copies all came back before it
-				 * freed its arenas: nothing on the stream still
-				 * writes this one. */
-				gpu_arena_free(&job->arena);
-				finish(x, job);
+				/* Everything submitted before it is queued on the
+				 * stream by now, and cudaFree waits for it. */
+				gpu_mem_free(&job->mem);
+				free(job);
 				break;
 			}
 		}
-		while (retire_one(x, &fl_head, &fl_tail))
+		while (retire_one(x, &inflight))
 			;
 	}
 	return NULL;
 }
 
-static void free_xfer(uv_handle_t *h)
+static void deliver(struct fifo_node *n, void *arg)
 {
-	free(h->data);
-}
+	struct xfer *x = arg;
+	struct xfer_job *job = container_of(n, struct xfer_job, link);
 
-static void deliver(struct xfer *x, struct xfer_job *job)
-{
 	if (job->done)
 		job->done(job);
 	else
 		x->done(job, x->arg);
 }
 
-static void drain_done(uv_async_t *async)
+static void free_xfer(struct handback *hb)
 {
-	struct xfer *x = async->data;
-	struct xfer_job *job;
-
-	pthread_mutex_lock(&x->lock);
-	job = x->done_head;
-	x->done_head = x->done_tail = NULL;
-	pthread_mutex_unlock(&x->lock);
-	while (job) {
-		struct xfer_job *next = job->next;
-
-		deliver(x, job);
-		job = next;
-	}
+	free(container_of(hb, struct xfer, back));
 }
 
 int xfer_start(struct xfer **out, int dev, uv_loop_t *loop, xfer_done_fn done, void *arg, char *err,
@@ -340,14 +322,13 @@ int xfer_start(struct xfer **out, int dev, uv_loop_t *loop, xfer_done_fn done, v
 		free(x);
 		return rc;
 	}
-	rc = uv_async_init(loop, &x->async, drain_done);
+	rc = handback_init(&x->back, loop, deliver, x);
 	if (rc) {
 		snprintf(err, errlen, "uv_async_init: %s", uv_strerror(rc));
 		gpu_stream_destroy(x->stream);
 		free(x);
 		return rc;
 	}
-	x->async.data = x;
 	pthread_mutex_init(&x->lock, NULL);
 	{
 		pthread_condattr_t ca;
@@ -365,7 +346,7 @@ int xfer_start(struct xfer **out, int dev, uv_loop_t *loop, xfer_done_fn done, v
 		gpu_stream_destroy(x->stream);
 		pthread_mutex_destroy(&x->lock);
 		pthread_cond_destroy(&x->more);
-		uv_close((uv_handle_t *)&x->async, free_xfer); /* frees x */
+		handback_close(&x->back, free_xfer); /* frees x */
 		return -rc;
 	}
 	*out = x;
@@ -375,20 +356,43 @@ int xfer_start(struct xfer **out, int dev, uv_loop_t *loop, xfer_done_fn done, v
 void xfer_submit(struct xfer *x, struct xfer_job *job)
 {
 	if (x->stopped) {
-		/* The thread is gone (shutdown): frees run here, anything
-		 * else comes back cancelled. */
-		if (job->kind == XFER_FREE) {
-			gpu_arena_free(&job->arena);
-			free(job);
-			return;
-		}
+		/* The thread is gone (shutdown): it comes back cancelled. */
 		job->rc = -ECANCELED;
 		snprintf(job->err, sizeof(job->err), "daemon shutting down");
-		deliver(x, job);
+		deliver(&job->link, x);
 		return;
 	}
 	pthread_mutex_lock(&x->lock);
-	push(&x->pending_head, &x->pending_tail, job);
+	fifo_push(&x->pending, &job->link);
+	pthread_cond_signal(&x->more);
+	pthread_mutex_unlock(&x->lock);
+}
+
+void xfer_free_mem(struct xfer *x, struct gpu_mem *mem)
+{
+	struct xfer_job *job = mem->release;
+
+	if (!job) {
+		/* Zeroed (never allocated, or given back already): nothing
+		 * to free.  Memory of any other origin never comes here. */
+		if (mem->base)
+			log_err("xfer: device memory at %#llx was not allocated by a transfer "
+				"thread; it is not freed",
+				(unsigned long long)mem->base);
+		return;
+	}
+	job->mem = *mem;
+	job->mem.release = NULL;
+	memset(mem, 0, sizeof(*mem));
+	mem->export_fd = -1;
+	if (x->stopped) {
+		/* Shutdown, after the thread's last copy: nothing is in flight. */
+		gpu_mem_free(&job->mem);
+		free(job);
+		return;
+	}
+	pthread_mutex_lock(&x->lock);
+	fifo_push(&x->pending, &job->link);
 	pthread_cond_signal(&x->more);
 	pthread_mutex_unlock(&x->lock);
 }
@@ -401,16 +405,16 @@ void xfer_stop(struct xfer *x)
 	pthread_mutex_unlock(&x->lock);
 	pthread_join(x->thread, NULL);
 	x->stopped = true;
-	drain_done(&x->async);
-	while (x->npool)
-		gpu_event_destroy(x->pool[--x->npool]);
-	free(x->pool);
+	handback_drain(&x->back);
+	while (x->nidle)
+		gpu_event_destroy(x->idle[--x->nidle]);
+	free(x->idle);
 	gpu_stream_destroy(x->stream);
-	gpu_arena_free(&x->stage);
+	gpu_mem_free(&x->stage);
 	/* x stays allocated: sessions freed later in this shutdown (their
-	 * connections close after this) still submit their arena frees,
-	 * which now run inline.  xfer_free releases it after the loop. */
-	uv_close((uv_handle_t *)&x->async, NULL);
+	 * connections close after this) still give their device memory
+	 * back, which now runs inline.  xfer_free releases it after the loop. */
+	handback_close(&x->back, NULL);
 }
 
 void xfer_free(struct xfer *x)

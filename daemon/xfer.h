@@ -11,17 +11,19 @@
  *               pool.h) the ring slot's prefix goes to the thread's staging
  *               area instead and the gather kernel assembles the slot from
  *               it and from pool records;
- *   XFER_ALLOC  a device arena (gpu_arena_alloc), exported as asked;
- *   XFER_FREE   releases an arena (the job then only frees itself).
+ *   XFER_ALLOC  device memory (gpu_mem_alloc), exported as asked: a
+ *               session's arena, a pool slab, a record table.
+ * Memory an XFER_ALLOC made is given back with xfer_free_mem, which cannot
+ * fail: the job that frees it was allocated along with it.
  * Copies are pipelined: the thread queues every copy it has, records an
  * event after each, and retires them oldest first as their events complete
  * (polled, never blocking: a new copy is queued the moment it arrives).  A copy's event is recorded
  * after the copy from its ring slot, so "done" means the ring slot may be rewritten.
  *
- * DESIGN: threads: the loop thread submits and receives (through one
- * mutex-protected queue each way plus one uv_async, like reader.h); the
- * transfer thread makes every CUDA call for its device.  Locks: x->lock
- * guards both queues and the stop flag.  Nothing else is shared: a job
+ * DESIGN: threads: the loop thread submits (a mutex-protected queue) and
+ * receives (a handback, handback.h); the transfer thread makes every CUDA
+ * call for its device.  Locks: x->lock guards the pending queue and the
+ * stop flag; the handback has its own.  Nothing else is shared: a job
  * borrows memory (a ring slot, a device slot) that its session keeps alive
  * until the job is back.
  */
@@ -33,11 +35,13 @@
 #include <uv.h>
 
 #include "gpu.h"
+#include "util.h"
 
+/* XFER_FREE is xfer.c's own: the loop asks with xfer_free_mem. */
 enum xfer_kind { XFER_COPY, XFER_ALLOC, XFER_FREE };
 
 struct xfer_job {
-	struct xfer_job *next; /* link of whichever queue holds the job */
+	struct fifo_node link; /* of whichever queue holds the job */
 	enum xfer_kind kind;
 	void *owner; /* borrowed: the session, alive until the job is back */
 	uint32_t slot;
@@ -53,9 +57,9 @@ struct xfer_job {
 	 * its stream runs the copy into it after the previous gather. */
 	bool gather;
 	struct gpu_gather g;
-	/* XFER_ALLOC: bytes and ipc in, arena out.  XFER_FREE: arena in. */
+	/* XFER_ALLOC: bytes and ipc in, mem out.  XFER_FREE: mem in. */
 	enum gpu_ipc ipc;
-	struct gpu_arena arena;
+	struct gpu_mem mem;
 	bool inject_enomem; /* test hook: fail as a full device would */
 	/* Runs instead of xfer_start's done for this job (NULL: that one). */
 	void (*done)(struct xfer_job *job);
@@ -70,15 +74,22 @@ struct xfer;
 
 typedef void (*xfer_done_fn)(struct xfer_job *job, void *arg);
 
-/* Starts the transfer thread of device dev: its stream and its first
- * events are created before this returns.  done runs on the loop thread for
- * every job except XFER_FREE, which the thread frees itself. */
+/* Starts the transfer thread of device dev: its stream is created before
+ * this returns.  done runs on the loop thread for every job submitted. */
 int xfer_start(struct xfer **out, int dev, uv_loop_t *loop, xfer_done_fn done, void *arg, char *err,
 	       size_t errlen);
 void xfer_submit(struct xfer *x, struct xfer_job *job);
+/* Gives back device memory that an XFER_ALLOC of x made (mem is then
+ * zeroed; a zeroed mem is a no-op).  It is released on the transfer thread
+ * after every job submitted before this call has been queued on the
+ * stream, so a copy or gather queued earlier that reads it still runs
+ * first (cudaFree waits for them).  Never blocks and never fails, so the
+ * loop thread can always let go of memory. */
+void xfer_free_mem(struct xfer *x, struct gpu_mem *mem);
 /* Finishes everything queued (copies included), joins the thread, delivers
- * the last completions, destroys the stream.  Jobs submitted afterwards
- * (frees from sessions that end during the drain) run on the caller. */
+ * the last completions, destroys the stream.  Frees asked for afterwards
+ * (by sessions that end during the shutdown) run on the caller; other jobs
+ * come back at once with -ECANCELED. */
 void xfer_stop(struct xfer *x);
 /* Frees x once the loop has stopped (its async handle is closed). */
 void xfer_free(struct xfer *x);

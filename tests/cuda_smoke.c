@@ -228,7 +228,7 @@ static bool report(const char *what, bool ok, const char *detail)
 static bool run_kind(int sock, struct gpu_stream *s, struct gpu_event *e, uint8_t *host,
 		     enum gpu_ipc kind, bool free_early, const char *name)
 {
-	struct gpu_arena a;
+	struct gpu_mem a;
 	struct offer o;
 	struct verdict v;
 	char what[96], detail[512];
@@ -241,16 +241,16 @@ static bool run_kind(int sock, struct gpu_stream *s, struct gpu_event *e, uint8_
 	for (i = 0; i < WANT_BYTES; i++)
 		host[i] = pattern(i, o.seed);
 
-	rc = gpu_arena_alloc(0, WANT_BYTES, kind, &a);
+	rc = gpu_mem_alloc(0, WANT_BYTES, kind, &a);
 	if (rc < 0) {
-		snprintf(detail, sizeof(detail), "gpu_arena_alloc: %s", strerror(-rc));
+		snprintf(detail, sizeof(detail), "gpu_mem_alloc: %s", strerror(-rc));
 		return report(what, false, detail);
 	}
 	if (a.bytes < WANT_BYTES || a.bytes % (2 * MiB) ||
 	    (kind == GPU_IPC_FD) != (a.export_fd >= 0)) {
 		snprintf(detail, sizeof(detail), "bad arena: %llu bytes, fd %d",
 			 (unsigned long long)a.bytes, a.export_fd);
-		gpu_arena_free(&a);
+		gpu_mem_free(&a);
 		return report(what, false, detail);
 	}
 	rc = gpu_copy_h2d(s, a.base, host, WANT_BYTES);
@@ -262,7 +262,7 @@ static bool run_kind(int sock, struct gpu_stream *s, struct gpu_event *e, uint8_
 		rc = gpu_event_query(e);
 	if (rc < 0) {
 		snprintf(detail, sizeof(detail), "copy: %s", strerror(-rc));
-		gpu_arena_free(&a);
+		gpu_mem_free(&a);
 		return report(what, false, detail);
 	}
 
@@ -278,12 +278,12 @@ static bool run_kind(int sock, struct gpu_stream *s, struct gpu_event *e, uint8_
 		a.export_fd = -1;
 	}
 	if (free_early)
-		gpu_arena_free(&a);
+		gpu_mem_free(&a);
 	if (rc < 0 || recv_with_fd(sock, &v, sizeof(v), &fd) != (ssize_t)sizeof(v)) {
-		gpu_arena_free(&a);
+		gpu_mem_free(&a);
 		return report(what, false, "lost the child");
 	}
-	gpu_arena_free(&a);
+	gpu_mem_free(&a);
 	if (v.rc < 0) {
 		snprintf(detail, sizeof(detail), "child: %s (%s)", v.msg, strerror(-v.rc));
 		return report(what, false, detail);
@@ -299,14 +299,14 @@ static bool run_kind(int sock, struct gpu_stream *s, struct gpu_event *e, uint8_
  * a long queue reports pending (-EAGAIN) before it completes. */
 static bool check_d2d_and_pending(struct gpu_stream *s, struct gpu_event *e, uint8_t *host)
 {
-	struct gpu_arena a;
+	struct gpu_mem a;
 	uint8_t back[4096];
 	bool ok = true, saw_pending;
 	cudaError_t ce;
 	uint64_t i;
 	int rc, k;
 
-	rc = gpu_arena_alloc(0, 64 * MiB, GPU_IPC_FD, &a);
+	rc = gpu_mem_alloc(0, 64 * MiB, GPU_IPC_FD, &a);
 	if (rc < 0)
 		return report("d2d arena", false, strerror(-rc));
 	for (i = 0; i < WANT_BYTES; i++)
@@ -329,7 +329,7 @@ static bool check_d2d_and_pending(struct gpu_stream *s, struct gpu_event *e, uin
 			cudaMemcpyDeviceToHost);
 	ok &= report("gpu_copy_d2d moves bytes",
 		     ce == cudaSuccess && memcmp(back, host + 4096, sizeof(back)) == 0, NULL);
-	gpu_arena_free(&a);
+	gpu_mem_free(&a);
 	return ok;
 }
 
@@ -337,7 +337,7 @@ int main(void)
 {
 	struct gpu_stream *s = NULL;
 	struct gpu_event *e = NULL;
-	struct gpu_arena huge;
+	struct gpu_mem huge;
 	uint8_t *host = NULL;
 	uint64_t f = 0, t = 0;
 	char desc[256], name[128], bus[32], detail[300];
@@ -367,7 +367,7 @@ int main(void)
 		/* Everything else must now refuse politely. */
 		ok &= report("no-GPU calls refuse with -ENODEV",
 			     gpu_stream_create(0, &s) == -ENODEV &&
-				     gpu_arena_alloc(0, MiB, GPU_IPC_FD, &huge) == -ENODEV &&
+				     gpu_mem_alloc(0, MiB, GPU_IPC_FD, &huge) == -ENODEV &&
 				     gpu_mem_info(0, &f, &t) == -ENODEV && gpu_device_count() == 0,
 			     NULL);
 		/* So must the client side, with a reason. */
@@ -410,14 +410,14 @@ int main(void)
 		ok &= check_d2d_and_pending(s, e, host);
 
 	/* Twice the card cannot exist: the governor relies on -ENOMEM here. */
-	rc = gpu_arena_alloc(0, 2 * t, GPU_IPC_FD, &huge);
+	rc = gpu_mem_alloc(0, 2 * t, GPU_IPC_FD, &huge);
 	snprintf(detail, sizeof(detail), "got %d (%s)", rc, strerror(-rc));
 	ok &= report("oversized fd arena is -ENOMEM", rc == -ENOMEM, detail);
-	gpu_arena_free(&huge);
-	rc = gpu_arena_alloc(0, 2 * t, GPU_IPC_LEGACY, &huge);
+	gpu_mem_free(&huge);
+	rc = gpu_mem_alloc(0, 2 * t, GPU_IPC_LEGACY, &huge);
 	snprintf(detail, sizeof(detail), "got %d (%s)", rc, strerror(-rc));
 	ok &= report("oversized legacy arena is -ENOMEM", rc == -ENOMEM, detail);
-	gpu_arena_free(&huge);
+	gpu_mem_free(&huge);
 
 	close(sv[0]);
 	waitpid(pid, &status, 0);

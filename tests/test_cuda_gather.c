@@ -158,7 +158,7 @@ static void layout_init(struct layout *l, uint32_t count, uint32_t nstaged, unsi
 /* The device side of one case, and its host images. */
 struct rig {
 	struct gpu_stream *s;
-	struct gpu_arena pool, staged, slot, idx;
+	struct gpu_mem pool, staged, slot, idx;
 	uint8_t *pool_img, *staged_img; /* owned: what was copied to the device */
 };
 
@@ -167,10 +167,10 @@ static struct rig rig;
 static int teardown(void **state)
 {
 	gpu_stream_destroy(rig.s);
-	gpu_arena_free(&rig.pool);
-	gpu_arena_free(&rig.staged);
-	gpu_arena_free(&rig.slot);
-	gpu_arena_free(&rig.idx);
+	gpu_mem_free(&rig.pool);
+	gpu_mem_free(&rig.staged);
+	gpu_mem_free(&rig.slot);
+	gpu_mem_free(&rig.idx);
 	free(rig.pool_img);
 	free(rig.staged_img);
 	memset(&rig, 0, sizeof(rig));
@@ -189,10 +189,10 @@ static int setup(void **state)
  * arena), unless the driver cannot: then the daemon's own kind of memory. */
 static void alloc_slot(uint64_t bytes)
 {
-	int rc = gpu_arena_alloc(0, bytes, GPU_IPC_FD, &rig.slot);
+	int rc = gpu_mem_alloc(0, bytes, GPU_IPC_FD, &rig.slot);
 
 	if (rc == -EOPNOTSUPP)
-		rc = gpu_arena_alloc(0, bytes, GPU_IPC_NONE, &rig.slot);
+		rc = gpu_mem_alloc(0, bytes, GPU_IPC_NONE, &rig.slot);
 	assert_int_equal(rc, 0);
 }
 
@@ -254,10 +254,10 @@ static void rig_init(const struct layout *l, uint32_t nrec)
 	uint8_t *marker;
 
 	assert_int_equal(gpu_stream_create(0, &rig.s), 0);
-	assert_int_equal(gpu_arena_alloc(0, pool_bytes, GPU_IPC_NONE, &rig.pool), 0);
-	assert_int_equal(gpu_arena_alloc(0, l->staged_bytes, GPU_IPC_NONE, &rig.staged), 0);
+	assert_int_equal(gpu_mem_alloc(0, pool_bytes, GPU_IPC_NONE, &rig.pool), 0);
+	assert_int_equal(gpu_mem_alloc(0, l->staged_bytes, GPU_IPC_NONE, &rig.staged), 0);
 	assert_int_equal(
-		gpu_arena_alloc(0, (l->g.count + l->g.nstaged + 2) * 8ull, GPU_IPC_NONE, &rig.idx),
+		gpu_mem_alloc(0, (l->g.count + l->g.nstaged + 2) * 8ull, GPU_IPC_NONE, &rig.idx),
 		0);
 	alloc_slot(l->slot_bytes);
 	assert_int_equal(rig.pool.kind, GPU_IPC_NONE);
@@ -449,16 +449,16 @@ static double gather_speed_ratio(uint32_t rb)
 	const uint32_t count = (uint32_t)(slot_bytes / rb), nrec = (uint32_t)(pool_bytes / rb);
 	const int iters = 20;
 	uint64_t *desc = malloc(count * 8ull);
-	struct gpu_arena pool, slot, idx;
+	struct gpu_mem pool, slot, idx;
 	struct gpu_stream *s;
 	struct gpu_gather g;
 	double t0, t_gather, t_copy;
 
 	assert_non_null(desc);
 	assert_int_equal(gpu_stream_create(0, &s), 0);
-	assert_int_equal(gpu_arena_alloc(0, pool_bytes, GPU_IPC_NONE, &pool), 0);
-	assert_int_equal(gpu_arena_alloc(0, slot_bytes, GPU_IPC_NONE, &slot), 0);
-	assert_int_equal(gpu_arena_alloc(0, count * 8ull, GPU_IPC_NONE, &idx), 0);
+	assert_int_equal(gpu_mem_alloc(0, pool_bytes, GPU_IPC_NONE, &pool), 0);
+	assert_int_equal(gpu_mem_alloc(0, slot_bytes, GPU_IPC_NONE, &slot), 0);
+	assert_int_equal(gpu_mem_alloc(0, count * 8ull, GPU_IPC_NONE, &idx), 0);
 	rng_state = rb;
 	for (uint32_t i = 0; i < count; i++)
 		desc[i] = pool.base + (rng() % nrec) * rb;
@@ -492,9 +492,9 @@ static double gather_speed_ratio(uint32_t rb)
 		      iters * slot_bytes / t_gather * 1e-9, iters * slot_bytes / t_copy * 1e-9,
 		      t_copy / t_gather);
 	gpu_stream_destroy(s);
-	gpu_arena_free(&pool);
-	gpu_arena_free(&slot);
-	gpu_arena_free(&idx);
+	gpu_mem_free(&pool);
+	gpu_mem_free(&slot);
+	gpu_mem_free(&idx);
 	free(desc);
 	return t_copy / t_gather;
 }

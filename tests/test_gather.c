@@ -39,10 +39,10 @@ static const uint32_t ROW_BYTES[] = {4, 12, 256, 4096};
 
 struct fx {
 	struct gpu_stream *s;
-	struct gpu_arena pool;	 /* NREC records of stride bytes */
-	struct gpu_arena staged; /* NSTAGED staged rows, packed per field */
-	struct gpu_arena slot;	 /* the batch */
-	struct gpu_arena idx;	 /* desc (COUNT) then admit (NSTAGED) */
+	struct gpu_mem pool;	 /* NREC records of stride bytes */
+	struct gpu_mem staged; /* NSTAGED staged rows, packed per field */
+	struct gpu_mem slot;	 /* the batch */
+	struct gpu_mem idx;	 /* desc (COUNT) then admit (NSTAGED) */
 	uint64_t stride;
 	struct gpu_gather g;
 };
@@ -169,15 +169,15 @@ static int setup(void **state)
 		fx.g.slot_off[f] = off;
 		off = align_up(off + (uint64_t)COUNT * ROW_BYTES[f], 256);
 	}
-	assert_int_equal(gpu_arena_alloc(0, off, GPU_IPC_FD, &fx.slot), 0);
+	assert_int_equal(gpu_mem_alloc(0, off, GPU_IPC_FD, &fx.slot), 0);
 	off = 0;
 	for (uint32_t f = 0; f < NFIELDS; f++) {
 		fx.g.staged_off[f] = off;
 		off = align_up(off + (uint64_t)NSTAGED * ROW_BYTES[f], 256);
 	}
-	assert_int_equal(gpu_arena_alloc(0, off, GPU_IPC_NONE, &fx.staged), 0);
-	assert_int_equal(gpu_arena_alloc(0, NREC * fx.stride, GPU_IPC_NONE, &fx.pool), 0);
-	assert_int_equal(gpu_arena_alloc(0, (COUNT + NSTAGED) * 8, GPU_IPC_NONE, &fx.idx), 0);
+	assert_int_equal(gpu_mem_alloc(0, off, GPU_IPC_NONE, &fx.staged), 0);
+	assert_int_equal(gpu_mem_alloc(0, NREC * fx.stride, GPU_IPC_NONE, &fx.pool), 0);
+	assert_int_equal(gpu_mem_alloc(0, (COUNT + NSTAGED) * 8, GPU_IPC_NONE, &fx.idx), 0);
 
 	fx.g.slot = fx.slot.base;
 	fx.g.staged = fx.staged.base;
@@ -192,12 +192,12 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	gpu_stream_destroy(fx.s);
-	gpu_arena_free(&fx.slot);
-	gpu_arena_free(&fx.staged);
-	gpu_arena_free(&fx.pool);
-	gpu_arena_free(&fx.idx);
+	gpu_mem_free(&fx.slot);
+	gpu_mem_free(&fx.staged);
+	gpu_mem_free(&fx.pool);
+	gpu_mem_free(&fx.idx);
 	/* Every test frees what it allocates: a leak here is a test bug. */
-	assert_int_equal(gpu_fake_live_arenas(), 0);
+	assert_int_equal(gpu_fake_live_allocs(), 0);
 	return 0;
 }
 
@@ -415,7 +415,7 @@ static void bad_arguments_are_refused_before_anything_is_queued(void **state)
 	g = fx.g;
 	g.slot_off[NFIELDS - 1] = fx.slot.bytes - ROW_BYTES[NFIELDS - 1];
 	assert_int_equal(gpu_gather(fx.s, &g), -EFAULT);
-	/* desc outside every arena. */
+	/* desc outside device memory. */
 	g = fx.g;
 	g.desc = (uint64_t)(uintptr_t)&g;
 	assert_int_equal(gpu_gather(fx.s, &g), -EFAULT);
@@ -433,21 +433,21 @@ static void bad_arguments_are_refused_before_anything_is_queued(void **state)
 static void unexported_arena_is_counted_and_has_no_fd_or_handle(void **state)
 {
 	static const uint8_t zero[GPU_IPC_HANDLE_BYTES];
-	struct gpu_arena a;
+	struct gpu_mem a;
 	uint64_t before, after, total;
 
 	assert_int_equal(gpu_mem_info(0, &before, &total), 0);
-	assert_int_equal(gpu_arena_alloc(0, MiB + 1, GPU_IPC_NONE, &a), 0);
+	assert_int_equal(gpu_mem_alloc(0, MiB + 1, GPU_IPC_NONE, &a), 0);
 	assert_int_equal(a.kind, GPU_IPC_NONE);
 	assert_int_equal(a.export_fd, -1);
 	assert_int_equal(a.bytes, 2 * MiB);
 	assert_memory_equal(a.legacy_handle, zero, sizeof(zero));
-	assert_int_equal(gpu_fake_live_arenas(), 5); /* the fixture's four, and a */
+	assert_int_equal(gpu_fake_live_allocs(), 5); /* the fixture's four, and a */
 	assert_int_equal(gpu_mem_info(0, &after, &total), 0);
 	assert_int_equal(before - after, 2 * MiB);
 	host(a.base)[a.bytes - 1] = 0x5a; /* writable to its last byte */
-	gpu_arena_free(&a);
-	assert_int_equal(gpu_fake_live_arenas(), 4);
+	gpu_mem_free(&a);
+	assert_int_equal(gpu_fake_live_allocs(), 4);
 	assert_int_equal(gpu_mem_info(0, &after, &total), 0);
 	assert_int_equal(after, before);
 }

@@ -34,7 +34,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	/* Every test frees what it allocates: a leak here is a test bug. */
-	assert_int_equal(gpu_fake_live_arenas(), 0);
+	assert_int_equal(gpu_fake_live_allocs(), 0);
 	assert_int_equal(gpu_fake_host_registrations(), 0);
 	return 0;
 }
@@ -48,14 +48,14 @@ static void fill(uint8_t *p, size_t n, uint8_t seed)
 static void nothing_works_before_init(void **state)
 {
 	struct gpu_stream *s = (void *)1;
-	struct gpu_arena a;
+	struct gpu_mem a;
 	uint64_t f, t;
 
 	gpu_fake_reset();
 	assert_int_equal(gpu_device_count(), 0);
 	assert_int_equal(gpu_stream_create(0, &s), -ENODEV);
 	assert_null(s);
-	assert_int_equal(gpu_arena_alloc(0, MiB, GPU_IPC_FD, &a), -ENODEV);
+	assert_int_equal(gpu_mem_alloc(0, MiB, GPU_IPC_FD, &a), -ENODEV);
 	assert_int_equal(a.export_fd, -1);
 	assert_int_equal(gpu_mem_info(0, &f, &t), -ENODEV);
 }
@@ -85,79 +85,79 @@ static void init_reports_devices_and_no_device_fails(void **state)
 
 static void arena_size_is_rounded_to_2mib(void **state)
 {
-	struct gpu_arena a;
+	struct gpu_mem a;
 
-	assert_int_equal(gpu_arena_alloc(0, 2 * MiB + 1, GPU_IPC_FD, &a), 0);
+	assert_int_equal(gpu_mem_alloc(0, 2 * MiB + 1, GPU_IPC_FD, &a), 0);
 	assert_int_equal(a.bytes, 4 * MiB);
 	assert_int_equal(a.dev, 0);
 	assert_int_equal(a.kind, GPU_IPC_FD);
 	assert_true(a.base != 0);
 	assert_int_equal(a.base % 4096, 0);
-	gpu_arena_free(&a);
+	gpu_mem_free(&a);
 
-	assert_int_equal(gpu_arena_alloc(0, 2 * MiB, GPU_IPC_LEGACY, &a), 0);
+	assert_int_equal(gpu_mem_alloc(0, 2 * MiB, GPU_IPC_LEGACY, &a), 0);
 	assert_int_equal(a.bytes, 2 * MiB);
-	gpu_arena_free(&a);
+	gpu_mem_free(&a);
 }
 
 static void zero_byte_arena_is_refused(void **state)
 {
-	struct gpu_arena a;
+	struct gpu_mem a;
 
-	assert_int_equal(gpu_arena_alloc(0, 0, GPU_IPC_FD, &a), -EINVAL);
-	assert_int_equal(gpu_arena_alloc(0, UINT64_MAX, GPU_IPC_FD, &a), -EINVAL);
-	assert_int_equal(gpu_arena_alloc(1, MiB, GPU_IPC_FD, &a), -ENODEV);
-	assert_int_equal(gpu_fake_live_arenas(), 0);
+	assert_int_equal(gpu_mem_alloc(0, 0, GPU_IPC_FD, &a), -EINVAL);
+	assert_int_equal(gpu_mem_alloc(0, UINT64_MAX, GPU_IPC_FD, &a), -EINVAL);
+	assert_int_equal(gpu_mem_alloc(1, MiB, GPU_IPC_FD, &a), -ENODEV);
+	assert_int_equal(gpu_fake_live_allocs(), 0);
 }
 
 static void live_arenas_count_allocs_minus_frees(void **state)
 {
-	struct gpu_arena a[5];
+	struct gpu_mem a[5];
 	int i;
 
 	for (i = 0; i < 5; i++) {
 		assert_int_equal(
-			gpu_arena_alloc(0, MiB, i % 2 ? GPU_IPC_LEGACY : GPU_IPC_FD, &a[i]), 0);
-		assert_int_equal(gpu_fake_live_arenas(), i + 1);
+			gpu_mem_alloc(0, MiB, i % 2 ? GPU_IPC_LEGACY : GPU_IPC_FD, &a[i]), 0);
+		assert_int_equal(gpu_fake_live_allocs(), i + 1);
 	}
 	for (i = 0; i < 5; i++) {
-		gpu_arena_free(&a[i]);
-		assert_int_equal(gpu_fake_live_arenas(), 4 - i);
+		gpu_mem_free(&a[i]);
+		assert_int_equal(gpu_fake_live_allocs(), 4 - i);
 		/* Freed arenas are zeroed, so a second free is harmless. */
 		assert_int_equal(a[i].base, 0);
 		assert_int_equal(a[i].export_fd, -1);
-		gpu_arena_free(&a[i]);
-		assert_int_equal(gpu_fake_live_arenas(), 4 - i);
+		gpu_mem_free(&a[i]);
+		assert_int_equal(gpu_fake_live_allocs(), 4 - i);
 	}
 }
 
 static void fail_next_allocs_fails_exactly_n_times(void **state)
 {
-	struct gpu_arena a[3];
+	struct gpu_mem a[3];
 	int i;
 
 	gpu_fake_fail_next_allocs(3);
 	for (i = 0; i < 3; i++) {
-		assert_int_equal(gpu_arena_alloc(0, MiB, GPU_IPC_FD, &a[0]), -ENOMEM);
+		assert_int_equal(gpu_mem_alloc(0, MiB, GPU_IPC_FD, &a[0]), -ENOMEM);
 		assert_int_equal(a[0].export_fd, -1);
 		assert_int_equal(a[0].base, 0);
 	}
-	assert_int_equal(gpu_fake_live_arenas(), 0);
+	assert_int_equal(gpu_fake_live_allocs(), 0);
 	for (i = 0; i < 3; i++)
-		assert_int_equal(gpu_arena_alloc(0, MiB, GPU_IPC_LEGACY, &a[i]), 0);
-	assert_int_equal(gpu_fake_live_arenas(), 3);
+		assert_int_equal(gpu_mem_alloc(0, MiB, GPU_IPC_LEGACY, &a[i]), 0);
+	assert_int_equal(gpu_fake_live_allocs(), 3);
 	for (i = 0; i < 3; i++)
-		gpu_arena_free(&a[i]);
+		gpu_mem_free(&a[i]);
 }
 
 static void failed_alloc_leaves_free_memory_untouched(void **state)
 {
-	struct gpu_arena a;
+	struct gpu_mem a;
 	uint64_t f, t;
 
 	gpu_fake_set_mem(10 * MiB, 16 * MiB);
 	gpu_fake_fail_next_allocs(1);
-	assert_int_equal(gpu_arena_alloc(0, MiB, GPU_IPC_FD, &a), -ENOMEM);
+	assert_int_equal(gpu_mem_alloc(0, MiB, GPU_IPC_FD, &a), -ENOMEM);
 	assert_int_equal(gpu_mem_info(0, &f, &t), 0);
 	assert_int_equal(f, 10 * MiB);
 	assert_int_equal(t, 16 * MiB);
@@ -165,7 +165,7 @@ static void failed_alloc_leaves_free_memory_untouched(void **state)
 
 static void mem_info_reports_the_set_figures_minus_live_arenas(void **state)
 {
-	struct gpu_arena a, b;
+	struct gpu_mem a, b;
 	uint64_t f, t;
 
 	assert_int_equal(gpu_mem_info(0, &f, &t), 0);
@@ -177,42 +177,42 @@ static void mem_info_reports_the_set_figures_minus_live_arenas(void **state)
 	assert_int_equal(f, 7 * GiB);
 	assert_int_equal(t, 8 * GiB);
 
-	assert_int_equal(gpu_arena_alloc(0, 3 * MiB, GPU_IPC_FD, &a), 0);
-	assert_int_equal(gpu_arena_alloc(0, 2 * MiB, GPU_IPC_LEGACY, &b), 0);
+	assert_int_equal(gpu_mem_alloc(0, 3 * MiB, GPU_IPC_FD, &a), 0);
+	assert_int_equal(gpu_mem_alloc(0, 2 * MiB, GPU_IPC_LEGACY, &b), 0);
 	assert_int_equal(gpu_mem_info(0, &f, &t), 0);
 	assert_int_equal(f, 7 * GiB - 6 * MiB);
 	assert_int_equal(t, 8 * GiB);
-	gpu_arena_free(&a);
-	gpu_arena_free(&b);
+	gpu_mem_free(&a);
+	gpu_mem_free(&b);
 	assert_int_equal(gpu_mem_info(0, &f, &t), 0);
 	assert_int_equal(f, 7 * GiB);
 }
 
 static void alloc_larger_than_free_memory_is_enomem(void **state)
 {
-	struct gpu_arena a, b;
+	struct gpu_mem a, b;
 
 	gpu_fake_set_mem(5 * MiB, 8 * MiB);
-	assert_int_equal(gpu_arena_alloc(0, 6 * MiB, GPU_IPC_FD, &a), -ENOMEM);
-	assert_int_equal(gpu_arena_alloc(0, 4 * MiB, GPU_IPC_FD, &a), 0);
+	assert_int_equal(gpu_mem_alloc(0, 6 * MiB, GPU_IPC_FD, &a), -ENOMEM);
+	assert_int_equal(gpu_mem_alloc(0, 4 * MiB, GPU_IPC_FD, &a), 0);
 	/* Only 1 MiB is left: the next 2 MiB arena does not fit. */
-	assert_int_equal(gpu_arena_alloc(0, 1, GPU_IPC_LEGACY, &b), -ENOMEM);
-	gpu_arena_free(&a);
-	assert_int_equal(gpu_arena_alloc(0, 1, GPU_IPC_LEGACY, &b), 0);
-	gpu_arena_free(&b);
+	assert_int_equal(gpu_mem_alloc(0, 1, GPU_IPC_LEGACY, &b), -ENOMEM);
+	gpu_mem_free(&a);
+	assert_int_equal(gpu_mem_alloc(0, 1, GPU_IPC_LEGACY, &b), 0);
+	gpu_mem_free(&b);
 }
 
 static void copy_lands_only_when_its_event_completes(void **state)
 {
 	struct gpu_stream *s;
 	struct gpu_event *e;
-	struct gpu_arena a;
+	struct gpu_mem a;
 	uint8_t src[4096];
 	uint8_t *dev;
 
 	assert_int_equal(gpu_stream_create(0, &s), 0);
 	assert_int_equal(gpu_event_create(0, &e), 0);
-	assert_int_equal(gpu_arena_alloc(0, MiB, GPU_IPC_FD, &a), 0);
+	assert_int_equal(gpu_mem_alloc(0, MiB, GPU_IPC_FD, &a), 0);
 	dev = (uint8_t *)(uintptr_t)a.base;
 	fill(src, sizeof(src), 7);
 
@@ -223,7 +223,7 @@ static void copy_lands_only_when_its_event_completes(void **state)
 	assert_int_equal(gpu_event_query(e), 0);
 	assert_memory_equal(dev + 8192, src, sizeof(src));
 
-	gpu_arena_free(&a);
+	gpu_mem_free(&a);
 	gpu_event_destroy(e);
 	gpu_stream_destroy(s);
 }
@@ -232,12 +232,12 @@ static void source_rewritten_before_the_event_is_what_lands(void **state)
 {
 	struct gpu_stream *s;
 	struct gpu_event *e;
-	struct gpu_arena a;
+	struct gpu_mem a;
 	uint8_t src[256], early[256];
 
 	assert_int_equal(gpu_stream_create(0, &s), 0);
 	assert_int_equal(gpu_event_create(0, &e), 0);
-	assert_int_equal(gpu_arena_alloc(0, MiB, GPU_IPC_LEGACY, &a), 0);
+	assert_int_equal(gpu_mem_alloc(0, MiB, GPU_IPC_LEGACY, &a), 0);
 	fill(src, sizeof(src), 1);
 	memcpy(early, src, sizeof(src));
 
@@ -250,7 +250,7 @@ static void source_rewritten_before_the_event_is_what_lands(void **state)
 	assert_memory_equal((void *)(uintptr_t)a.base, src, sizeof(src));
 	assert_memory_not_equal((void *)(uintptr_t)a.base, early, sizeof(early));
 
-	gpu_arena_free(&a);
+	gpu_mem_free(&a);
 	gpu_event_destroy(e);
 	gpu_stream_destroy(s);
 }
@@ -259,14 +259,14 @@ static void event_completes_only_the_copies_before_it(void **state)
 {
 	struct gpu_stream *s;
 	struct gpu_event *e1, *e2;
-	struct gpu_arena a;
+	struct gpu_mem a;
 	uint8_t one[64], two[64];
 	uint8_t *dev;
 
 	assert_int_equal(gpu_stream_create(0, &s), 0);
 	assert_int_equal(gpu_event_create(0, &e1), 0);
 	assert_int_equal(gpu_event_create(0, &e2), 0);
-	assert_int_equal(gpu_arena_alloc(0, MiB, GPU_IPC_FD, &a), 0);
+	assert_int_equal(gpu_mem_alloc(0, MiB, GPU_IPC_FD, &a), 0);
 	dev = (uint8_t *)(uintptr_t)a.base;
 	memset(one, 1, sizeof(one));
 	memset(two, 2, sizeof(two));
@@ -282,7 +282,7 @@ static void event_completes_only_the_copies_before_it(void **state)
 	assert_int_equal(gpu_event_query(e2), 0);
 	assert_memory_equal(dev + 64, two, sizeof(two));
 
-	gpu_arena_free(&a);
+	gpu_mem_free(&a);
 	gpu_event_destroy(e1);
 	gpu_event_destroy(e2);
 	gpu_stream_destroy(s);
@@ -334,26 +334,26 @@ static void event_and_stream_of_different_devices_are_refused(void **state)
 static void copy_outside_every_arena_is_efault(void **state)
 {
 	struct gpu_stream *s;
-	struct gpu_arena a;
+	struct gpu_mem a;
 	uint8_t src[64] = {0};
 	char desc[64];
 
 	gpu_fake_set_devices(2);
 	assert_int_equal(gpu_init(desc, sizeof(desc)), 2);
 	assert_int_equal(gpu_stream_create(0, &s), 0);
-	assert_int_equal(gpu_arena_alloc(0, MiB, GPU_IPC_FD, &a), 0);
+	assert_int_equal(gpu_mem_alloc(0, MiB, GPU_IPC_FD, &a), 0);
 
 	/* The last byte fits, one more does not. */
 	assert_int_equal(gpu_copy_h2d(s, a.base + a.bytes - 64, src, 64), 0);
 	assert_int_equal(gpu_copy_h2d(s, a.base + a.bytes - 63, src, 64), -EFAULT);
 	assert_int_equal(gpu_copy_h2d(s, (uint64_t)(uintptr_t)src, src, 64), -EFAULT);
 	assert_int_equal(gpu_copy_d2d(s, a.base, a.base + a.bytes, 1), -EFAULT);
-	gpu_arena_free(&a);
+	gpu_mem_free(&a);
 
 	/* An arena of another device is not reachable from this stream. */
-	assert_int_equal(gpu_arena_alloc(1, MiB, GPU_IPC_FD, &a), 0);
+	assert_int_equal(gpu_mem_alloc(1, MiB, GPU_IPC_FD, &a), 0);
 	assert_int_equal(gpu_copy_h2d(s, a.base, src, 64), -EFAULT);
-	gpu_arena_free(&a);
+	gpu_mem_free(&a);
 	gpu_stream_destroy(s);
 }
 
@@ -361,13 +361,13 @@ static void d2d_copy_moves_bytes_between_arenas(void **state)
 {
 	struct gpu_stream *s;
 	struct gpu_event *e;
-	struct gpu_arena a, b;
+	struct gpu_mem a, b;
 	uint8_t src[1000];
 
 	assert_int_equal(gpu_stream_create(0, &s), 0);
 	assert_int_equal(gpu_event_create(0, &e), 0);
-	assert_int_equal(gpu_arena_alloc(0, MiB, GPU_IPC_FD, &a), 0);
-	assert_int_equal(gpu_arena_alloc(0, MiB, GPU_IPC_LEGACY, &b), 0);
+	assert_int_equal(gpu_mem_alloc(0, MiB, GPU_IPC_FD, &a), 0);
+	assert_int_equal(gpu_mem_alloc(0, MiB, GPU_IPC_LEGACY, &b), 0);
 	fill(src, sizeof(src), 9);
 
 	assert_int_equal(gpu_copy_h2d(s, a.base + 100, src, sizeof(src)), 0);
@@ -376,8 +376,8 @@ static void d2d_copy_moves_bytes_between_arenas(void **state)
 	assert_int_equal(gpu_event_sync(e), 0);
 	assert_memory_equal((void *)(uintptr_t)(b.base + 5), src, sizeof(src));
 
-	gpu_arena_free(&a);
-	gpu_arena_free(&b);
+	gpu_mem_free(&a);
+	gpu_mem_free(&b);
 	gpu_event_destroy(e);
 	gpu_stream_destroy(s);
 }
@@ -385,12 +385,12 @@ static void d2d_copy_moves_bytes_between_arenas(void **state)
 static void stream_sync_and_arena_free_run_queued_copies(void **state)
 {
 	struct gpu_stream *s;
-	struct gpu_arena a, b;
+	struct gpu_mem a, b;
 	uint8_t src[32];
 
 	assert_int_equal(gpu_stream_create(0, &s), 0);
-	assert_int_equal(gpu_arena_alloc(0, MiB, GPU_IPC_FD, &a), 0);
-	assert_int_equal(gpu_arena_alloc(0, MiB, GPU_IPC_FD, &b), 0);
+	assert_int_equal(gpu_mem_alloc(0, MiB, GPU_IPC_FD, &a), 0);
+	assert_int_equal(gpu_mem_alloc(0, MiB, GPU_IPC_FD, &b), 0);
 	memset(src, 0x5a, sizeof(src));
 
 	assert_int_equal(gpu_copy_h2d(s, a.base, src, sizeof(src)), 0);
@@ -399,10 +399,10 @@ static void stream_sync_and_arena_free_run_queued_copies(void **state)
 
 	/* Freeing another arena waits for the device, as cudaFree does. */
 	assert_int_equal(gpu_copy_h2d(s, a.base + 64, src, sizeof(src)), 0);
-	gpu_arena_free(&b);
+	gpu_mem_free(&b);
 	assert_memory_equal((void *)(uintptr_t)(a.base + 64), src, sizeof(src));
 
-	gpu_arena_free(&a);
+	gpu_mem_free(&a);
 	gpu_stream_destroy(s);
 }
 
@@ -410,7 +410,7 @@ static void fd_arena_is_shared_memory_behind_its_fd(void **state)
 {
 	struct gpu_stream *s;
 	struct gpu_event *e;
-	struct gpu_arena a;
+	struct gpu_mem a;
 	uint8_t src[512];
 	uint8_t *peer;
 	uint64_t bytes;
@@ -426,7 +426,7 @@ static void fd_arena_is_shared_memory_behind_its_fd(void **state)
 
 	assert_int_equal(gpu_stream_create(0, &s), 0);
 	assert_int_equal(gpu_event_create(0, &e), 0);
-	assert_int_equal(gpu_arena_alloc(0, 3 * MiB, GPU_IPC_FD, &a), 0);
+	assert_int_equal(gpu_mem_alloc(0, 3 * MiB, GPU_IPC_FD, &a), 0);
 	assert_true(a.export_fd >= 0);
 
 	/* Pass the fd the way the session does, then close our copy. */
@@ -465,7 +465,7 @@ static void fd_arena_is_shared_memory_behind_its_fd(void **state)
 
 	/* The peer's mapping outlives the daemon's free, as VMM memory does. */
 	bytes = a.bytes;
-	gpu_arena_free(&a);
+	gpu_mem_free(&a);
 	assert_memory_equal(peer + bytes - sizeof(src), src, sizeof(src));
 	munmap(peer, bytes);
 	close(sv[0]);
@@ -476,14 +476,14 @@ static void fd_arena_is_shared_memory_behind_its_fd(void **state)
 
 static void legacy_handles_are_distinct_per_arena(void **state)
 {
-	struct gpu_arena a, b;
+	struct gpu_mem a, b;
 
-	assert_int_equal(gpu_arena_alloc(0, MiB, GPU_IPC_LEGACY, &a), 0);
-	assert_int_equal(gpu_arena_alloc(0, MiB, GPU_IPC_LEGACY, &b), 0);
+	assert_int_equal(gpu_mem_alloc(0, MiB, GPU_IPC_LEGACY, &a), 0);
+	assert_int_equal(gpu_mem_alloc(0, MiB, GPU_IPC_LEGACY, &b), 0);
 	assert_int_equal(a.export_fd, -1);
 	assert_memory_not_equal(a.legacy_handle, b.legacy_handle, GPU_IPC_HANDLE_BYTES);
-	gpu_arena_free(&a);
-	gpu_arena_free(&b);
+	gpu_mem_free(&a);
+	gpu_mem_free(&b);
 }
 
 static void host_register_refuses_overlap_and_unknown_unregister(void **state)

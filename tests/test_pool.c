@@ -97,7 +97,7 @@ struct fixture {
 	struct daemon d;
 	uv_loop_t loop;
 	struct xfer *x;
-	struct gpu_arena slots; /* NBUF device slots */
+	struct gpu_mem slots; /* NBUF device slots */
 	uint64_t slot_off[NFIELDS];
 	uint64_t slot_stride;
 	struct batch b[NBUF];
@@ -105,11 +105,6 @@ struct fixture {
 	struct pool *p;
 	int arenas0; /* live arenas besides the pool's: slots and staging */
 };
-
-static uint64_t align_up(uint64_t v, uint64_t a)
-{
-	return (v + a - 1) / a * a;
-}
 
 /* sess.c's stage_layout: desc at 0, admit after it, then the staged rows
  * field by field, each at a FIELD_ALIGN boundary.  Returns the prefix's
@@ -221,7 +216,7 @@ static void linger(struct fixture *f)
 
 static void wait_arenas(struct fixture *f, int want)
 {
-	SPIN_UNTIL(f, gpu_fake_live_arenas() == want);
+	SPIN_UNTIL(f, gpu_fake_live_allocs() == want);
 }
 
 static uint64_t entry_addr(const struct pool *p, uint32_t e)
@@ -572,7 +567,7 @@ static int setup(void **state)
 	assert_non_null(f);
 	gpu_fake_reset();
 	assert_int_equal(gpu_init(desc, sizeof(desc)), 1);
-	assert_int_equal(gpu_fake_live_arenas(), 0);
+	assert_int_equal(gpu_fake_live_allocs(), 0);
 	config_defaults(&f->d.cfg);
 	f->d.cfg.pool_slab = SLAB;
 	f->d.loop = &f->loop;
@@ -590,7 +585,7 @@ static int setup(void **state)
 		off += ROW_BYTES[fl] * BATCH;
 	}
 	f->slot_stride = align_up(off, 4096);
-	assert_int_equal(gpu_arena_alloc(0, NBUF * f->slot_stride, GPU_IPC_FD, &f->slots), 0);
+	assert_int_equal(gpu_mem_alloc(0, NBUF * f->slot_stride, GPU_IPC_FD, &f->slots), 0);
 	ring_bytes = align_up(stage_layout(BATCH, STAGE_CAP, &admit_off, NULL), 4096);
 	for (uint32_t i = 0; i < NBUF; i++) {
 		struct batch *b = &f->b[i];
@@ -617,7 +612,7 @@ static int setup(void **state)
 	assert_int_equal(f->warm->rc, 0);
 	free(f->warm);
 	f->warm = NULL;
-	f->arenas0 = gpu_fake_live_arenas();
+	f->arenas0 = gpu_fake_live_allocs();
 	assert_int_equal(f->arenas0, 2); /* the slots and the staging area */
 
 	f->p = pool_get(&f->d, &g.ds, 0, f->x, why, sizeof(why));
@@ -658,8 +653,8 @@ static int teardown(void **state)
 		free(f->b[i].ring);
 	}
 	free(f->warm);
-	gpu_arena_free(&f->slots);
-	assert_int_equal(gpu_fake_live_arenas(), 0);
+	gpu_mem_free(&f->slots);
+	assert_int_equal(gpu_fake_live_allocs(), 0);
 	config_free(&f->d.cfg);
 	free(f);
 	return 0;
@@ -693,7 +688,7 @@ static void a_pool_with_room_admits_every_miss_and_serves_it_again_as_a_hit(void
 	assert_in_range(f->p->nlive, 1, 2); /* a slab's worth, and one ahead at most */
 	assert_false(f->p->slab_pending);
 	assert_int_equal(pool_bytes(f->p), f->p->nlive * lay.slab);
-	assert_int_equal(gpu_fake_live_arenas(), f->arenas0 + (int)f->p->nlive);
+	assert_int_equal(gpu_fake_live_allocs(), f->arenas0 + (int)f->p->nlive);
 	assert_int_equal(check_records(f), lay.per);
 
 	/* The same samples again, in another order: all hits. */
@@ -753,7 +748,7 @@ static void a_pool_grows_no_further_than_its_dataset_needs(void **state)
 	 * for ahead of need, never more. */
 	assert_in_range(f->p->nlive, lay.need, lay.need + 1);
 	assert_int_equal(pool_bytes(f->p), f->p->nlive * lay.slab);
-	assert_int_equal(gpu_fake_live_arenas(),
+	assert_int_equal(gpu_fake_live_allocs(),
 			 f->arenas0 + (int)f->p->nlive +
 				 (f->p->table.base != 0)); /* and the table */
 	free(all);
@@ -827,7 +822,7 @@ static void samples_missed_before_the_budget_is_known_are_back_filled_later(void
 	assert_int_equal(f->p->rows, 0);
 	assert_int_equal(f->p->nlive, 0);
 	assert_int_equal(f->p->nmissed, EARLY);
-	assert_int_equal(gpu_fake_live_arenas(), f->arenas0);
+	assert_int_equal(gpu_fake_live_allocs(), f->arenas0);
 
 	/* The probe: the waiting samples are demand enough for a slab. */
 	pool_set_budget(f->p, lay.need * lay.slab, "test");
@@ -885,7 +880,7 @@ static void a_pool_capped_at_one_slab_serves_mixed_batches_byte_exact(void **sta
 	assert_false(f->p->slab_pending);
 	assert_int_equal(pool_bytes(f->p), lay.slab);
 	assert_int_equal(f->p->nmissed, N - lay.per);
-	assert_int_equal(gpu_fake_live_arenas(), f->arenas0 + 1);
+	assert_int_equal(gpu_fake_live_allocs(), f->arenas0 + 1);
 	for (uint64_t s = 0; s < N; s++) {
 		assert_true(resident(f->p, s) != missed(f->p, s));
 		n += resident(f->p, s);
@@ -941,7 +936,7 @@ static void shrinking_drops_slabs_and_frees_a_pinned_one_after_its_batch(void **
 	assert_int_equal(f->p->rows, filled);
 	assert_int_equal(f->p->nmissed, 0);
 	assert_int_equal(f->p->nlive, lay.need);
-	assert_int_equal(gpu_fake_live_arenas(), f->arenas0 + (int)lay.need);
+	assert_int_equal(gpu_fake_live_allocs(), f->arenas0 + (int)lay.need);
 	j = newest_live(f->p);
 	assert_true(f->p->slabs[j].used <= lay.per - HALF);
 	n_j = rows_in(f->p, j, in_j);
@@ -979,7 +974,7 @@ static void shrinking_drops_slabs_and_frees_a_pinned_one_after_its_batch(void **
 	}
 	assert_int_equal(f->p->nmissed, n_j);
 	linger(f);
-	assert_int_equal(gpu_fake_live_arenas(), f->arenas0 + (int)lay.need);
+	assert_int_equal(gpu_fake_live_allocs(), f->arenas0 + (int)lay.need);
 	assert_true(sl->dying);
 
 	/* Its samples miss again, and the budget has no room for another
@@ -987,7 +982,7 @@ static void shrinking_drops_slabs_and_frees_a_pinned_one_after_its_batch(void **
 	c = run_batch(f, in_j + HALF, (uint32_t)(n_j - HALF < BATCH ? n_j - HALF : BATCH));
 	assert_int_equal(c->hits, 0);
 	assert_false(f->p->slab_pending);
-	assert_int_equal(gpu_fake_live_arenas(), f->arenas0 + (int)lay.need);
+	assert_int_equal(gpu_fake_live_allocs(), f->arenas0 + (int)lay.need);
 	assert_true(sl->dying);
 
 	/* The batch in flight comes back with the right bytes; its
@@ -1117,7 +1112,7 @@ static void pool_control_turns_a_pool_off_drops_it_and_turns_it_on(void **state)
 	assert_false(f->p->slab_pending);
 	linger(f);
 	assert_int_equal(f->p->nlive, 0);
-	assert_int_equal(gpu_fake_live_arenas(), f->arenas0);
+	assert_int_equal(gpu_fake_live_allocs(), f->arenas0);
 
 	/* on: it serves and grows again. */
 	assert_int_equal(pool_control(&f->d, "train", PF__POOL_ACTION__POOL_ON, &freed), 1);
@@ -1195,7 +1190,7 @@ static void a_batch_that_fails_on_the_device_admits_nothing(void **state)
 
 	budget(f, lay.need * lay.slab);
 	prime(f, 0);
-	/* A slot outside every arena: the gather is refused. */
+	/* A slot outside device memory: the gather is refused. */
 	b->slot = 0x1000;
 	batch_plan(f, b, all, BATCH);
 	assert_int_equal(b->nstaged, BATCH);
@@ -1253,7 +1248,7 @@ static void a_dataset_smaller_than_a_slab_gets_one_slab_no_larger_than_it_needs(
 {
 	struct fixture *f = *state;
 	/* Room for the whole dataset in one allocation. */
-	const uint64_t fits = align_up((uint64_t)N * STRIDE, GPU_ARENA_ALIGN);
+	const uint64_t fits = align_up((uint64_t)N * STRIDE, GPU_MEM_ALIGN);
 	uint64_t *all = range(0, N);
 	char why[160] = "";
 	struct totals t;

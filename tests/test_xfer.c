@@ -2,7 +2,8 @@
  * test_xfer.c — the per-GPU transfer thread on the fake GPU: arenas come
  * back from it allocated (or with the failure a full device gives), a copy
  * is reported done only once its event says the bytes landed, many copies
- * queued at once all land in order, and stopping drains what was queued.
+ * queued at once all land in order, stopping drains what was queued, and
+ * memory given back (xfer_free_mem) is freed after the copies before it.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -74,7 +75,7 @@ static int teardown(void **state)
 	assert_int_equal(uv_loop_close(&f->loop), 0);
 	for (int i = 0; i < f->seen.n; i++)
 		free(f->seen.jobs[i]);
-	assert_int_equal(gpu_fake_live_arenas(), 0);
+	assert_int_equal(gpu_fake_live_allocs(), 0);
 	free(f);
 	return 0;
 }
@@ -90,16 +91,6 @@ static struct xfer_job *alloc_job(uint64_t bytes, bool fail)
 	return j;
 }
 
-static void free_arena(struct fixture *f, struct gpu_arena *a)
-{
-	struct xfer_job *j = calloc(1, sizeof(*j));
-
-	j->kind = XFER_FREE;
-	j->arena = *a;
-	a->export_fd = -1;
-	xfer_submit(f->x, j);
-}
-
 static void allocation_comes_back_with_an_exportable_arena(void **state)
 {
 	struct fixture *f = *state;
@@ -109,10 +100,10 @@ static void allocation_comes_back_with_an_exportable_arena(void **state)
 	wait_for(&f->loop, &f->seen, 1);
 	j = f->seen.jobs[0];
 	assert_int_equal(j->rc, 0);
-	assert_true(j->arena.bytes >= 3 * MiB);
-	assert_true(j->arena.export_fd >= 0);
-	assert_int_equal(gpu_fake_live_arenas(), 1);
-	free_arena(f, &j->arena);
+	assert_true(j->mem.bytes >= 3 * MiB);
+	assert_true(j->mem.export_fd >= 0);
+	assert_int_equal(gpu_fake_live_allocs(), 1);
+	xfer_free_mem(f->x, &j->mem);
 }
 
 static void a_full_device_is_reported_as_out_of_memory(void **state)
@@ -126,7 +117,7 @@ static void a_full_device_is_reported_as_out_of_memory(void **state)
 	assert_int_equal(f->seen.jobs[0]->rc, -ENOMEM);
 	assert_int_equal(f->seen.jobs[1]->rc, -ENOMEM);
 	assert_non_null(strstr(f->seen.jobs[1]->err, "PREFETCHD_TEST_FAIL_ALLOCS"));
-	assert_int_equal(gpu_fake_live_arenas(), 0);
+	assert_int_equal(gpu_fake_live_allocs(), 0);
 }
 
 static void copies_are_done_only_with_their_bytes_on_the_device(void **state)
@@ -134,13 +125,13 @@ static void copies_are_done_only_with_their_bytes_on_the_device(void **state)
 	struct fixture *f = *state;
 	enum { N = 32, SZ = 64 * 1024 };
 	uint8_t *src = malloc((size_t)N * SZ);
-	struct gpu_arena a;
+	struct gpu_mem a;
 
 	/* Events stay pending for a while: the thread must poll, not assume. */
 	gpu_fake_set_event_delay(3);
 	xfer_submit(f->x, alloc_job((uint64_t)N * SZ, false));
 	wait_for(&f->loop, &f->seen, 1);
-	a = f->seen.jobs[0]->arena;
+	a = f->seen.jobs[0]->mem;
 	for (int i = 0; i < N; i++) {
 		struct xfer_job *j = calloc(1, sizeof(*j));
 
@@ -163,7 +154,7 @@ static void copies_are_done_only_with_their_bytes_on_the_device(void **state)
 		assert_int_equal(dev[0], i + 1);
 		assert_int_equal(dev[SZ - 1], i + 1);
 	}
-	free_arena(f, &a);
+	xfer_free_mem(f->x, &a);
 	free(src);
 }
 
@@ -187,11 +178,11 @@ static void stopping_drains_queued_copies_and_frees(void **state)
 {
 	struct fixture *f = *state;
 	uint8_t *src = malloc(MiB);
-	struct gpu_arena a;
+	struct gpu_mem a;
 
 	xfer_submit(f->x, alloc_job(2 * MiB, false));
 	wait_for(&f->loop, &f->seen, 1);
-	a = f->seen.jobs[0]->arena;
+	a = f->seen.jobs[0]->mem;
 	memset(src, 7, MiB);
 	gpu_fake_set_event_delay(5);
 	for (int i = 0; i < 2; i++) {
@@ -203,13 +194,13 @@ static void stopping_drains_queued_copies_and_frees(void **state)
 		j->bytes = MiB;
 		xfer_submit(f->x, j);
 	}
-	free_arena(f, &a);
+	xfer_free_mem(f->x, &a);
 	/* Stop at once: both copies still come back, the arena is freed. */
 	xfer_stop(f->x);
 	assert_int_equal(f->seen.n, 3);
 	assert_int_equal(f->seen.jobs[1]->rc, 0);
 	assert_int_equal(f->seen.jobs[2]->rc, 0);
-	assert_int_equal(gpu_fake_live_arenas(), 0);
+	assert_int_equal(gpu_fake_live_allocs(), 0);
 	/* After the stop, a new job comes back at once, cancelled. */
 	xfer_submit(f->x, alloc_job(MiB, false));
 	assert_int_equal(f->seen.n, 4);
@@ -220,6 +211,32 @@ static void stopping_drains_queued_copies_and_frees(void **state)
 	for (int i = 0; i < f->seen.n; i++)
 		free(f->seen.jobs[i]);
 	free(src);
+	free(f);
+	*state = NULL;
+}
+
+static void memory_given_back_after_the_stop_is_freed_at_once(void **state)
+{
+	struct fixture *f = *state;
+	struct gpu_mem a, zero = {.export_fd = -1};
+
+	xfer_submit(f->x, alloc_job(2 * MiB, false));
+	wait_for(&f->loop, &f->seen, 1);
+	a = f->seen.jobs[0]->mem;
+	/* It carries the job that frees it: giving it back cannot fail. */
+	assert_non_null(a.release);
+	xfer_stop(f->x);
+	assert_int_equal(gpu_fake_live_allocs(), 1);
+	xfer_free_mem(f->x, &a);
+	assert_int_equal(gpu_fake_live_allocs(), 0);
+	assert_int_equal(a.base, 0);
+	assert_null(a.release);
+	/* A zeroed one is a no-op. */
+	xfer_free_mem(f->x, &zero);
+	uv_run(&f->loop, UV_RUN_DEFAULT);
+	xfer_free(f->x);
+	assert_int_equal(uv_loop_close(&f->loop), 0);
+	free(f->seen.jobs[0]);
 	free(f);
 	*state = NULL;
 }
@@ -242,6 +259,8 @@ int main(void)
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(stopping_drains_queued_copies_and_frees, setup,
 						teardown_unless_done),
+		cmocka_unit_test_setup_teardown(memory_given_back_after_the_stop_is_freed_at_once,
+						setup, teardown_unless_done),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -106,7 +106,7 @@ void __wrap_log_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void __wrap_log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void __wrap_log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void __wrap_log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void __wrap_reader_submit(struct reader_pool *p, struct reader_job *job);
+void __wrap_reader_submit(struct readers *p, struct reader_job *job);
 int __wrap_uv_queue_work(uv_loop_t *lp, uv_work_t *req, uv_work_cb work_cb,
 			 uv_after_work_cb after_work_cb);
 long __real_wire_send_some(int sock, const uint8_t *buf, size_t len, int pass_fd);
@@ -144,7 +144,7 @@ WRAP_LOG(__wrap_log_debug)
 static struct reader_job **jobs;
 static size_t njobs, jobs_cap;
 
-void __wrap_reader_submit(struct reader_pool *p, struct reader_job *job)
+void __wrap_reader_submit(struct readers *p, struct reader_job *job)
 {
 	if (njobs == jobs_cap) {
 		jobs_cap = jobs_cap ? 2 * jobs_cap : 64;
@@ -2099,7 +2099,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	d.listen_fd = -1;
 	d.started_ns = now_ns();
 	/* Never dereferenced: reader_submit is the harness's. */
-	d.readers = (struct reader_pool *)&d;
+	d.readers = (struct readers *)&d;
 	rc = server_listen(&d);
 	if (rc)
 		die("server_listen: %s", strerror(-rc));
