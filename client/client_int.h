@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "prefetch.h"
+#include "prefetch.pb-c.h"
 #include "wire.h"
 
 /* Replies to requests: how long a reply may take before the call gives up

@@ -71,7 +71,7 @@ static void collect_retired(struct daemon *d)
 	for (size_t i = 0; i < d->nretired; i++) {
 		struct dataset *ds = d->retired[i];
 
-		if (ds->users == 0 && pool_forget(d, ds)) {
+		if (ds->users == 0 && pool_forget(&d->pools, ds)) {
 			log_info("dataset %s: last session gone, files closed", ds->name);
 			free_dataset(ds);
 		} else {
@@ -235,8 +235,8 @@ int daemon_reload(struct daemon *d, char *summary, size_t len, char *err, size_t
 	free(d->datasets);
 	d->datasets = next;
 	d->ndatasets = n;
-	/* Pools of kept datasets follow the (maybe changed) pool setting. */
-	pool_apply_config(d);
+	/* Pools of kept datasets follow the (maybe changed) pool settings. */
+	daemon_config_pools(d);
 	collect_retired(d);
 	if (!summary[0])
 		snprintf(summary, len, "no dataset changed");
@@ -255,6 +255,30 @@ nomem:
 	config_free(&cfg);
 	snprintf(err, errlen, "out of memory");
 	return -ENOMEM;
+}
+
+bool daemon_pool_enabled(const struct daemon *d, const struct dataset *ds)
+{
+	const struct config_dataset *decl = find_decl(&d->cfg, ds->name);
+
+	if (decl && decl->pool != CONFIG_POOL_DEFAULT)
+		return decl->pool == CONFIG_POOL_ON;
+	return d->cfg.pool;
+}
+
+void daemon_config_pools(struct daemon *d)
+{
+	d->pools.cfg.slab_bytes = d->cfg.pool_slab;
+	d->pools.cfg.cap_bytes = d->cfg.pool_bytes;
+	for (struct pool *p = d->pools.head; p; p = p->next) {
+		bool on = !p->ds->retired && daemon_pool_enabled(d, p->ds);
+
+		if (p->ds->retired || on == p->enabled)
+			continue;
+		log_info("pool %s on cuda:%d: %s by the reloaded configuration", p->ds->name,
+			 p->gpu, on ? "on" : "off");
+		pool_set_enabled(p, on);
+	}
 }
 
 void daemon_collect(struct daemon *d)

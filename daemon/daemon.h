@@ -13,13 +13,13 @@
 
 #include "config.h"
 #include "dataset.h"
+#include "pool.h"
 #include "ring.h"
 
 struct conn;
 struct sess;
 struct readers;
 struct xfer;
-struct pool;
 
 struct daemon {
 	uv_loop_t *loop;	   /* borrowed: the default loop */
@@ -31,7 +31,7 @@ struct daemon {
 	struct dataset **retired; /* owned: taken out by a reload, still in use */
 	size_t nretired;
 	struct readers *readers; /* owned */
-	struct conn *conns;	     /* owned: every open connection */
+	struct conn *conns;	 /* owned: every open connection */
 	unsigned nconns;
 	struct sess *sessions; /* borrowed from conns: live sessions */
 	unsigned nsessions;
@@ -46,11 +46,11 @@ struct daemon {
 	bool watchdog_live;
 	int ngpus; /* < 0: host sessions only */
 	char gpu_desc[256];
-	struct ring ring;     /* the pinned reader ring (CUDA sessions) */
-	char ring_err[200];   /* why there is none, when ngpus > 0 */
-	struct xfer **xfers;  /* owned, ngpus entries: started on first use */
-	struct pool *pools;   /* owned: VRAM pools, one per (dataset, GPU) used */
-	int test_fail_allocs; /* PREFETCHD_TEST_FAIL_ALLOCS: forced OOMs left */
+	struct ring ring;      /* the pinned reader ring (CUDA sessions) */
+	char ring_err[200];    /* why there is none, when ngpus > 0 */
+	struct xfer **xfers;   /* owned, ngpus entries: started on first use */
+	struct pool_set pools; /* owned: VRAM pools, one per (dataset, GPU) used */
+	int test_fail_allocs;  /* PREFETCHD_TEST_FAIL_ALLOCS: forced OOMs left */
 	bool stopping;
 };
 
@@ -72,6 +72,11 @@ int daemon_reload(struct daemon *d, char *summary, size_t len, char *err, size_t
  * their last session (and their pools). */
 void daemon_dataset_hold(struct dataset *ds);
 void daemon_dataset_put(struct daemon *d, struct dataset *ds);
+/* Whether ds's VRAM pools are on: its [dataset] pool key, else [daemon]'s. */
+bool daemon_pool_enabled(const struct daemon *d, const struct dataset *ds);
+/* The pools take the configuration's pool settings (startup, reload): the
+ * slab size and cap, and each pool on or off as its dataset now says. */
+void daemon_config_pools(struct daemon *d);
 /* Housekeeping tick: frees retired datasets nobody reads any more. */
 void daemon_collect(struct daemon *d);
 /* Frees every dataset (shutdown, after the sessions and pools). */

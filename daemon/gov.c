@@ -50,12 +50,10 @@ uint32_t gov_size_from_probe(struct gov *g, uint64_t free_bytes, uint64_t total_
 			     uint64_t own_bytes, uint64_t slot_bytes, double reserve_frac,
 			     uint64_t reserve_min)
 {
-	uint64_t reserve = (uint64_t)(reserve_frac * (double)total_bytes);
+	uint64_t reserve = gov_reserve(total_bytes, reserve_frac, reserve_min);
 	uint64_t avail = free_bytes + own_bytes;
 	uint64_t budget, fit;
 
-	if (reserve < reserve_min)
-		reserve = reserve_min;
 	budget = avail > reserve ? avail - reserve : 0;
 	g->probe_free = free_bytes;
 	g->probe_total = total_bytes;
@@ -71,6 +69,13 @@ uint32_t gov_size_from_probe(struct gov *g, uint64_t free_bytes, uint64_t total_
 		 free_bytes / 1073741824.0, total_bytes / 1073741824.0, reserve / 1073741824.0,
 		 (unsigned long long)fit);
 	return g->target;
+}
+
+uint64_t gov_reserve(uint64_t total_bytes, double reserve_frac, uint64_t reserve_min)
+{
+	uint64_t reserve = (uint64_t)(reserve_frac * (double)total_bytes);
+
+	return reserve < reserve_min ? reserve_min : reserve;
 }
 
 uint32_t gov_halve(struct gov *g)

@@ -54,6 +54,9 @@ void gov_set_auto(struct gov *g, uint32_t default_depth);
 uint32_t gov_size_from_probe(struct gov *g, uint64_t free_bytes, uint64_t total_bytes,
 			     uint64_t own_bytes, uint64_t slot_bytes, double reserve_frac,
 			     uint64_t reserve_min);
+/* The device memory left free for the trainer: max(reserve_frac * total,
+ * reserve_min).  The pool's budget (sess_cuda.c) leaves the same. */
+uint64_t gov_reserve(uint64_t total_bytes, double reserve_frac, uint64_t reserve_min);
 /* A device allocation failed: halve target (not below 1).  Returns it. */
 uint32_t gov_halve(struct gov *g);
 /* Invariants, for asserts and tests: 1 <= min <= target <= max unless an OOM

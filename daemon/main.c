@@ -151,6 +151,7 @@ int main(int argc, char **argv)
 		d.socket_override = true;
 	}
 	daemon_load_datasets(&d);
+	daemon_config_pools(&d);
 	if (check) {
 		int bad = 0;
 
@@ -235,7 +236,7 @@ int main(int argc, char **argv)
 	rc = uv_loop_close(d.loop);
 	if (rc)
 		log_warn("loop closed with handles still open: %s", uv_strerror(rc));
-	pool_destroy_all(&d); /* slab frees run inline: the threads are gone */
+	pool_destroy_all(&d.pools); /* slab frees run inline: the threads are gone */
 	for (int g = 0; d.xfers && g < d.ngpus; g++)
 		xfer_free(d.xfers[g]);
 	free(d.xfers);

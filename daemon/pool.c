@@ -16,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon.h"
 #include "dataset.h"
 #include "log.h"
 #include "util.h"
@@ -29,17 +28,6 @@
  * flight to cover a memory latency of ~100-200 ns (a VM's) at a few ns a
  * row. */
 #define PLAN_PREFETCH 64
-
-static bool config_enabled(const struct daemon *d, const struct dataset *ds)
-{
-	for (size_t i = 0; i < d->cfg.ndatasets; i++) {
-		const struct config_dataset *cd = &d->cfg.datasets[i];
-
-		if (strcmp(cd->name, ds->name) == 0 && cd->pool != CONFIG_POOL_DEFAULT)
-			return cd->pool == CONFIG_POOL_ON;
-	}
-	return d->cfg.pool;
-}
 
 static uint64_t entry_addr(const struct pool *p, uint32_t e)
 {
@@ -70,13 +58,14 @@ static void missed_clear(struct pool *p, uint64_t sample)
 	}
 }
 
-struct pool *pool_get(struct daemon *d, const struct dataset *ds, int gpu, struct xfer *x,
-		      char *why, size_t whylen)
+struct pool *pool_get(struct pool_set *set, const struct dataset *ds, int gpu, struct xfer *x,
+		      bool enabled, char *why, size_t whylen)
 {
+	const struct pool_config *cfg = &set->cfg;
 	struct pool *p;
 	uint64_t off = 0, n = ds->num_samples;
 
-	for (p = d->pools; p; p = p->next) {
+	for (p = set->head; p; p = p->next) {
 		if (p->ds == ds && p->gpu == gpu) {
 			p->sessions++;
 			return p;
@@ -95,11 +84,11 @@ struct pool *pool_get(struct daemon *d, const struct dataset *ds, int gpu, struc
 	p = calloc(1, sizeof(*p));
 	if (!p)
 		goto nomem;
-	p->d = d;
+	p->set = set;
 	p->ds = ds;
 	p->gpu = gpu;
 	p->xfer = x;
-	p->enabled = config_enabled(d, ds);
+	p->enabled = enabled;
 	p->nfields = (uint32_t)ds->nfields;
 	for (uint32_t f = 0; f < p->nfields; f++) {
 		uint32_t row = (uint32_t)ds->fields[f].sample_bytes;
@@ -119,9 +108,9 @@ struct pool *pool_get(struct daemon *d, const struct dataset *ds, int gpu, struc
 	{
 		/* A pool_bytes cap below pool_slab makes the slab smaller,
 		 * or the pool could never take one. */
-		uint64_t slab = d->cfg.pool_bytes && d->cfg.pool_bytes < d->cfg.pool_slab
-					? d->cfg.pool_bytes
-					: d->cfg.pool_slab;
+		uint64_t slab = cfg->cap_bytes && cfg->cap_bytes < cfg->slab_bytes
+					? cfg->cap_bytes
+					: cfg->slab_bytes;
 		uint64_t cap = slab / p->rec_stride;
 
 		if (cap > n)
@@ -145,8 +134,8 @@ struct pool *pool_get(struct daemon *d, const struct dataset *ds, int gpu, struc
 	snprintf(p->budget_reason, sizeof(p->budget_reason), "no probe yet");
 	p->table.export_fd = -1;
 	p->sessions = 1;
-	p->next = d->pools;
-	d->pools = p;
+	p->next = set->head;
+	set->head = p;
 	log_info("pool %s on cuda:%d: records of %" PRIu64 " bytes, %u per %.0f MiB slab, %s",
 		 ds->name, gpu, p->rec_stride, p->per_slab, p->slab_bytes / 1048576.0,
 		 p->enabled ? "on" : "off");
@@ -697,7 +686,7 @@ void pool_new_epoch(struct pool *p, uint64_t epoch)
 
 void pool_set_budget(struct pool *p, uint64_t budget, const char *why)
 {
-	uint64_t cap = p->d->cfg.pool_bytes;
+	uint64_t cap = p->set->cfg.cap_bytes;
 
 	if (cap && budget > cap) {
 		budget = cap;
@@ -769,60 +758,52 @@ void pool_put(struct pool *p)
 	snprintf(p->budget_reason, sizeof(p->budget_reason), "no session");
 }
 
-int pool_control(struct daemon *d, const char *dataset, Pf__PoolAction action,
+uint64_t pool_set_enabled(struct pool *p, bool on)
+{
+	uint64_t freed = 0;
+
+	p->enabled = on;
+	if (on)
+		maybe_grow(p);
+	else
+		freed = drop_all(p);
+	return freed;
+}
+
+int pool_control(struct pool_set *set, const char *dataset, enum pool_action action,
 		 uint64_t *bytes_freed)
 {
 	int n = 0;
 
 	*bytes_freed = 0;
-	for (struct pool *p = d->pools; p; p = p->next) {
+	if (action != POOL_ON && action != POOL_OFF && action != POOL_DROP)
+		return -EINVAL;
+	for (struct pool *p = set->head; p; p = p->next) {
 		if (strcmp(p->ds->name, dataset) != 0)
 			continue;
 		n++;
-		switch (action) {
-		case PF__POOL_ACTION__POOL_ON:
-			p->enabled = true;
-			maybe_grow(p);
-			break;
-		case PF__POOL_ACTION__POOL_OFF:
-			p->enabled = false;
+		if (action == POOL_DROP)
 			*bytes_freed += drop_all(p);
-			break;
-		case PF__POOL_ACTION__POOL_DROP: *bytes_freed += drop_all(p); break;
-		default: return -EINVAL;
-		}
+		else
+			*bytes_freed += pool_set_enabled(p, action == POOL_ON);
 		log_info("pool %s on cuda:%d: %s by prefetchctl", p->ds->name, p->gpu,
-			 action == PF__POOL_ACTION__POOL_ON    ? "on"
-			 : action == PF__POOL_ACTION__POOL_OFF ? "off"
-							       : "dropped");
+			 action == POOL_ON    ? "on"
+			 : action == POOL_OFF ? "off"
+					      : "dropped");
 	}
 	return n;
 }
 
-void pool_status(const struct pool *p, Pf__PoolStatus *st, char *buf)
+unsigned pool_active_on(const struct pool_set *set, int gpu)
 {
-	snprintf(buf, 16, "cuda:%d", p->gpu);
-	st->dataset = p->ds->name;
-	st->device = buf;
-	st->enabled = p->enabled;
-	st->bytes = pool_bytes(p) + p->table.bytes; /* the record table too */
-	st->rows = p->rows;
-	st->samples = p->ds->num_samples;
-	st->budget = p->budget;
-	st->budget_reason = (char *)p->budget_reason;
-	st->slabs = p->nlive;
-	st->slab_bytes = p->slab_bytes;
-	st->epoch = p->epoch;
-	st->hit_rate = p->lookups_cur ? (double)p->hits_cur / (double)p->lookups_cur : 0;
-	st->last_hit_rate = p->have_last ? (double)p->hits_last / (double)p->lookups_last : -1;
-	st->hits = p->hits;
-	st->lookups = p->lookups;
-	st->h2d_saved = p->saved;
-	st->slabs_dropped = p->slabs_dropped;
-	st->sessions = p->sessions;
+	unsigned n = 0;
+
+	for (const struct pool *p = set->head; p; p = p->next)
+		n += p->gpu == gpu && p->sessions > 0 && p->enabled;
+	return n;
 }
 
-/* Frees pool p (out of d->pools already): its slabs and table. */
+/* Frees pool p (out of set->head already): its slabs and table. */
 static void pool_free(struct pool *p)
 {
 	for (uint32_t j = 0; j < p->nslabs; j++)
@@ -837,11 +818,11 @@ static void pool_free(struct pool *p)
 	free(p);
 }
 
-bool pool_forget(struct daemon *d, const struct dataset *ds)
+bool pool_forget(struct pool_set *set, const struct dataset *ds)
 {
 	bool all = true;
 
-	for (struct pool **pp = &d->pools; *pp;) {
+	for (struct pool **pp = &set->head; *pp;) {
 		struct pool *p = *pp;
 
 		if (p->ds != ds) {
@@ -862,30 +843,12 @@ bool pool_forget(struct daemon *d, const struct dataset *ds)
 	return all;
 }
 
-void pool_apply_config(struct daemon *d)
+void pool_destroy_all(struct pool_set *set)
 {
-	for (struct pool *p = d->pools; p; p = p->next) {
-		bool on;
+	while (set->head) {
+		struct pool *p = set->head;
 
-		if (p->ds->retired)
-			continue;
-		on = config_enabled(d, p->ds);
-		if (on == p->enabled)
-			continue;
-		log_info("pool %s on cuda:%d: %s by the reloaded configuration", p->ds->name,
-			 p->gpu, on ? "on" : "off");
-		p->enabled = on;
-		if (!on)
-			drop_all(p);
-	}
-}
-
-void pool_destroy_all(struct daemon *d)
-{
-	while (d->pools) {
-		struct pool *p = d->pools;
-
-		d->pools = p->next;
+		set->head = p->next;
 		pool_free(p);
 	}
 }

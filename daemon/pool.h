@@ -34,6 +34,12 @@
  * daemon; its slabs are given back when its last session goes, so an idle
  * pool never holds device memory a new trainer may need for its first step.
  *
+ * The pools of a daemon live in one struct pool_set with the settings they
+ * read (pool_slab, pool_bytes), which the daemon updates on a reload.  The
+ * pool layer knows no daemon and no protocol: whether a dataset's pool is
+ * on is the caller's to say, and status and control messages are
+ * translated above it (status.c).
+ *
  * DESIGN: loop thread only, no locks.  Slab allocation and release run on
  * the GPU's transfer thread (xfer.h) as jobs; the gather runs on its copy
  * stream.
@@ -45,9 +51,7 @@
 #include <stdint.h>
 
 #include "gpu.h"
-#include "prefetch.pb-c.h"
 
-struct daemon;
 struct dataset;
 struct xfer;
 struct xfer_job;
@@ -57,11 +61,11 @@ struct xfer_job;
 
 struct pool_slab {
 	struct gpu_mem mem; /* owned: GPU_IPC_NONE, zeroed when not allocated */
-	uint32_t used;	      /* entries handed out, 0..per_slab */
-	uint32_t pins;	      /* batches in flight that read or write it */
-	uint64_t stamp;	      /* the last plan that pinned it (pins once per plan) */
-	bool live;	      /* in the index: may be hit and handed out */
-	bool dying;	      /* dropped while pinned: freed at the last unpin */
+	uint32_t used;	    /* entries handed out, 0..per_slab */
+	uint32_t pins;	    /* batches in flight that read or write it */
+	uint64_t stamp;	    /* the last plan that pinned it (pins once per plan) */
+	bool live;	    /* in the index: may be hit and handed out */
+	bool dying;	    /* dropped while pinned: freed at the last unpin */
 };
 
 /* One batch's use of the pool, kept in its session's slot from
@@ -82,9 +86,23 @@ struct pool_plan {
 	bool read_failed; /* its rows could not be read: not back-filled */
 };
 
+/* What pools read of the daemon's configuration. */
+struct pool_config {
+	uint64_t slab_bytes; /* pool_slab: unit of allocation and of release */
+	uint64_t cap_bytes;  /* pool_bytes: most one pool may hold, 0: the budget only */
+};
+
+/* Every pool of a daemon, and their settings (updated by a reload). */
+struct pool_set {
+	struct pool *head; /* owned */
+	struct pool_config cfg;
+};
+
+enum pool_action { POOL_ON, POOL_OFF, POOL_DROP };
+
 struct pool {
-	struct pool *next;	  /* daemon->pools */
-	struct daemon *d;	  /* borrowed */
+	struct pool *next;	  /* set->head */
+	struct pool_set *set;	  /* borrowed: the set that owns it */
 	const struct dataset *ds; /* borrowed */
 	int gpu;
 	struct xfer *xfer; /* borrowed: the GPU's transfer thread */
@@ -109,7 +127,7 @@ struct pool {
 	 * mode), built once the pool holds every sample: batches then need no
 	 * lookup per row on the loop thread.  Any slab leaving makes it
 	 * stale; it is built again when the pool is whole again. */
-	struct gpu_mem table; /* owned: GPU_IPC_NONE, num_samples addresses */
+	struct gpu_mem table;	/* owned: GPU_IPC_NONE, num_samples addresses */
 	uint64_t *table_host;	/* owned while an upload is out */
 	bool table_pending;	/* an allocation or upload is on the transfer thread */
 	bool table_valid;	/* batches may use it */
@@ -131,22 +149,20 @@ struct pool {
 	uint64_t hits, lookups, saved, slabs_dropped, slabs_made;
 };
 
-/* The pool of (ds, gpu), made on first use, with one more session on it.
- * NULL when the dataset cannot be pooled (too many fields; why says so) or
- * out of memory. */
-struct pool *pool_get(struct daemon *d, const struct dataset *ds, int gpu, struct xfer *x,
-		      char *why, size_t whylen);
+/* The pool of (ds, gpu), made on first use (on or off as `enabled` says),
+ * with one more session on it.  NULL when the dataset cannot be pooled (too
+ * many fields; why says so) or out of memory. */
+struct pool *pool_get(struct pool_set *set, const struct dataset *ds, int gpu, struct xfer *x,
+		      bool enabled, char *why, size_t whylen);
 /* A session leaves; the last one gives the slabs back. */
 void pool_put(struct pool *p);
 /* Frees the pools of a dataset a reload retired, once no session and no
  * transfer job uses them.  True when none is left. */
-bool pool_forget(struct daemon *d, const struct dataset *ds);
-/* After a reload: pools follow their dataset's (maybe changed) pool key. */
-void pool_apply_config(struct daemon *d);
+bool pool_forget(struct pool_set *set, const struct dataset *ds);
 /* Frees every pool (daemon shutdown, after the sessions and after
  * xfer_stop: a slab allocation still on its way would land in a freed
  * pool). */
-void pool_destroy_all(struct daemon *d);
+void pool_destroy_all(struct pool_set *set);
 
 /* Planning: plan->cap must be at least count.  picks are the batch's picks
  * in order (sample = pick mod N).  Writes desc[0..count) (a record's
@@ -180,12 +196,15 @@ uint64_t pool_table(const struct pool *p);
 /* Device memory the pool holds (live slabs). */
 uint64_t pool_bytes(const struct pool *p);
 
+/* On: the pool may fill again.  Off: it stops being used and gives its
+ * memory back (a reload, or prefetchctl).  Returns the bytes freed. */
+uint64_t pool_set_enabled(struct pool *p, bool on);
 /* prefetchctl pool DATASET on|off|drop, on every GPU's pool of dataset.
- * Returns pools reached (0: none yet) or -errno. */
-int pool_control(struct daemon *d, const char *dataset, Pf__PoolAction action,
+ * Returns pools reached (0: none yet) or -EINVAL for an unknown action. */
+int pool_control(struct pool_set *set, const char *dataset, enum pool_action action,
 		 uint64_t *bytes_freed);
-/* Fills one PoolStatus; strings borrow from p and buf (16 bytes). */
-void pool_status(const struct pool *p, Pf__PoolStatus *st, char *buf);
+/* Pools of gpu in use (a session on them, and on): they share its memory. */
+unsigned pool_active_on(const struct pool_set *set, int gpu);
 
 /* Invariants, for asserts and tests. */
 bool pool_check(const struct pool *p);

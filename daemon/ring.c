@@ -3,8 +3,9 @@
  * ring.h).
  *
  * DESIGN: ranges are few (one per CUDA session), so a sorted singly linked
- * free list with coalescing on give is all the allocator needs.  Loop thread
- * only, apart from init and destroy on the main thread.
+ * free list with coalescing on give is all the allocator needs, and a
+ * lease's handful of slots a linear scan.  Loop thread only, apart from
+ * init and destroy on the main thread.
  */
 #include "ring.h"
 
@@ -16,13 +17,9 @@
 
 #include "gpu.h"
 #include "log.h"
+#include "util.h"
 
 #define RING_MAP_ALIGN (2u << 20)
-
-static uint64_t round_up(uint64_t v, uint64_t a)
-{
-	return (v + a - 1) / a * a;
-}
 
 int ring_init(struct ring *r, uint64_t bytes, char *err, size_t errlen)
 {
@@ -34,7 +31,7 @@ int ring_init(struct ring *r, uint64_t bytes, char *err, size_t errlen)
 		snprintf(err, errlen, "ring_bytes is 0");
 		return -EINVAL;
 	}
-	bytes = round_up(bytes, RING_MAP_ALIGN);
+	bytes = align_up(bytes, RING_MAP_ALIGN);
 	p = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (p == MAP_FAILED) {
 		rc = -errno;
@@ -88,7 +85,7 @@ int ring_take(struct ring *r, uint64_t bytes, uint64_t *off)
 {
 	struct ring_range **pp;
 
-	bytes = round_up(bytes ? bytes : 1, RING_ALIGN);
+	bytes = align_up(bytes ? bytes : 1, RING_ALIGN);
 	for (pp = &r->free; *pp; pp = &(*pp)->next) {
 		struct ring_range *f = *pp;
 
@@ -111,7 +108,7 @@ void ring_give(struct ring *r, uint64_t off, uint64_t bytes)
 {
 	struct ring_range **pp, *prev = NULL, *n;
 
-	bytes = round_up(bytes ? bytes : 1, RING_ALIGN);
+	bytes = align_up(bytes ? bytes : 1, RING_ALIGN);
 	r->used -= bytes;
 	for (pp = &r->free; *pp && (*pp)->off < off; pp = &(*pp)->next)
 		prev = *pp;
@@ -151,4 +148,60 @@ uint64_t ring_largest_free(const struct ring *r)
 		if (f->bytes > best)
 			best = f->bytes;
 	return best;
+}
+
+int ring_lease_take(struct ring *r, struct ring_lease *l, uint32_t want, uint64_t stride, char *err,
+		    size_t errlen)
+{
+	uint32_t n;
+
+	memset(l, 0, sizeof(*l));
+	for (n = want; n > 0; n--)
+		if (ring_take(r, (uint64_t)n * stride, &l->off) == 0)
+			break;
+	if (n == 0) {
+		set_err(err, errlen,
+			"the pinned ring has no room for one %.1f MiB batch (ring_bytes = %.0f "
+			"MiB, "
+			"%.1f MiB free in one piece)",
+			stride / 1048576.0, r->bytes / 1048576.0, ring_largest_free(r) / 1048576.0);
+		return -ENOSPC;
+	}
+	l->bytes = (uint64_t)n * stride;
+	l->busy = calloc(n, 1);
+	if (!l->busy) {
+		ring_give(r, l->off, l->bytes);
+		memset(l, 0, sizeof(*l));
+		set_err(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	l->base = r->base + l->off;
+	l->stride = stride;
+	l->nslots = n;
+	return 0;
+}
+
+void ring_lease_give(struct ring *r, struct ring_lease *l)
+{
+	if (l->bytes)
+		ring_give(r, l->off, l->bytes);
+	free(l->busy);
+	memset(l, 0, sizeof(*l));
+}
+
+int32_t ring_slot_get(struct ring_lease *l)
+{
+	for (uint32_t i = 0; i < l->nslots; i++) {
+		if (!l->busy[i]) {
+			l->busy[i] = 1;
+			return (int32_t)i;
+		}
+	}
+	return -1;
+}
+
+void ring_slot_put(struct ring_lease *l, int32_t i)
+{
+	if (i >= 0)
+		l->busy[i] = 0;
 }

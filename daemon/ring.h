@@ -8,11 +8,13 @@
  * page-locked, so the DMA engine reads it directly).  The ring is bounded
  * (`ring_bytes`): a session takes a contiguous range of it when it opens
  * and gives it back when it is freed, so pinned memory never grows with the
- * number of sessions or the depth of their pipelines.
+ * number of sessions or the depth of their pipelines.  A session's range is
+ * its lease (struct ring_lease): a few ring slots of one stride, each
+ * holding one batch on its way from the readers to the copy stream.
  *
  * DESIGN: ring_init and ring_destroy run on the main thread before and after
- * the loop; ring_take and ring_give on the loop thread only.  No locks: the
- * free list is the loop thread's.  Reader and transfer threads only touch
+ * the loop; everything else on the loop thread only.  No locks: the free
+ * list and the leases' busy flags are the loop thread's.  Reader and transfer threads only touch
  * the bytes of ranges their session holds.
  */
 #ifndef PF_RING_H
@@ -50,5 +52,29 @@ int ring_take(struct ring *r, uint64_t bytes, uint64_t *off);
 void ring_give(struct ring *r, uint64_t off, uint64_t bytes);
 /* The largest range ring_take could return now (for messages). */
 uint64_t ring_largest_free(const struct ring *r);
+
+/* A session's lease: nslots ring slots of stride bytes from off. */
+struct ring_lease {
+	uint8_t *base; /* borrowed: the ring's mapping + off */
+	uint64_t off, bytes, stride;
+	uint32_t nslots;
+	uint8_t *busy; /* owned, nslots flags: the slot holds a batch */
+};
+
+/* Takes a lease of up to want slots of stride bytes, fewer if the ring has
+ * no room for want (at least one).  0, -ENOSPC when not even one fits (err
+ * says how much is free), or -ENOMEM. */
+int ring_lease_take(struct ring *r, struct ring_lease *l, uint32_t want, uint64_t stride, char *err,
+		    size_t errlen);
+/* Gives the lease's range back (a zeroed lease: nothing). */
+void ring_lease_give(struct ring *r, struct ring_lease *l);
+/* A free slot of the lease, now busy, or -1 when every one is. */
+int32_t ring_slot_get(struct ring_lease *l);
+/* Slot i is free again (-1: nothing). */
+void ring_slot_put(struct ring_lease *l, int32_t i);
+static inline uint8_t *ring_slot_mem(const struct ring_lease *l, int32_t i)
+{
+	return l->base + (uint64_t)i * l->stride;
+}
 
 #endif

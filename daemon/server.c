@@ -27,11 +27,9 @@
 
 #include "daemon.h"
 #include "log.h"
-#include "npy.h"
-#include "reader.h"
-#include "pool.h"
+#include "prefetch.pb-c.h"
 #include "sess.h"
-#include "util.h"
+#include "status.h"
 
 static void conn_update_poll(struct conn *c);
 
@@ -73,8 +71,10 @@ static bool peer_allowed(const struct config *cfg, uid_t uid, gid_t gid)
 
 /* ---- output ---------------------------------------------------------------- */
 
-int conn_send(struct conn *c, const Pf__Envelope *env, int pass_fd)
+/* The peer's send (peer.h): queues env, and pass_fd with its first byte. */
+static int conn_send(void *conn, const Pf__Envelope *env, int pass_fd)
 {
+	struct conn *c = conn;
 	struct out_frame *f;
 	int rc;
 
@@ -114,25 +114,6 @@ fail:
 	return rc;
 }
 
-int conn_error(struct conn *c, uint64_t id, int code, const char *fmt, ...)
-{
-	Pf__Envelope env = PF__ENVELOPE__INIT;
-	Pf__Error err = PF__ERROR__INIT;
-	char msg[512];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	log_info("%s: error %d: %s", c->peer, code, msg);
-	err.code = code;
-	err.message = msg;
-	env.id = id;
-	env.msg_case = PF__ENVELOPE__MSG_ERROR;
-	env.error = &err;
-	return conn_send(c, &env, -1);
-}
-
 static void flush_out(struct conn *c)
 {
 	while (c->out_head) {
@@ -165,19 +146,13 @@ static void flush_out(struct conn *c)
 
 /* ---- requests -------------------------------------------------------------- */
 
-static int reply(struct conn *c, uint64_t id, Pf__Envelope *env)
-{
-	env->id = id;
-	return conn_send(c, env, -1);
-}
-
 static int on_hello(struct conn *c, uint64_t id, const Pf__Hello *req)
 {
 	Pf__Envelope env = PF__ENVELOPE__INIT;
 	Pf__HelloReply msg = PF__HELLO_REPLY__INIT;
 
 	if (req->version != WIRE_VERSION) {
-		conn_error(c, id, -EPROTONOSUPPORT,
+		peer_error(&c->peer, id, -EPROTONOSUPPORT,
 			   "protocol version %u is not supported (this daemon speaks %u)",
 			   req->version, WIRE_VERSION);
 		return -EPROTONOSUPPORT;
@@ -186,177 +161,17 @@ static int on_hello(struct conn *c, uint64_t id, const Pf__Hello *req)
 		char who[48];
 
 		snprintf(who, sizeof(who), "%.47s", req->client);
-		snprintf(c->peer, sizeof(c->peer), "%s (pid %d uid %u)", who, (int)c->pid,
-			 (unsigned)c->uid);
+		snprintf(c->peer.name, sizeof(c->peer.name), "%s (pid %d uid %u)", who,
+			 (int)c->peer.pid, (unsigned)c->peer.uid);
 	}
 	c->hello_done = true;
 	msg.version = WIRE_VERSION;
 	msg.daemon = "prefetchd " PF_VERSION;
 	msg.max_frame = (uint32_t)c->d->cfg.max_frame;
+	env.id = id;
 	env.msg_case = PF__ENVELOPE__MSG_HELLO_REPLY;
 	env.hello_reply = &msg;
-	return reply(c, id, &env);
-}
-
-static void fill_fields(const struct dataset *ds, Pf__Field *fields, Pf__Field **fieldp)
-{
-	for (size_t f = 0; f < ds->nfields; f++) {
-		pf__field__init(&fields[f]);
-		fields[f].name = ds->fields[f].name;
-		fields[f].dtype = (char *)npy_dtype_name(ds->fields[f].dtype);
-		fields[f].n_shape = (size_t)ds->fields[f].sample_ndim;
-		fields[f].shape = (uint64_t *)ds->fields[f].sample_shape;
-		fields[f].sample_bytes = ds->fields[f].sample_bytes;
-		fieldp[f] = &fields[f];
-	}
-}
-
-static int on_status(struct conn *c, uint64_t id)
-{
-	struct daemon *d = c->d;
-	Pf__Envelope env = PF__ENVELOPE__INIT;
-	Pf__StatusReply msg = PF__STATUS_REPLY__INIT;
-	Pf__SessionStatus *ss = calloc(d->nsessions + 1, sizeof(*ss));
-	Pf__SessionStatus **ssp = calloc(d->nsessions + 1, sizeof(*ssp));
-	Pf__DatasetStatus *ds = calloc(d->ndatasets + 1, sizeof(*ds));
-	Pf__DatasetStatus **dsp = calloc(d->ndatasets + 1, sizeof(*dsp));
-	size_t nfields = 0, k = 0, npools = 0;
-	Pf__PoolStatus *ps = NULL, **psp = NULL;
-	char(*pool_dev)[16] = NULL;
-	Pf__Field *fields = NULL, **fieldp = NULL;
-	int rc = -ENOMEM;
-
-	for (size_t i = 0; i < d->ndatasets; i++)
-		nfields += d->datasets[i]->nfields;
-	fields = calloc(nfields + 1, sizeof(*fields));
-	fieldp = calloc(nfields + 1, sizeof(*fieldp));
-	for (struct pool *p = d->pools; p; p = p->next)
-		npools++;
-	ps = calloc(npools + 1, sizeof(*ps));
-	psp = calloc(npools + 1, sizeof(*psp));
-	pool_dev = calloc(npools + 1, sizeof(*pool_dev));
-	if (!ss || !ssp || !ds || !dsp || !fields || !fieldp || !ps || !psp || !pool_dev) {
-		conn_error(c, id, -ENOMEM, "out of memory");
-		goto out;
-	}
-	for (struct sess *s = d->sessions; s; s = s->next, k++) {
-		pf__session_status__init(&ss[k]);
-		sess_status(s, &ss[k]);
-		ssp[k] = &ss[k];
-	}
-	msg.n_sessions = k;
-	msg.sessions = ssp;
-	nfields = 0;
-	for (size_t i = 0; i < d->ndatasets; i++) {
-		const struct dataset *set = d->datasets[i];
-
-		pf__dataset_status__init(&ds[i]);
-		ds[i].name = set->name;
-		ds[i].format = set->format ? set->format : "";
-		ds[i].samples = set->num_samples;
-		ds[i].error = (char *)set->error;
-		ds[i].bytes = set->num_samples * set->sample_bytes;
-		fill_fields(set, fields + nfields, fieldp + nfields);
-		ds[i].fields = fieldp + nfields;
-		ds[i].n_fields = set->nfields;
-		nfields += set->nfields;
-		dsp[i] = &ds[i];
-	}
-	msg.n_datasets = d->ndatasets;
-	msg.datasets = dsp;
-	k = 0;
-	for (struct pool *p = d->pools; p; p = p->next, k++) {
-		pf__pool_status__init(&ps[k]);
-		pool_status(p, &ps[k], pool_dev[k]);
-		psp[k] = &ps[k];
-	}
-	msg.n_pools = npools;
-	msg.pools = psp;
-	msg.daemon = "prefetchd " PF_VERSION;
-	msg.uptime_s = (now_ns() - d->started_ns) / 1e9;
-	msg.readers = d->cfg.readers;
-	msg.ring_bytes = d->cfg.ring_bytes;
-	msg.gpu = d->gpu_desc;
-	env.msg_case = PF__ENVELOPE__MSG_STATUS_REPLY;
-	env.status_reply = &msg;
-	rc = reply(c, id, &env);
-out:
-	free(ss);
-	free(ssp);
-	free(ds);
-	free(dsp);
-	free(fields);
-	free(fieldp);
-	free(ps);
-	free(psp);
-	free(pool_dev);
-	return rc;
-}
-
-/* prefetchctl pool DATASET on|off|drop.  Pools serve every user's sessions
- * of a dataset, so only root or the daemon's own user may change them. */
-static int on_pool(struct conn *c, uint64_t id, const Pf__PoolControl *req)
-{
-	struct daemon *d = c->d;
-	Pf__Envelope env = PF__ENVELOPE__INIT;
-	Pf__PoolControlReply msg = PF__POOL_CONTROL_REPLY__INIT;
-	uint64_t freed = 0;
-	int n;
-
-	if (c->uid != 0 && c->uid != getuid())
-		return conn_error(c, id, -EPERM,
-				  "pool control is for root or the daemon's user (uid %u), not "
-				  "uid %u: pools are shared by every user's sessions",
-				  (unsigned)getuid(), (unsigned)c->uid);
-	if (!daemon_dataset(d, req->dataset))
-		return conn_error(c, id, -ENOENT,
-				  "unknown dataset '%s' (prefetchctl datasets lists them)",
-				  req->dataset);
-	n = pool_control(d, req->dataset, req->action, &freed);
-	if (n < 0)
-		return conn_error(c, id, n, "unknown pool action %d (expected on, off or drop)",
-				  req->action);
-	if (n == 0)
-		return conn_error(c, id, -ENOENT,
-				  "dataset '%s' has no VRAM pool yet: one is made when a CUDA "
-				  "session opens on it",
-				  req->dataset);
-	log_info("pool %s: %s on %d GPU(s) by %s, %.0f MiB freed", req->dataset,
-		 req->action == PF__POOL_ACTION__POOL_ON    ? "on"
-		 : req->action == PF__POOL_ACTION__POOL_OFF ? "off"
-							    : "drop",
-		 n, c->peer, freed / 1048576.0);
-	msg.pools = (uint32_t)n;
-	msg.bytes_freed = freed;
-	env.msg_case = PF__ENVELOPE__MSG_POOL_REPLY;
-	env.pool_reply = &msg;
-	return reply(c, id, &env);
-}
-
-static int on_set_depth(struct conn *c, uint64_t id, const Pf__SetDepth *req)
-{
-	struct daemon *d = c->d;
-	struct sess *s = req->session ? sess_find(d, req->session) : c->sess;
-	Pf__Envelope env = PF__ENVELOPE__INIT;
-	Pf__Ok ok = PF__OK__INIT;
-
-	if (!s)
-		return conn_error(c, id, -ENOENT, "no session %" PRIu64, req->session);
-	if (s->uid != c->uid && c->uid != 0 && c->uid != getuid())
-		return conn_error(c, id, -EPERM,
-				  "session %" PRIu64 " belongs to uid %u; only that user, root or "
-				  "the daemon's user may change it",
-				  s->id, (unsigned)s->uid);
-	if (req->automatic || req->target == 0)
-		gov_set_auto(&s->gov, d->cfg.depth);
-	else
-		gov_set_manual(&s->gov, req->target);
-	log_info("session %" PRIu64 ": target %u (%s), by %s", s->id, s->gov.target, s->gov.reason,
-		 c->peer);
-	sess_kick(s);
-	env.msg_case = PF__ENVELOPE__MSG_OK;
-	env.ok = &ok;
-	return reply(c, id, &env);
+	return conn_send(c, &env, -1);
 }
 
 /* Returns < 0 when the connection must close. */
@@ -366,21 +181,22 @@ static int dispatch(struct conn *c, Pf__Envelope *env)
 
 	if (!c->hello_done) {
 		if (env->msg_case != PF__ENVELOPE__MSG_HELLO) {
-			conn_error(c, id, -EPROTO, "the first message must be hello, not %s",
+			peer_error(&c->peer, id, -EPROTO, "the first message must be hello, not %s",
 				   wire_msg_name(env->msg_case));
 			return -EPROTO;
 		}
 		return on_hello(c, id, env->hello);
 	}
 	switch (env->msg_case) {
-	case PF__ENVELOPE__MSG_STATUS: return on_status(c, id);
-	case PF__ENVELOPE__MSG_SET_DEPTH: return on_set_depth(c, id, env->set_depth);
-	case PF__ENVELOPE__MSG_POOL: return on_pool(c, id, env->pool);
-	case PF__ENVELOPE__MSG_OPEN: return sess_open(c, id, env->open);
+	case PF__ENVELOPE__MSG_STATUS: return status_reply(c->d, &c->peer, id);
+	case PF__ENVELOPE__MSG_SET_DEPTH:
+		return status_set_depth(c->d, &c->peer, c->sess, id, env->set_depth);
+	case PF__ENVELOPE__MSG_POOL: return status_pool_control(c->d, &c->peer, id, env->pool);
+	case PF__ENVELOPE__MSG_OPEN: return sess_open(c->d, &c->peer, &c->sess, id, env->open);
 	default: break;
 	}
 	if (!c->sess)
-		return conn_error(c, id, -ENOTCONN, "%s needs an open session",
+		return peer_error(&c->peer, id, -ENOTCONN, "%s needs an open session",
 				  wire_msg_name(env->msg_case));
 	switch (env->msg_case) {
 	case PF__ENVELOPE__MSG_START: return sess_start_epoch(c->sess, id, env->start);
@@ -390,7 +206,7 @@ static int dispatch(struct conn *c, Pf__Envelope *env)
 	case PF__ENVELOPE__MSG_PROBE: sess_probe(c->sess, env->probe); return 0;
 	case PF__ENVELOPE__MSG_LOAD: return sess_load(c->sess, id, env->load);
 	default:
-		return conn_error(c, id, -EPROTO, "unexpected message %s from a client",
+		return peer_error(&c->peer, id, -EPROTO, "unexpected message %s from a client",
 				  wire_msg_name(env->msg_case));
 	}
 }
@@ -518,9 +334,9 @@ void conn_close(struct conn *c, const char *why)
 		return;
 	c->closing = true;
 	if (why)
-		log_warn("closing connection of %s: %s", c->peer, why);
+		log_warn("closing connection of %s: %s", c->peer.name, why);
 	else
-		log_debug("%s disconnected", c->peer);
+		log_debug("%s disconnected", c->peer.name);
 	/* Stop reading now: the descriptor is closed in conn_free, after the
 	 * session has let go of everything it shared through it. */
 	uv_poll_stop(&c->poll);
@@ -555,10 +371,12 @@ static void on_accept(uv_poll_t *h, int status, int events)
 		}
 		c->d = d;
 		c->fd = fd;
-		c->uid = cred.uid;
-		c->gid = cred.gid;
-		c->pid = cred.pid;
-		snprintf(c->peer, sizeof(c->peer), "pid %d uid %u", (int)cred.pid,
+		c->peer.conn = c;
+		c->peer.send = conn_send;
+		c->peer.uid = cred.uid;
+		c->peer.gid = cred.gid;
+		c->peer.pid = cred.pid;
+		snprintf(c->peer.name, sizeof(c->peer.name), "pid %d uid %u", (int)cred.pid,
 			 (unsigned)cred.uid);
 		wire_rx_init(&c->rx, d->cfg.max_frame);
 		uv_poll_init(d->loop, &c->poll, fd);
@@ -574,7 +392,7 @@ static void on_accept(uv_poll_t *h, int status, int events)
 			snprintf(why, sizeof(why),
 				 "peer refused: uid %u gid %u is not in allow_users/allow_groups",
 				 (unsigned)cred.uid, (unsigned)cred.gid);
-			conn_error(c, 0, -EACCES,
+			peer_error(&c->peer, 0, -EACCES,
 				   "uid %u gid %u is not allowed by this daemon's "
 				   "allow_users/allow_groups",
 				   (unsigned)cred.uid, (unsigned)cred.gid);
@@ -583,7 +401,7 @@ static void on_accept(uv_poll_t *h, int status, int events)
 			continue;
 		}
 		conn_update_poll(c);
-		log_debug("connection from %s", c->peer);
+		log_debug("connection from %s", c->peer.name);
 	}
 }
 

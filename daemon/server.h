@@ -1,6 +1,11 @@
 /*
  * server.h — the listening socket and the connections on it.
  *
+ * The server is the daemon's only part that sees sockets and frames.  It
+ * answers Hello itself and hands every other request, decoded, to the
+ * session layer (sess.h, status.h) with the connection's peer (peer.h),
+ * through which the replies come back to its output queue.
+ *
  * DESIGN: loop thread only.  Each connection is a non-blocking Unix socket
  * watched by a uv_poll_t (not a uv_pipe_t: we need sendmsg with SCM_RIGHTS
  * for arbitrary descriptors, which uv_write2 does not offer).  Incoming
@@ -16,6 +21,7 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "peer.h"
 #include "wire.h"
 
 struct daemon;
@@ -41,12 +47,9 @@ struct conn {
 	struct wire_rx rx;
 	struct out_frame *out_head, *out_tail; /* owned */
 	size_t out_bytes;
-	uid_t uid;
-	gid_t gid;
-	pid_t pid;
 	bool hello_done;
 	bool closing;
-	char peer[96];	   /* "pid 123 uid 0 (name)" for logs */
+	struct peer peer;  /* who it is (SO_PEERCRED), and how handlers answer it */
 	struct sess *sess; /* owned: at most one session per connection */
 };
 
@@ -54,12 +57,6 @@ int server_listen(struct daemon *d);
 /* Closes the listener and every connection (shutdown). */
 void server_stop(struct daemon *d);
 
-/* Queues env for the peer; pass_fd (>= 0) is owned by the queue from now on.
- * 0, or -errno (the connection is then being closed). */
-int conn_send(struct conn *c, const Pf__Envelope *env, int pass_fd);
-/* Sends Error{code, message} answering request `id` (0 for unsolicited). */
-int conn_error(struct conn *c, uint64_t id, int code, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
 /* Closes the connection, ending its session, after logging why. */
 void conn_close(struct conn *c, const char *why);
 

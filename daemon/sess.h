@@ -1,5 +1,10 @@
 /*
- * sess.h — a consumer's session: its slots, its arenas, its epochs.
+ * sess.h — a consumer's session: its slots, its arenas, its epochs.  The
+ * session layer is where requests become actions: the server (server.c)
+ * decodes frames and hands each session request here with its peer
+ * (peer.h); protobuf types stop at this layer, and nothing below it (the
+ * pool, the readers, the transfer threads, the layout rules of fill.h)
+ * sees one.
  *
  * A slot moves FREE -> FILLING (a reader job writes it) -> READY (complete,
  * waiting for its turn: delivery is in seq order) -> SENT (the client holds
@@ -14,11 +19,12 @@
  * CUDA sessions allocate device slots lazily, an arena at a time on the
  * transfer thread, as the target grows; an allocation that fails halves the
  * target and is retried a few times with a pause (OOM back-off), after
- * which the batch that needed it becomes an error batch.
+ * which the batch that needed it becomes an error batch (sess_cuda.c).
  *
  * DESIGN: loop thread only.  A session lives while its connection lives and
- * until its last reader job has come back (`jobs`), so a job's slot memory
- * is never freed under a reader; a dead session leaves status at once.
+ * until its last reader and transfer job, and its order built ahead, have
+ * come back, so a job's slot memory is never freed under a worker; a dead
+ * session leaves status at once.
  */
 #ifndef PF_SESS_H
 #define PF_SESS_H
@@ -28,13 +34,16 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "ahead.h"
 #include "arena.h"
-#include "gpu.h"
+#include "fill.h"
 #include "gov.h"
+#include "gpu.h"
+#include "peer.h"
 #include "pool.h"
 #include "prefetch.pb-c.h"
+#include "ring.h"
 
-struct conn;
 struct daemon;
 struct dataset;
 struct reader_job;
@@ -47,7 +56,7 @@ struct slot {
 	enum slot_state state;
 	uint64_t epoch, seq; /* the batch it holds (FILLING..SENT) */
 	bool present;	     /* has memory (CUDA slots come with their arena) */
-	uint32_t arena;	     /* index into sess->arenas or sess->garenas */
+	uint32_t arena;	     /* index into sess->arenas or sess->cuda.arenas */
 	uint64_t offset;     /* within the arena */
 	uint8_t *host;	     /* host sessions: the daemon's mapping of the slot */
 	uint64_t dev_addr;   /* CUDA sessions: device address of the slot */
@@ -70,35 +79,10 @@ struct slot {
 #define SESS_OOM_TRIES	  4
 #define SESS_OOM_PAUSE_MS 50
 
-/* A batch is read in parts of about this many bytes, each its own reader
- * job, so several readers fill one batch at once (at most `readers`
- * parts). */
-#define SESS_PART_BYTES (1u << 20)
-
 /* Slots beyond max_depth: what the trainer may hold (taken, not yet
  * released) while the pipeline keeps `target` batches in flight.  Two
  * covers the usual "current step + the batch being moved" pattern. */
 #define SESS_HOLD_SLOTS 2
-
-/* The next epoch's shuffle, built ahead on libuv's thread pool under the
- * convention our clients follow (epoch n+1 shuffled with seed + 1, the
- * same rank and world), so that StartEpoch need not build 10 ms of order on
- * the loop thread before the first batch.  Any other request builds its
- * order as before; a guess that missed only cost a pool thread's time. */
-struct sess_ahead {
-	uv_work_t work;
-	uint64_t seed, space;
-	uint32_t rank, world;
-	uint64_t *picks; /* owned: the order, once ready */
-	uint64_t npicks;
-	int rc;
-	bool busy;  /* queued or running: counts in jobs */
-	bool ready; /* picks hold the order for (seed, rank, world, space) */
-	/* A newer epoch started while busy: what to build when it is done. */
-	bool again;
-	uint64_t again_seed, again_space;
-	uint32_t again_rank, again_world;
-};
 
 /* Paced mode: a batch the client asked for, until it is sent. */
 struct sess_req {
@@ -112,10 +96,43 @@ struct sess_req {
  * target of them ahead; the rest wait here. */
 #define SESS_PACED_MAX 1024
 
+/* The CUDA half of a session (gpu >= 0): device slots, the ring slots that
+ * stage batches for them, and what crossed PCIe. */
+struct sess_cuda {
+	struct xfer *xfer; /* borrowed: the daemon's transfer thread of gpu */
+	enum gpu_ipc ipc;
+	struct gpu_mem *arenas; /* owned: device arenas, in id order */
+	uint32_t narenas;
+	uint32_t npresent;	 /* slots with device memory: 0 .. npresent-1 */
+	bool alloc_pending;	 /* an XFER_ALLOC is out */
+	bool grow_blocked;	 /* OOM tries ran out while slots exist */
+	unsigned oom_tries;	 /* failed tries of the current allocation */
+	uv_timer_t retry;	 /* OOM back-off pause */
+	bool retry_live;	 /* retry is initialised (closed by sess_free) */
+	struct ring_lease lease; /* ring slots of ring_stride bytes (>= slot_stride) */
+	struct pool *pool;	 /* borrowed (counted): NULL when not pooled */
+	uint32_t stage_cap;	 /* staged rows per batch at most */
+	/* Figures for status. */
+	uint64_t copy_bytes, copy_ns; /* H2D totals */
+	uint64_t h2d_bytes;	      /* sample bytes that crossed PCIe */
+	uint64_t index_bytes;	      /* gather indices that crossed PCIe */
+	uint64_t pool_hits;	      /* rows served from the pool */
+};
+
+/* This epoch's time per stage, summed over batches (debug timing): reading
+ * (fill -> copy), the device (copy -> ready), waiting for its turn (ready ->
+ * sent), the client (sent -> release), and the loop thread's planning
+ * against the pool. */
+struct sess_timing {
+	uint64_t read, device, turn, client, plan;
+	uint64_t batches;
+	bool first_sent; /* this epoch's first batch went out */
+};
+
 struct sess {
 	struct sess *next, *prev; /* daemon->sessions while alive */
 	struct daemon *d;	  /* borrowed */
-	struct conn *conn;	  /* borrowed: NULL once the socket is gone */
+	const struct peer *peer;  /* borrowed: NULL once the connection is gone */
 	uint64_t id;
 	char name[64];
 	char device[16];
@@ -128,37 +145,13 @@ struct sess {
 	bool picks_le; /* the client takes BatchReady.picks_le */
 	uint32_t augment;
 	bool drop_last;
-	uint64_t *field_offset; /* owned: ds->nfields offsets within a slot */
-	uint64_t slot_bytes, slot_stride;
+	struct slot_layout lay;
 	struct slot *slots; /* owned */
 	uint32_t nslots;
-	struct arena *arenas; /* owned */
+	struct arena *arenas; /* owned: host sessions' arenas */
 	uint32_t narenas;
 	struct gov gov;
-
-	/* CUDA sessions (gpu >= 0). */
-	struct xfer *xfer; /* borrowed: the daemon's transfer thread of gpu */
-	enum gpu_ipc ipc;
-	struct gpu_mem *garenas; /* owned: device arenas, in id order */
-	uint32_t ngarenas;
-	uint32_t npresent;   /* slots with device memory: 0 .. npresent-1 */
-	bool alloc_pending;  /* an XFER_ALLOC is out */
-	bool grow_blocked;   /* OOM tries ran out while slots exist */
-	unsigned oom_tries;  /* failed tries of the current allocation */
-	uv_timer_t retry;    /* OOM back-off pause */
-	bool retry_live;     /* retry is initialised (closed by sess_free) */
-	uint64_t ring_off;   /* our range of the daemon's pinned ring */
-	uint64_t ring_bytes; /* 0: none */
-	uint32_t nring;	     /* ring slots of slot_stride bytes */
-	uint8_t *ring_busy;  /* owned, nring flags */
-	uint64_t copy_bytes; /* H2D totals, for status */
-	uint64_t copy_ns;
-	uint64_t ring_stride; /* bytes per ring slot (>= slot_stride) */
-	struct pool *pool;    /* borrowed (counted): NULL when not pooled */
-	uint32_t stage_cap;   /* staged rows per batch at most */
-	uint64_t h2d_bytes;   /* sample bytes that crossed PCIe */
-	uint64_t index_bytes; /* gather indices that crossed PCIe */
-	uint64_t pool_hits;   /* rows served from the pool */
+	struct sess_cuda cuda;
 
 	/* The current epoch. */
 	uint64_t epoch;
@@ -175,25 +168,23 @@ struct sess {
 	bool paced, paced_end;
 	struct sess_req *reqs; /* owned, SESS_PACED_MAX, made on first use */
 
-	struct sess_ahead ahead;
-	unsigned jobs; /* reader and transfer jobs (and the order ahead) not yet back */
-	bool dead;     /* connection gone, waiting for jobs */
+	struct ahead ahead; /* the next epoch's order */
+	unsigned jobs;	    /* reader and transfer jobs not yet back */
+	bool dead;	    /* connection gone, waiting for jobs */
 
 	/* Figures for status. */
 	uint64_t sent, bytes_sent, errors, read_ns;
 	double wait_s, busy_s;
 	uint64_t opened_ns, epoch_started_ns;
-	bool first_sent; /* this epoch's first batch went out (debug timing) */
-	/* This epoch's time per stage, summed over batches (debug timing):
-	 * reading (fill -> copy), the device (copy -> ready), waiting for
-	 * its turn (ready -> sent), the client (sent -> release), and the
-	 * loop thread's planning against the pool. */
-	uint64_t ns_read, ns_device, ns_turn, ns_client, ns_plan, timed;
+	struct sess_timing timing;
 };
 
-/* OpenSession on connection c: creates c->sess, replies SessionOpened and
- * pushes the arenas.  Errors are replied to `id` and leave c as it was. */
-int sess_open(struct conn *c, uint64_t id, const Pf__OpenSession *req);
+/* OpenSession from peer p: creates the session, stores it in *slot (the
+ * connection's; it must be NULL, else the request is refused), replies
+ * SessionOpened and pushes the arenas.  Errors are replied to `id` and
+ * leave *slot as it was.  Returns < 0 only when the connection must close. */
+int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64_t id,
+	      const Pf__OpenSession *req);
 int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req);
 void sess_ack(struct sess *s, const Pf__Ack *req);
 void sess_release(struct sess *s, const Pf__Release *req);
@@ -209,8 +200,11 @@ void sess_detach(struct sess *s);
 void sess_job_done(struct reader_job *job, void *arg);
 /* A transfer job came back (loop thread). */
 void sess_xfer_done(struct xfer_job *job, void *arg);
-/* Fills one SessionStatus; strings borrow from s. */
-void sess_status(const struct sess *s, Pf__SessionStatus *st);
+/* Fills fields[0..ds->nfields) (and the pointer array) with ds's fields;
+ * strings and shapes borrow from ds.  offsets, when not NULL, are the
+ * fields' offsets within a slot. */
+void sess_fields(const struct dataset *ds, const uint64_t *offsets, Pf__Field *fields,
+		 Pf__Field **fieldp);
 struct sess *sess_find(struct daemon *d, uint64_t id);
 /* Invariants, for asserts and tests. */
 bool sess_check(const struct sess *s);

@@ -8,6 +8,8 @@
  */
 #include "wire.h"
 
+#include "prefetch.pb-c.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>

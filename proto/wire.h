@@ -20,7 +20,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "prefetch.pb-c.h"
+/* The envelope type of prefetch.pb-c.h, which framing code needs only by
+ * pointer: including wire.h does not bring the protobuf types along. */
+struct Pf__Envelope;
 
 #define WIRE_VERSION 1
 #define WIRE_HDR     4
@@ -32,7 +34,7 @@
 #define WIRE_MAX_FDS 64
 
 /* Encodes env as one frame (header + body) into a malloc'd buffer. */
-int wire_encode(const Pf__Envelope *env, uint8_t **frame, size_t *len);
+int wire_encode(const struct Pf__Envelope *env, uint8_t **frame, size_t *len);
 
 /* Sends the whole buffer on a blocking socket, retrying on EINTR, without
  * SIGPIPE.  When pass_fd >= 0 it is attached to the first byte.  0 or -errno. */
@@ -62,7 +64,7 @@ long wire_rx_fill(struct wire_rx *rx, int sock);
  * *env (free with pf__envelope__free_unpacked(*env, NULL)), 0 when more bytes
  * are needed, -EMSGSIZE when the announced length exceeds max_frame (checked
  * before decoding), -EBADMSG when the body does not decode. */
-int wire_rx_next(struct wire_rx *rx, Pf__Envelope **env);
+int wire_rx_next(struct wire_rx *rx, struct Pf__Envelope **env);
 /* The oldest received fd not yet taken, or -1.  The caller owns it. */
 int wire_rx_take_fd(struct wire_rx *rx);
 

@@ -30,6 +30,7 @@
 
 #include "client_int.h"
 #include "prefetch.h"
+#include "prefetch.pb-c.h"
 #include "wire.h"
 
 #define BATCH	    8

@@ -38,6 +38,7 @@
 #include "client_int.h"
 #include "prefetch.h"
 #include "testutil.h"
+#include "prefetch.pb-c.h"
 #include "wire.h"
 
 #define N	 1000

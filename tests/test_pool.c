@@ -39,8 +39,8 @@
 #include <uv.h>
 
 #include "config.h"
-#include "daemon.h"
 #include "dataset.h"
+#include "fill.h"
 #include "gpu.h"
 #include "pool.h"
 #include "testutil.h"
@@ -50,14 +50,12 @@
 
 #define N	  5000u
 #define BATCH	  256u
-#define STAGE_CAP (BATCH + (BATCH + 3) / 4) /* sess.c's stage_cap */
+#define STAGE_CAP fill_stage_cap(BATCH) /* a session's stage_cap */
 #define MAX_EXTRA (STAGE_CAP - BATCH)
 #define NFIELDS	  2
 #define SLAB	  (2 * MiB)
 #define STRIDE	  1040u
 #define NBUF	  2u /* batches in flight at once */
-/* sess.c's FIELD_ALIGN: fields of a slot and of the staged rows. */
-#define FIELD_ALIGN 256u
 
 static const uint64_t ROW_BYTES[NFIELDS] = {8, 1024};
 static const uint64_t SEED[NFIELDS] = {101, 202};
@@ -69,7 +67,6 @@ static struct {
 	struct config_field fields[NFIELDS];
 	struct config_dataset decl;
 	struct dataset ds;
-	struct dataset *dsp; /* the daemon's list of one */
 } g;
 
 /* The pool's slab geometry, read by setup. */
@@ -94,7 +91,7 @@ struct batch {
 };
 
 struct fixture {
-	struct daemon d;
+	struct pool_set set; /* the daemon's pools: the one under test */
 	uv_loop_t loop;
 	struct xfer *x;
 	struct gpu_mem slots; /* NBUF device slots */
@@ -105,25 +102,6 @@ struct fixture {
 	struct pool *p;
 	int arenas0; /* live arenas besides the pool's: slots and staging */
 };
-
-/* sess.c's stage_layout: desc at 0, admit after it, then the staged rows
- * field by field, each at a FIELD_ALIGN boundary.  Returns the prefix's
- * size; stage_off may be NULL. */
-static uint64_t stage_layout(uint32_t count, uint32_t nstaged, uint64_t *admit_off,
-			     uint64_t *stage_off)
-{
-	uint64_t off = (uint64_t)count * sizeof(uint64_t);
-
-	*admit_off = align_up(off, FIELD_ALIGN);
-	off = *admit_off + (uint64_t)nstaged * sizeof(uint64_t);
-	for (int f = 0; f < NFIELDS; f++) {
-		off = align_up(off, FIELD_ALIGN);
-		if (stage_off)
-			stage_off[f] = off;
-		off += ROW_BYTES[f] * nstaged;
-	}
-	return off;
-}
 
 /* ---- group: the dataset ----------------------------------------------------- */
 
@@ -256,7 +234,7 @@ static void check_plan(const struct fixture *f, const struct batch *b)
 	const uint64_t *admit;
 	uint32_t hits = 0, misses = 0;
 
-	stage_layout(b->count, 0, &admit_off, NULL);
+	fill_stage_layout(&g.ds, b->count, 0, &admit_off, NULL);
 	admit = (const uint64_t *)(b->ring + admit_off);
 	assert_true(pl->active);
 	assert_int_equal(pl->count, b->count);
@@ -312,20 +290,18 @@ static void check_plan(const struct fixture *f, const struct batch *b)
 		assert_true(p->slabs[pl->pinned[i]].pins > 0);
 }
 
-/* Plans samples[0..count) into b and stages its rows, as plan_batch and
- * the readers do. */
+/* Plans samples[0..count) into b and stages its rows, as a session's
+ * start_fill and the readers do. */
 static void batch_plan(struct fixture *f, struct batch *b, const uint64_t *samples, uint32_t count)
 {
-	uint64_t admit_off;
 	char err[256] = "";
 
 	assert_true(count > 0 && count <= BATCH);
 	assert_false(b->plan.active);
 	memcpy(b->samples, samples, count * sizeof(*samples));
 	b->count = count;
-	stage_layout(count, 0, &admit_off, NULL);
-	pool_plan_batch(f->p, b->samples, count, STAGE_CAP - count, &b->plan, (uint64_t *)b->ring,
-			(uint64_t *)(b->ring + admit_off));
+	b->stage_bytes = fill_plan(f->p, &g.ds, b->samples, count, STAGE_CAP, b->ring, &b->plan,
+				   b->stage_off);
 	assert_true(pool_check(f->p));
 	check_plan(f, b);
 	b->hits = b->plan.hits;
@@ -334,23 +310,18 @@ static void batch_plan(struct fixture *f, struct batch *b, const uint64_t *sampl
 	b->admitted = 0;
 	for (uint32_t k = 0; k < b->plan.nstaged; k++)
 		b->admitted += b->plan.admit[k] != POOL_NONE;
-	b->stage_bytes = stage_layout(count, b->plan.nstaged, &admit_off, b->stage_off);
 	for (int fl = 0; fl < NFIELDS && b->plan.nstaged; fl++)
 		if (ds_read_field(&g.ds, (size_t)fl, b->plan.staged, b->plan.nstaged,
 				  b->ring + b->stage_off[fl], err, sizeof(err)))
 			fail_msg("ds_read_field: %s", err);
 }
 
-/* Queues b's copy job exactly as sess.c's start_copy builds it. */
+/* Queues b's copy job as a session's sess_cuda_copy builds it. */
 static void batch_submit(struct fixture *f, struct batch *b)
 {
 	struct xfer_job *job = calloc(1, sizeof(*job));
-	const struct pool *p = f->p;
-	struct gpu_gather *gg = &job->g;
-	uint64_t admit_off;
 
 	assert_non_null(job);
-	stage_layout(b->plan.count, b->plan.nstaged, &admit_off, NULL);
 	job->kind = XFER_COPY;
 	job->owner = b;
 	job->slot = (uint32_t)(b - f->b);
@@ -358,22 +329,7 @@ static void batch_submit(struct fixture *f, struct batch *b)
 	job->dst = b->slot;
 	job->gather = true;
 	job->bytes = b->stage_bytes;
-	gg->count = b->plan.count;
-	gg->nstaged = b->plan.nstaged;
-	gg->desc = 0;
-	gg->admit = admit_off;
-	gg->staged = 0;
-	gg->nfields = p->nfields;
-	if (b->plan.table) {
-		gg->table = p->table.base;
-		gg->table_n = N;
-	}
-	for (uint32_t fl = 0; fl < p->nfields; fl++) {
-		gg->slot_off[fl] = f->slot_off[fl];
-		gg->staged_off[fl] = b->stage_off[fl];
-		gg->rec_off[fl] = p->rec_off[fl];
-		gg->row_bytes[fl] = p->row_bytes[fl];
-	}
+	fill_gather(&job->g, f->p, &g.ds, &b->plan, f->slot_off, b->stage_off);
 	b->job = NULL;
 	xfer_submit(f->x, job);
 }
@@ -561,32 +517,25 @@ static int setup(void **state)
 {
 	struct fixture *f = calloc(1, sizeof(*f));
 	char desc[128], err[200], why[160] = "";
-	uint64_t admit_off, off = 0, ring_bytes;
+	struct slot_layout slot_lay;
+	uint64_t ring_bytes;
 	struct xfer_job *warm;
 
 	assert_non_null(f);
 	gpu_fake_reset();
 	assert_int_equal(gpu_init(desc, sizeof(desc)), 1);
 	assert_int_equal(gpu_fake_live_allocs(), 0);
-	config_defaults(&f->d.cfg);
-	f->d.cfg.pool_slab = SLAB;
-	f->d.loop = &f->loop;
-	g.dsp = &g.ds;
-	f->d.datasets = &g.dsp;
-	f->d.ndatasets = 1;
-	f->d.ngpus = 1;
+	f->set.cfg.slab_bytes = SLAB;
 	assert_int_equal(uv_loop_init(&f->loop), 0);
 	assert_int_equal(xfer_start(&f->x, 0, &f->loop, on_done, f, err, sizeof(err)), 0);
 
-	/* sess.c's slot layout for BATCH rows. */
-	for (int fl = 0; fl < NFIELDS; fl++) {
-		off = align_up(off, FIELD_ALIGN);
-		f->slot_off[fl] = off;
-		off += ROW_BYTES[fl] * BATCH;
-	}
-	f->slot_stride = align_up(off, 4096);
+	/* A session's slot layout for BATCH rows. */
+	assert_int_equal(fill_layout(&slot_lay, &g.ds, BATCH), 0);
+	memcpy(f->slot_off, slot_lay.field_offset, sizeof(f->slot_off));
+	f->slot_stride = slot_lay.slot_stride;
+	fill_layout_free(&slot_lay);
 	assert_int_equal(gpu_mem_alloc(0, NBUF * f->slot_stride, GPU_IPC_FD, &f->slots), 0);
-	ring_bytes = align_up(stage_layout(BATCH, STAGE_CAP, &admit_off, NULL), 4096);
+	ring_bytes = fill_pooled_stride(&g.ds, BATCH, f->slot_stride);
 	for (uint32_t i = 0; i < NBUF; i++) {
 		struct batch *b = &f->b[i];
 
@@ -615,9 +564,9 @@ static int setup(void **state)
 	f->arenas0 = gpu_fake_live_allocs();
 	assert_int_equal(f->arenas0, 2); /* the slots and the staging area */
 
-	f->p = pool_get(&f->d, &g.ds, 0, f->x, why, sizeof(why));
+	f->p = pool_get(&f->set, &g.ds, 0, f->x, true, why, sizeof(why));
 	assert_non_null(f->p);
-	assert_ptr_equal(f->d.pools, f->p);
+	assert_ptr_equal(f->set.head, f->p);
 	/* The record layout the header of this file describes. */
 	assert_true(f->p->enabled);
 	assert_int_equal(f->p->nfields, NFIELDS);
@@ -643,7 +592,7 @@ static int teardown(void **state)
 	 * an allocation still on its way comes back before the pools go;
 	 * their slab frees then run inline. */
 	xfer_stop(f->x);
-	pool_destroy_all(&f->d);
+	pool_destroy_all(&f->set);
 	uv_run(&f->loop, UV_RUN_DEFAULT);
 	xfer_free(f->x);
 	assert_int_equal(uv_loop_close(&f->loop), 0);
@@ -655,7 +604,6 @@ static int teardown(void **state)
 	free(f->warm);
 	gpu_mem_free(&f->slots);
 	assert_int_equal(gpu_fake_live_allocs(), 0);
-	config_free(&f->d.cfg);
 	free(f);
 	return 0;
 }
@@ -667,8 +615,6 @@ static void a_pool_with_room_admits_every_miss_and_serves_it_again_as_a_hit(void
 	struct fixture *f = *state;
 	uint64_t *first = range(0, lay.per), *again = shuffled(0, lay.per);
 	struct totals t;
-	Pf__PoolStatus st = PF__POOL_STATUS__INIT;
-	char buf[16];
 
 	budget(f, lay.need * lay.slab);
 	assert_int_equal(f->p->nlive, 0); /* no demand yet */
@@ -703,18 +649,15 @@ static void a_pool_with_room_admits_every_miss_and_serves_it_again_as_a_hit(void
 	assert_int_equal(t.hits, BATCH);
 	assert_int_equal(f->p->rows, lay.per);
 
-	pool_status(f->p, &st, buf);
-	assert_string_equal(st.dataset, "train");
-	assert_string_equal(st.device, "cuda:0");
-	assert_true(st.enabled);
-	assert_int_equal(st.rows, lay.per);
-	assert_int_equal(st.samples, N);
-	assert_int_equal(st.bytes, f->p->nlive * lay.slab);
-	assert_int_equal(st.slabs, f->p->nlive);
-	assert_int_equal(st.budget, lay.need * lay.slab);
-	assert_int_equal(st.hits, lay.per + BATCH);
-	assert_int_equal(st.lookups, 1 + 2 * lay.per + BATCH); /* the prime's row too */
-	assert_int_equal(st.h2d_saved, (lay.per + BATCH) * (ROW_BYTES[0] + ROW_BYTES[1]));
+	/* The figures status reports (status.c's pool_status). */
+	assert_true(f->p->enabled);
+	assert_int_equal(f->p->rows, lay.per);
+	assert_int_equal(pool_bytes(f->p), f->p->nlive * lay.slab);
+	assert_int_equal(f->p->table.bytes, 0);
+	assert_int_equal(f->p->budget, lay.need * lay.slab);
+	assert_int_equal(f->p->hits, lay.per + BATCH);
+	assert_int_equal(f->p->lookups, 1 + 2 * lay.per + BATCH); /* the prime's row too */
+	assert_int_equal(f->p->saved, (lay.per + BATCH) * (ROW_BYTES[0] + ROW_BYTES[1]));
 	free(first);
 	free(again);
 }
@@ -867,7 +810,7 @@ static void a_pool_capped_at_one_slab_serves_mixed_batches_byte_exact(void **sta
 	uint64_t n = 0;
 	struct totals t;
 
-	f->d.cfg.pool_bytes = lay.slab;
+	f->set.cfg.cap_bytes = lay.slab;
 	budget(f, 64 * MiB);
 	assert_int_equal(f->p->budget, lay.slab);
 	assert_non_null(strstr(f->p->budget_reason, "pool_bytes"));
@@ -1075,14 +1018,14 @@ static void pool_control_turns_a_pool_off_drops_it_and_turns_it_on(void **state)
 	const struct batch *b;
 
 	/* Unknown dataset: no pool reached. */
-	assert_int_equal(pool_control(&f->d, "nope", PF__POOL_ACTION__POOL_DROP, &freed), 0);
+	assert_int_equal(pool_control(&f->set, "nope", POOL_DROP, &freed), 0);
 	assert_int_equal(freed, 0);
 
 	fill_in_order(f, lay.need * lay.slab, N);
 	assert_int_equal(f->p->rows, N);
 
 	/* drop: empty now, still on, fills again. */
-	assert_int_equal(pool_control(&f->d, "train", PF__POOL_ACTION__POOL_DROP, &freed), 1);
+	assert_int_equal(pool_control(&f->set, "train", POOL_DROP, &freed), 1);
 	assert_true(pool_check(f->p));
 	assert_int_equal(freed, lay.need * lay.slab);
 	assert_true(f->p->enabled);
@@ -1100,7 +1043,7 @@ static void pool_control_turns_a_pool_off_drops_it_and_turns_it_on(void **state)
 	/* off: no memory, and none taken while off. */
 	held = pool_bytes(f->p);
 	assert_true(held > 0);
-	assert_int_equal(pool_control(&f->d, "train", PF__POOL_ACTION__POOL_OFF, &freed), 1);
+	assert_int_equal(pool_control(&f->set, "train", POOL_OFF, &freed), 1);
 	assert_true(pool_check(f->p));
 	assert_false(f->p->enabled);
 	assert_int_equal(freed, held);
@@ -1115,7 +1058,7 @@ static void pool_control_turns_a_pool_off_drops_it_and_turns_it_on(void **state)
 	assert_int_equal(gpu_fake_live_allocs(), f->arenas0);
 
 	/* on: it serves and grows again. */
-	assert_int_equal(pool_control(&f->d, "train", PF__POOL_ACTION__POOL_ON, &freed), 1);
+	assert_int_equal(pool_control(&f->set, "train", POOL_ON, &freed), 1);
 	assert_int_equal(freed, 0);
 	assert_true(f->p->enabled);
 	run_batch(f, all, BATCH);
@@ -1124,7 +1067,7 @@ static void pool_control_turns_a_pool_off_drops_it_and_turns_it_on(void **state)
 	assert_int_equal(b->nstaged, BATCH + MAX_EXTRA);
 	wait_arenas(f, f->arenas0 + (int)f->p->nlive);
 
-	assert_int_equal(pool_control(&f->d, "train", (Pf__PoolAction)99, &freed), -EINVAL);
+	assert_int_equal(pool_control(&f->set, "train", (enum pool_action)99, &freed), -EINVAL);
 	free(all);
 }
 
@@ -1135,7 +1078,7 @@ static void the_last_session_leaving_gives_every_slab_back(void **state)
 	char why[160] = "";
 	struct batch *b = &f->b[1];
 
-	assert_ptr_equal(pool_get(&f->d, &g.ds, 0, f->x, why, sizeof(why)), f->p);
+	assert_ptr_equal(pool_get(&f->set, &g.ds, 0, f->x, true, why, sizeof(why)), f->p);
 	assert_int_equal(f->p->sessions, 2);
 	fill_in_order(f, 2 * lay.slab, N);
 	assert_int_equal(f->p->nlive, 2);
@@ -1173,7 +1116,7 @@ static void the_last_session_leaving_gives_every_slab_back(void **state)
 	assert_int_equal(slabs_held(f->p), 0);
 
 	/* A new session finds the pool empty until its first probe. */
-	assert_ptr_equal(pool_get(&f->d, &g.ds, 0, f->x, why, sizeof(why)), f->p);
+	assert_ptr_equal(pool_get(&f->set, &g.ds, 0, f->x, true, why, sizeof(why)), f->p);
 	run_batch(f, all, BATCH);
 	assert_false(f->p->slab_pending);
 	assert_int_equal(f->p->nlive, 0);
@@ -1254,9 +1197,9 @@ static void a_dataset_smaller_than_a_slab_gets_one_slab_no_larger_than_it_needs(
 	struct totals t;
 
 	/* A pool made with slabs larger than the dataset. */
-	pool_destroy_all(&f->d);
-	f->d.cfg.pool_slab = fits;
-	f->p = pool_get(&f->d, &g.ds, 0, f->x, why, sizeof(why));
+	pool_destroy_all(&f->set);
+	f->set.cfg.slab_bytes = fits;
+	f->p = pool_get(&f->set, &g.ds, 0, f->x, true, why, sizeof(why));
 	assert_non_null(f->p);
 	assert_true(f->p->per_slab >= N);
 	assert_true((uint64_t)f->p->per_slab * STRIDE <= f->p->slab_bytes);

@@ -1166,7 +1166,8 @@ static void check_pumped(const struct sess *s)
 {
 	bool free_slot = false;
 
-	if (s->dead || !s->conn || s->conn->closing || !s->running || s->gpu >= 0)
+	if (s->dead || !s->peer || ((const struct conn *)s->peer->conn)->closing || !s->running ||
+	    s->gpu >= 0)
 		return;
 	for (uint32_t i = 0; i < s->nslots; i++) {
 		const struct slot *sl = &s->slots[i];
@@ -1209,7 +1210,7 @@ static const char *describe_conns(void)
 		len += (size_t)snprintf(
 			buf + len, sizeof(buf) - len,
 			"; conn fd %d (%s)%s%s, poll %s events %d%s, client %d, kernel revents %#x",
-			c->fd, c->peer, c->closing ? " closing" : "",
+			c->fd, c->peer.name, c->closing ? " closing" : "",
 			c->out_head ? " output queued" : "",
 			!p	    ? "gone"
 			: p->active ? "active"

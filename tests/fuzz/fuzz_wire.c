@@ -31,6 +31,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "prefetch.pb-c.h"
 #include "wire.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);

@@ -25,6 +25,7 @@
 #include "npygen.h"
 #include "sess_ops.h"
 #include "tokens.h"
+#include "prefetch.pb-c.h"
 #include "wire.h"
 
 static const char *out_dir;

@@ -51,6 +51,7 @@
 #include "../../tools/npygen.h"
 #include "prefetch.h"
 #include "../testutil.h"
+#include "prefetch.pb-c.h"
 #include "wire.h"
 
 /* The dataset: two fields of different shapes, so a batch is more than one

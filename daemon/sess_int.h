@@ -1,0 +1,72 @@
+/*
+ * sess_int.h — what the files of a session share: sess.c (its life),
+ * sess_pump.c (the slot state machine), sess_epoch.c (the requests) and
+ * sess_cuda.c (the CUDA half: device slots, copies, pool sizing).
+ * Not for anyone else: sess.h is the session layer's interface.
+ *
+ * DESIGN: loop thread only, like everything a session does.
+ */
+#ifndef PF_SESS_INT_H
+#define PF_SESS_INT_H
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "sess.h"
+
+/* Sends every READY batch whose turn has come, then starts fills while the
+ * governor allows and a slot (and, for CUDA sessions, a ring slot) is free.
+ * Runs after every event that can unblock it. */
+void sess_pump(struct sess *s);
+/* Records the error of the batch in sl (its epoch and seq set): the message
+ * names the batch, is logged unless the batch was abandoned, and is what
+ * the trainer's pf_errmsg will say when the error batch is sent. */
+void sess_slot_error(struct sess *s, struct slot *sl, int rc, const char *why);
+/* Batch next_fill becomes an error batch in slot sl, READY at once: a
+ * paced request that cannot be served, or a batch whose device slot never
+ * came.  Nothing is read. */
+void sess_fill_error(struct sess *s, struct slot *sl, int rc, const char *why);
+/* A dead session whose every job is back is freed now. */
+void sess_maybe_free(struct sess *s);
+
+/* Paced epochs: the request that is batch seq. */
+static inline struct sess_req *sess_paced_req(const struct sess *s, uint64_t seq)
+{
+	return &s->reqs[seq % SESS_PACED_MAX];
+}
+static inline void sess_req_clear(struct sess_req *r)
+{
+	free(r->picks);
+	free(r->errmsg);
+	memset(r, 0, sizeof(*r));
+}
+
+/* ---- sess_epoch.c ---- */
+
+/* Stops the current epoch: READY slots are free again at once, FILLING ones
+ * become ORPHAN and come free when their reader is done. */
+void sess_stop_epoch(struct sess *s);
+/* Paced requests not yet sent go (an epoch ends or the session does). */
+void sess_drop_requests(struct sess *s);
+
+/* ---- sess_cuda.c ---- */
+
+/* The daemon's ordinal of the GPU req asks for ("cuda:N", or its PCI bus
+ * id), or -errno with err saying why. */
+int sess_cuda_pick_gpu(struct daemon *d, const Pf__OpenSession *req, int *gpu, char *err,
+		       size_t errlen);
+/* A CUDA session's transfer thread, pool, ring slots and back-off timer.
+ * Device slots come later, an arena at a time (sess_cuda_grow). */
+int sess_cuda_setup(struct sess *s, const Pf__OpenSession *req, char *err, size_t errlen);
+/* Gives back the ring slots and device arenas (every job is back). */
+void sess_cuda_release(struct sess *s);
+/* The pump is short of slots: ask for another device arena if none is on
+ * the way and the target wants more. */
+void sess_cuda_grow(struct sess *s);
+/* Batch sl is read: queue its copy (or gather) to its device slot. */
+void sess_cuda_copy(struct sess *s, struct slot *sl);
+/* The honest probe: size the target and the pool from the trainer's free
+ * device memory. */
+void sess_cuda_probe(struct sess *s, uint64_t free_bytes, uint64_t total_bytes);
+
+#endif

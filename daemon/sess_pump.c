@@ -1,0 +1,351 @@
+/*
+ * sess_pump.c — a session's slot state machine and in-order delivery (see
+ * sess.h): batches handed to the readers in parts, their completions, and
+ * the pump that sends every READY batch whose turn has come and starts
+ * fills while the governor allows.
+ *
+ * DESIGN: loop thread only; no locks.  Everything a reader thread needs is
+ * copied into its job (sample numbers) or borrowed from memory that lives
+ * until the job is back (the slot, the field offsets, the dataset).  The
+ * pump runs after every event that can unblock it (a job back, an ack, a
+ * release, an epoch start).
+ */
+#include "sess_int.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon.h"
+#include "dataset.h"
+#include "log.h"
+#include "reader.h"
+#include "util.h"
+
+static struct slot *find_slot(struct sess *s, uint64_t epoch, uint64_t seq, enum slot_state st)
+{
+	for (uint32_t i = 0; i < s->nslots; i++) {
+		struct slot *sl = &s->slots[i];
+
+		if (sl->state == st && sl->epoch == epoch && sl->seq == seq)
+			return sl;
+	}
+	return NULL;
+}
+
+static struct slot *free_slot(struct sess *s)
+{
+	for (uint32_t i = 0; i < s->nslots; i++)
+		if (s->slots[i].state == SLOT_FREE && s->slots[i].present)
+			return &s->slots[i];
+	return NULL;
+}
+
+/* The ring slot of sl (CUDA sessions) is free again. */
+static void put_ring_slot(struct sess *s, struct slot *sl)
+{
+	ring_slot_put(&s->cuda.lease, sl->ring);
+	sl->ring = -1;
+}
+
+void sess_slot_error(struct sess *s, struct slot *sl, int rc, const char *why)
+{
+	char msg[400];
+
+	snprintf(msg, sizeof(msg), "epoch %" PRIu64 " batch %" PRIu64 ": %s", sl->epoch, sl->seq,
+		 why);
+	if (sl->state != SLOT_ORPHAN)
+		log_warn("session %" PRIu64 ": %s", s->id, msg);
+	free(sl->errmsg);
+	sl->errmsg = strdup(msg);
+	sl->error = sl->errmsg ? rc : -ENOMEM;
+}
+
+static uint32_t batch_count(const struct sess *s, uint64_t seq)
+{
+	uint64_t first = seq * s->batch_size;
+	uint64_t left = s->npicks - first;
+
+	if (s->paced)
+		return sess_paced_req(s, seq)->count;
+	return left < s->batch_size ? (uint32_t)left : s->batch_size;
+}
+
+/* Batch seq's picks (borrowed: valid until it is sent or the epoch ends). */
+static const uint64_t *batch_picks(const struct sess *s, uint64_t seq)
+{
+	if (s->paced)
+		return sess_paced_req(s, seq)->picks;
+	return s->picks + seq * s->batch_size;
+}
+
+static int send_batch(struct sess *s, struct slot *sl)
+{
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__BatchReady msg = PF__BATCH_READY__INIT;
+	uint32_t count = batch_count(s, sl->seq);
+	int rc;
+
+	msg.epoch = sl->epoch;
+	msg.seq = sl->seq;
+	msg.count = count;
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	/* The picks as they lie in memory, for a client that takes them so:
+	 * no varint per row on either side. */
+	if (s->picks_le) {
+		msg.picks_le.len = (size_t)count * sizeof(uint64_t);
+		msg.picks_le.data = (uint8_t *)batch_picks(s, sl->seq);
+	} else
+#endif
+	{
+		msg.n_picks = count;
+		msg.picks = (uint64_t *)batch_picks(s, sl->seq);
+	}
+	if (sl->error) {
+		msg.slot = -1;
+		msg.error = sl->error;
+		msg.message = sl->errmsg;
+	} else {
+		msg.slot = (int32_t)(sl - s->slots);
+		msg.arena = sl->arena;
+		msg.offset = sl->offset;
+	}
+	env.msg_case = PF__ENVELOPE__MSG_BATCH;
+	env.batch = &msg;
+	rc = peer_send(s->peer, &env, -1);
+	if (s->paced)
+		sess_req_clear(sess_paced_req(s, sl->seq)); /* packed: its picks are sent */
+	if (sl->error) {
+		s->errors++;
+		free(sl->errmsg);
+		sl->errmsg = NULL;
+		sl->error = 0;
+		sl->state = SLOT_FREE;
+	} else {
+		sl->state = SLOT_SENT;
+		s->bytes_sent += (uint64_t)count * s->ds->sample_bytes;
+		sl->t_sent = now_ns();
+		if (s->gpu >= 0 && sl->t_ready) {
+			s->timing.read += sl->t_copy - sl->t_fill;
+			s->timing.device += sl->t_ready - sl->t_copy;
+			s->timing.turn += sl->t_sent - sl->t_ready;
+			s->timing.batches++;
+		}
+	}
+	s->sent++;
+	if (!s->timing.first_sent) {
+		s->timing.first_sent = true;
+		log_debug("session %" PRIu64 ": epoch %" PRIu64 ": first batch sent %.2f ms after "
+			  "StartEpoch",
+			  s->id, s->epoch, (now_ns() - s->epoch_started_ns) / 1e6);
+	}
+	return rc;
+}
+
+static int send_end(struct sess *s)
+{
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__EpochEnd msg = PF__EPOCH_END__INIT;
+	const struct sess_timing *t = &s->timing;
+
+	if (t->batches)
+		log_debug("session %" PRIu64 ": epoch %" PRIu64 " per batch: read %.1f us, "
+			  "device %.1f us, waiting its turn %.1f us, with the client %.1f "
+			  "us, pool planning %.1f us (%" PRIu64 " batches)",
+			  s->id, s->epoch, t->read / 1e3 / t->batches, t->device / 1e3 / t->batches,
+			  t->turn / 1e3 / t->batches, t->client / 1e3 / t->batches,
+			  t->plan / 1e3 / t->batches, t->batches);
+	log_debug("session %" PRIu64 ": epoch %" PRIu64 " done, %" PRIu64 " batches", s->id,
+		  s->epoch, s->nbatches - s->start_batch);
+	msg.epoch = s->epoch;
+	msg.batches = s->nbatches - s->start_batch;
+	env.msg_case = PF__ENVELOPE__MSG_END;
+	env.end = &msg;
+	return peer_send(s->peer, &env, -1);
+}
+
+void sess_fill_error(struct sess *s, struct slot *sl, int rc, const char *why)
+{
+	sl->state = SLOT_READY;
+	sl->epoch = s->epoch;
+	sl->seq = s->next_fill;
+	sess_slot_error(s, sl, rc, why);
+	s->next_fill++;
+	s->gov.prepared++;
+}
+
+/* Hands batch next_fill to the readers (fill_split).  The slot is FILLING
+ * until every part is back.  A pooled batch reads only its staged rows
+ * (none when every row is a hit: it goes straight to the transfer
+ * thread). */
+static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
+{
+	uint32_t count = batch_count(s, s->next_fill);
+	const uint64_t *picks = batch_picks(s, s->next_fill);
+	const uint64_t *rows = NULL; /* NULL: the picks themselves */
+	const uint64_t *field_offset = s->lay.field_offset;
+	uint32_t main_rows = count, extra = 0;
+	struct reader_job *jobs[FILL_MAX_PARTS + 1];
+	uint8_t *dst;
+	int nparts;
+
+	if (s->paced && sess_paced_req(s, s->next_fill)->error) {
+		const struct sess_req *r = sess_paced_req(s, s->next_fill);
+
+		ring_slot_put(&s->cuda.lease, ring); /* nothing to stage */
+		sess_fill_error(s, sl, r->error, r->errmsg ? r->errmsg : "bad request");
+		return 0;
+	}
+	sl->ring = ring;
+	sl->t_fill = now_ns();
+	if (s->cuda.pool && s->cuda.pool->enabled) {
+		sl->stage_bytes =
+			fill_plan(s->cuda.pool, s->ds, picks, count, s->cuda.stage_cap,
+				  ring_slot_mem(&s->cuda.lease, ring), &sl->plan, sl->stage_off);
+		rows = sl->plan.staged;
+		main_rows = sl->plan.nstaged;
+		field_offset = sl->stage_off;
+		s->timing.plan += now_ns() - sl->t_fill;
+		/* Admit-only rows (back-fill) are read as a part of their
+		 * own: if they cannot be read the batch's own rows still go
+		 * out. */
+		if (sl->plan.nstaged > sl->plan.nmiss) {
+			extra = sl->plan.nstaged - sl->plan.nmiss;
+			main_rows = sl->plan.nmiss;
+		}
+	}
+	nparts = fill_split(jobs, s->ds, rows, picks, main_rows, extra, s->d->cfg.readers);
+	if (nparts < 0) {
+		if (sl->plan.active)
+			pool_plan_done(s->cuda.pool, &sl->plan, false);
+		put_ring_slot(s, sl);
+		return nparts;
+	}
+	dst = s->gpu >= 0 ? ring_slot_mem(&s->cuda.lease, ring) : sl->host;
+	sl->state = SLOT_FILLING;
+	sl->epoch = s->epoch;
+	sl->seq = s->next_fill;
+	sl->parts = (uint32_t)nparts;
+	sl->error = 0;
+	for (int p = 0; p < nparts; p++) {
+		struct reader_job *job = jobs[p];
+
+		job->owner = s;
+		job->ds = s->ds;
+		job->dst = dst;
+		job->field_offset = field_offset;
+		job->slot = (uint32_t)(sl - s->slots);
+		job->epoch = s->epoch;
+		job->seq = s->next_fill;
+		s->jobs++;
+		reader_submit(s->d->readers, job);
+	}
+	s->next_fill++;
+	s->gov.prepared++;
+	if (nparts == 0)
+		sess_cuda_copy(s, sl); /* every row is in the pool */
+	return 0;
+}
+
+void sess_pump(struct sess *s)
+{
+	struct slot *sl;
+	int32_t ring = -1;
+
+	if (s->dead || !s->peer || !s->running || s->d->stopping)
+		return;
+again:
+	while (s->next_send < s->nbatches &&
+	       (sl = find_slot(s, s->epoch, s->next_send, SLOT_READY))) {
+		if (send_batch(s, sl))
+			return;
+		s->next_send++;
+	}
+	if (s->next_send == s->nbatches && (!s->paced || s->paced_end)) {
+		s->running = false;
+		send_end(s);
+		return;
+	}
+	while (s->next_fill < s->nbatches && gov_may_fill(&s->gov)) {
+		sl = free_slot(s);
+		if (!sl) {
+			if (s->gpu >= 0)
+				sess_cuda_grow(s);
+			break;
+		}
+		if (s->gpu >= 0 && (ring = ring_slot_get(&s->cuda.lease)) < 0)
+			break;
+		if (start_fill(s, sl, ring)) {
+			log_err("session %" PRIu64 ": out of memory starting a read", s->id);
+			return;
+		}
+	}
+	/* A paced request that cannot be served became an error batch right
+	 * in start_fill: when its turn has come, it goes now, not at whatever
+	 * event comes next (a trainer waiting for it would wait forever). */
+	if (s->next_send < s->nbatches && find_slot(s, s->epoch, s->next_send, SLOT_READY))
+		goto again;
+}
+
+void sess_kick(struct sess *s)
+{
+	sess_pump(s);
+}
+
+void sess_job_done(struct reader_job *job, void *arg)
+{
+	struct sess *s = job->owner;
+	struct slot *sl = &s->slots[job->slot];
+
+	s->jobs--;
+	s->read_ns += job->read_ns;
+	sl->parts--;
+	if (job->rc && !s->dead && sl->plan.active && job->first >= sl->plan.nmiss &&
+	    sl->plan.nstaged > sl->plan.nmiss) {
+		/* Only back-fill rows failed: they stay out of the pool, the
+		 * batch's own rows are fine. */
+		uint64_t admit_off;
+
+		fill_stage_layout(s->ds, sl->plan.count, 0, &admit_off, NULL);
+		log_warn("session %" PRIu64 ": %u row(s) read for the pool only were not "
+			 "admitted: %s",
+			 s->id, job->count, job->err);
+		pool_plan_drop_rows(
+			s->cuda.pool, &sl->plan, job->first, job->count,
+			(uint64_t *)(ring_slot_mem(&s->cuda.lease, sl->ring) + admit_off));
+	} else if (job->rc && !sl->error && !s->dead) {
+		sess_slot_error(s, sl, job->rc, job->err); /* the first part's error wins */
+	}
+	if (s->dead) {
+		sess_maybe_free(s);
+		goto out;
+	}
+	if (sl->parts > 0)
+		goto out; /* the rest of the batch is still being read */
+	if (sl->state == SLOT_ORPHAN || sl->error) {
+		/* No copy follows: the batch's admissions are cancelled (and,
+		 * after a read error, not tried again by back-fill). */
+		if (sl->plan.active) {
+			sl->plan.read_failed = sl->error != 0;
+			pool_plan_done(s->cuda.pool, &sl->plan, false);
+		}
+	}
+	if (sl->state == SLOT_ORPHAN) {
+		put_ring_slot(s, sl);
+		free(sl->errmsg);
+		sl->errmsg = NULL;
+		sl->error = 0;
+		sl->state = SLOT_FREE;
+	} else if (s->gpu >= 0 && !sl->error) {
+		sess_cuda_copy(s, sl);
+	} else {
+		put_ring_slot(s, sl);
+		sl->state = SLOT_READY;
+	}
+	sess_pump(s);
+out:
+	free(job->samples);
+	free(job);
+}
