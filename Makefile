@@ -78,19 +78,26 @@ GEN_H       := $(GEN_C:.c=.h)
 WIRE_OBJ    := $(B)/gen/prefetch.pb-c.o $(B)/proto/wire.o
 
 # Every daemon/*.c is part of the daemon core except the entry point and the
-# three interchangeable GPU back ends (real, none, fake for tests).
-DAEMON_CORE := $(filter-out daemon/main.c daemon/gpu.c daemon/gpu_none.c daemon/gpu_fake.c,$(wildcard daemon/*.c))
+# two interchangeable GPU back ends (real, none); the third, the fake GPU
+# of the unit tests, is tests/mocks/gpu_fake.c.
+DAEMON_CORE := $(filter-out daemon/main.c daemon/gpu.c daemon/gpu_none.c,$(wildcard daemon/*.c))
 DAEMON_OBJ  := $(DAEMON_CORE:%.c=$(B)/%.o)
 GPU_OBJ     := $(GPU_SRC:%.c=$(B)/%.o) $(GATHER_OBJ)
 CLIENT_SRC  := $(filter-out client/prefetchctl.c,$(wildcard client/*.c))
 CLIENT_OBJ  := $(CLIENT_SRC:%.c=$(B)/%.o)
 
-UNIT_TESTS  := $(patsubst tests/%.c,$(B)/tests/%,$(filter-out tests/test_integration%.c tests/test_cuda%.c tests/testutil.c,$(wildcard tests/test_*.c)))
-INTEG_TESTS := $(patsubst tests/%.c,$(B)/tests/%,$(wildcard tests/test_integration*.c))
-CUDA_TESTS  := $(patsubst tests/%.c,$(B)/tests/%,$(wildcard tests/test_cuda*.c))
+# Tests by kind, each binary at build/tests/NAME:
+#   tests/unit/         one module (or a few) linked with the fake GPU
+#   tests/integration/  a real prefetchd driven through libprefetch
+#   tests/cuda/         the same on a real GPU (they skip without one)
+#   tests/mocks/        the fake GPU;  tests/lib/  testutil, shared with bench/
+UNIT_TESTS  := $(patsubst tests/unit/%.c,$(B)/tests/%,$(wildcard tests/unit/test_*.c))
+INTEG_TESTS := $(patsubst tests/integration/%.c,$(B)/tests/%,$(wildcard tests/integration/test_*.c))
+CUDA_TESTS  := $(patsubst tests/cuda/%.c,$(B)/tests/%,$(wildcard tests/cuda/test_*.c))
 # The one CUDA test of the GPU layer itself, linked with it, not with a daemon.
 GPU_TESTS   := $(filter $(B)/tests/test_cuda_gather,$(CUDA_TESTS))
-TEST_UTIL   := $(if $(wildcard tests/testutil.c),$(B)/tests/testutil.o)
+TEST_UTIL   := $(B)/tests/lib/testutil.o
+GPU_FAKE    := $(B)/tests/mocks/gpu_fake.o
 BENCHES     := $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/*.c))
 TOOLS       := $(patsubst tools/%.c,$(B)/%,$(wildcard tools/*.c))
 
@@ -110,6 +117,8 @@ $(B)/gen/%.pb-c.c $(B)/gen/%.pb-c.h: proto/%.proto
 $(DAEMON_OBJ) $(filter-out $(GATHER_OBJ),$(GPU_OBJ)) $(CLIENT_OBJ) $(B)/daemon/main.o $(B)/client/prefetchctl.o \
 $(B)/proto/wire.o $(TEST_UTIL): $(GEN_H)
 $(B)/tests/%.o $(B)/bench/%.o $(B)/tools/%.o: $(GEN_H)
+# Tests and benches share tests/lib and tools/npygen.h.
+$(B)/tests/%.o $(B)/bench/%.o: ALL_CFLAGS += -Itests/lib -Itools
 
 # ---- compile ---------------------------------------------------------------
 $(B)/gen/%.o: $(B)/gen/%.c
@@ -147,16 +156,16 @@ $(B)/libprefetch.pc: client/libprefetch.pc.in Makefile
 # Unit tests link the daemon core against the fake GPU; integration and CUDA
 # tests drive the real daemon through libprefetch.  (Static pattern rules: a
 # plain `test_integration%` would not match test_integration itself.)
-$(UNIT_TESTS): $(B)/tests/%: $(B)/tests/%.o $(DAEMON_OBJ) $(B)/daemon/gpu_fake.o $(WIRE_OBJ) $(TEST_UTIL) $(B)/libprefetch.a
+$(UNIT_TESTS): $(B)/tests/%: $(B)/tests/unit/%.o $(DAEMON_OBJ) $(GPU_FAKE) $(WIRE_OBJ) $(TEST_UTIL) $(B)/libprefetch.a
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) -ldl $(LDLIBS)
-$(INTEG_TESTS): $(B)/tests/%: $(B)/tests/%.o $(TEST_UTIL) $(B)/libprefetch.a $(B)/prefetchd
+$(INTEG_TESTS): $(B)/tests/%: $(B)/tests/integration/%.o $(TEST_UTIL) $(B)/libprefetch.a $(B)/prefetchd
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) -ldl $(LDLIBS)
 # CUDA tests' trainers also queue GPU work of their own through the runtime.
-$(filter-out $(GPU_TESTS),$(CUDA_TESTS)): $(B)/tests/%: $(B)/tests/%.o $(TEST_UTIL) $(B)/libprefetch.a $(B)/prefetchd
+$(filter-out $(GPU_TESTS),$(CUDA_TESTS)): $(B)/tests/%: $(B)/tests/cuda/%.o $(TEST_UTIL) $(B)/libprefetch.a $(B)/prefetchd
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) $(CUDA_LIBS) -ldl $(LDLIBS)
 # ... except the GPU layer's own: the real back end and kernel (gpu_none.o
 # with CUDA=0, where it skips), with no daemon around them.
-$(GPU_TESTS): $(B)/tests/%: $(B)/tests/%.o $(GPU_OBJ) $(B)/daemon/log.o
+$(GPU_TESTS): $(B)/tests/%: $(B)/tests/cuda/%.o $(GPU_OBJ) $(B)/daemon/log.o
 	$(call say,LD,$@)$(CC) -o $@ $^ $(CMOCKA_LIBS) $(CUDA_LIBS) -ldl $(LDLIBS)
 # Benches get the CUDA runtime (static) for their raw-copy references; one
 # that never calls it pulls nothing from the archive.
@@ -237,7 +246,7 @@ install: all
 	install -m 0644 systemd/prefetchd.socket $(DESTDIR)$(UNITDIR)/
 
 format:
-	clang-format -i $(wildcard daemon/*.[ch] daemon/*.cu client/*.[ch] proto/*.[ch] tests/*.[ch] bench/*.[ch] tools/*.[ch])
+	clang-format -i $(wildcard daemon/*.[ch] daemon/*.cu client/*.[ch] proto/*.[ch] tests/*/*.[ch] bench/*.[ch] tools/*.[ch])
 
 clean:
 	rm -rf $(B) run

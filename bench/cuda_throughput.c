@@ -126,8 +126,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../tests/testutil.h"
-#include "../tools/npygen.h"
+#include "testutil.h"
+#include "npygen.h"
 #include "pfcuda.h"
 #include "prefetch.h"
 

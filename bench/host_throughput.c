@@ -43,8 +43,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../tests/testutil.h"
-#include "../tools/npygen.h"
+#include "testutil.h"
+#include "npygen.h"
 #include "prefetch.h"
 
 #define ROW_BYTES    4096u

@@ -33,7 +33,7 @@
  * daemon (pf_connect's hello, pf_open, pf_start_epoch, pf_next with any
  * timeout, -1 included, pf_set_depth, pf_abandon, pf_close's releases)
  * returns -ECONNRESET (or -EPIPE) as soon as the kernel has closed it,
- * measured in milliseconds for a host daemon (tests/test_integration_restart.c),
+ * measured in milliseconds for a host daemon (tests/integration/test_integration_restart.c),
  * and pf_errmsg() says "prefetchd at PATH went away (...)".  Every later
  * call returns the same error.  A daemon that is alive but does not answer
  * (stopped with SIGSTOP, wedged) is not dead: requests give up after 10 s

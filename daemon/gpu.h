@@ -8,8 +8,8 @@
  *   gpu.c       the real one (CUDA=1): runtime linked statically, driver
  *               entry points fetched at run time, so no link-time libcuda;
  *   gpu_none.c  CUDA=0 builds: every call fails with -ENODEV;
- *   gpu_fake.c  unit tests: host memory stands in for VRAM, plus the test
- *               hooks at the end of this header.
+ *   gpu_fake.c  the unit tests' (tests/mocks/): host memory stands in for
+ *               VRAM, plus the test hooks at the end of this header.
  *
  * Every function returns 0 (or a count) or -errno: -ENOMEM when the device is
  * out of memory, -ENODEV when there is no usable device (or gpu_init has not

@@ -1,5 +1,5 @@
 """What the Python tests share: a real prefetchd on a temporary socket (as
-tests/testutil.c's td_start starts one), its status through prefetchctl,
+tests/lib/testutil.c's td_start starts one), its status through prefetchctl,
 and the shuffle's reference implementation (docs/SHUFFLE.md).
 
 Importing this module puts the repository's python/ directory first on

@@ -48,9 +48,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../../tools/npygen.h"
+#include "npygen.h"
 #include "prefetch.h"
-#include "../testutil.h"
+#include "testutil.h"
 #include "prefetch.pb-c.h"
 #include "wire.h"
 

@@ -12,7 +12,7 @@
  * Not named test_*: the Makefile does not build it.  By hand:
  *   gcc -std=gnu11 -O2 -g -Wall -Wextra -D_GNU_SOURCE -DPF_CUDA=1 \
  *       -I/usr/local/cuda/include -Idaemon -Iclient -o build/cuda_smoke \
- *       tests/cuda_smoke.c daemon/gpu.c daemon/log.c client/cuda.c \
+ *       tests/cuda/cuda_smoke.c daemon/gpu.c daemon/log.c client/cuda.c \
  *       -L/usr/local/cuda/lib64 -lcudart_static -ldl -lrt -lpthread
  *
  * DESIGN: two processes, one socketpair.  The child is forked before the

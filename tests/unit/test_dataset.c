@@ -26,7 +26,7 @@
 
 #include "config.h"
 #include "dataset.h"
-#include "../tools/npygen.h"
+#include "npygen.h"
 #include "testutil.h"
 
 #define X_SEED 11

@@ -23,7 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../tools/npygen.h"
+#include "npygen.h"
 #include "client_int.h"
 #include "prefetch.h"
 
