@@ -1,0 +1,767 @@
+/*
+ * test_sess.c — the session layer (sess.h) on its own: sessions opened,
+ * pumped, acked, released, abandoned and detached by calling the request
+ * handlers directly, as the server does, with a fake peer that keeps every
+ * reply.  The readers are the real reader threads, the loop a real libuv
+ * loop, the GPU the fake one (tests/mocks/gpu_fake.c) with its real
+ * transfer thread; nothing is wrapped at link time.
+ *
+ * Every batch is checked as a trainer would: in order, with the picks the
+ * order gives, every row of every field holding its sample's bytes (read
+ * through the arena the session pushed: a host memfd, or the fake GPU's
+ * memfd standing in for VRAM), and every sample of an epoch exactly once.
+ * sess_check holds after every step.
+ *
+ * DESIGN: one thread is the loop thread (the test); reader and transfer
+ * threads are the daemon's own.  A step that waits for them turns the loop
+ * until what it waits for has come back, or fails after 5 s.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <uv.h>
+
+#include "config.h"
+#include "daemon.h"
+#include "dataset.h"
+#include "gpu.h"
+#include "order.h"
+#include "pool.h"
+#include "reader.h"
+#include "sess.h"
+#include "testutil.h"
+#include "xfer.h"
+
+#define N	   300u /* samples */
+#define X_BYTES	   1000u
+#define Y_BYTES	   8u
+#define SEED_X	   11u
+#define SEED_Y	   22u
+#define MAX_MSGS   512
+#define MAX_ARENAS 16
+
+/* The dataset: two fields, a 1000-byte row and an 8-byte label. */
+static struct {
+	char dir[64];
+	char *paths[2]; /* owned */
+	struct config_field fields[2];
+	struct config_dataset decl;
+	struct dataset ds;
+	struct dataset *dsp; /* the daemon's list of one */
+} g;
+
+/* One message the session sent its peer, the parts the tests look at. */
+struct msg {
+	int what; /* Pf__Envelope msg_case */
+	uint64_t id;
+	int32_t code; /* Error */
+	char text[512];
+	uint64_t epoch, seq, count, batches;
+	int32_t slot, error;
+	uint32_t arena;
+	uint64_t offset;
+	uint64_t *picks; /* owned: count */
+	uint32_t slots;	 /* Opened */
+	uint64_t field_offset[2];
+};
+
+struct arena_map {
+	const uint8_t *base; /* owned mapping */
+	uint64_t bytes;
+};
+
+struct fixture {
+	uv_loop_t loop;
+	struct daemon d;
+	struct peer peer;
+	struct sess *s; /* the peer's session (the connection's, in the server) */
+	struct msg msgs[MAX_MSGS];
+	int nmsgs, seen; /* seen: taken by next_msg */
+	struct arena_map arenas[MAX_ARENAS];
+	uint64_t last_id;
+};
+
+/* The peer's send: keeps what the tests check, maps every arena. */
+static int fake_send(void *conn, const struct Pf__Envelope *penv, int fd)
+{
+	struct fixture *f = conn;
+	const Pf__Envelope *env = (const Pf__Envelope *)penv;
+	struct msg *m;
+
+	assert_true(f->nmsgs < MAX_MSGS);
+	m = &f->msgs[f->nmsgs++];
+	memset(m, 0, sizeof(*m));
+	m->what = env->msg_case;
+	m->id = env->id;
+	switch (env->msg_case) {
+	case PF__ENVELOPE__MSG_ERROR:
+		m->code = env->error->code;
+		snprintf(m->text, sizeof(m->text), "%s", env->error->message);
+		break;
+	case PF__ENVELOPE__MSG_OPENED:
+		m->slots = env->opened->slots;
+		for (size_t i = 0; i < env->opened->n_fields && i < 2; i++)
+			m->field_offset[i] = env->opened->fields[i]->offset;
+		break;
+	case PF__ENVELOPE__MSG_ARENA: {
+		const Pf__Arena *a = env->arena;
+
+		assert_true(fd >= 0);
+		assert_true(a->id < MAX_ARENAS);
+		f->arenas[a->id].base = mmap(NULL, a->bytes, PROT_READ, MAP_SHARED, fd, 0);
+		assert_true(f->arenas[a->id].base != MAP_FAILED);
+		f->arenas[a->id].bytes = a->bytes;
+		m->arena = a->id;
+		close(fd);
+		break;
+	}
+	case PF__ENVELOPE__MSG_BATCH: {
+		const Pf__BatchReady *b = env->batch;
+
+		m->epoch = b->epoch;
+		m->seq = b->seq;
+		m->count = b->count;
+		m->slot = b->slot;
+		m->error = b->error;
+		m->arena = b->arena;
+		m->offset = b->offset;
+		if (b->message)
+			snprintf(m->text, sizeof(m->text), "%s", b->message);
+		assert_int_equal(b->n_picks, b->count);
+		m->picks = malloc((b->count ? b->count : 1) * sizeof(*m->picks));
+		assert_non_null(m->picks);
+		memcpy(m->picks, b->picks, b->count * sizeof(*m->picks));
+		break;
+	}
+	case PF__ENVELOPE__MSG_STARTED:
+		m->epoch = env->started->epoch;
+		m->batches = env->started->batches;
+		break;
+	case PF__ENVELOPE__MSG_END:
+		m->epoch = env->end->epoch;
+		m->batches = env->end->batches;
+		break;
+	default: break;
+	}
+	return 0;
+}
+
+static int group_setup(void **state)
+{
+	static const char *names[2] = {"x", "y"};
+	static const uint64_t x_shape[1] = {X_BYTES};
+
+	(void)state;
+	strcpy(g.dir, "/tmp/test_sess.XXXXXX");
+	if (!mkdtemp(g.dir))
+		return -1;
+	for (int i = 0; i < 2; i++) {
+		if (asprintf(&g.paths[i], "%s/%s.npy", g.dir, names[i]) < 0)
+			return -1;
+		g.fields[i] = (struct config_field){(char *)names[i], &g.paths[i], 1};
+	}
+	if (td_write_npy(g.paths[0], 1, "|u1", 1, N, x_shape, 1, SEED_X, 0) ||
+	    td_write_npy(g.paths[1], 1, "<u8", 8, N, NULL, 0, SEED_Y, 0))
+		return -1;
+	g.decl = (struct config_dataset){
+		.name = "ds", .format = "npy", .fields = g.fields, .nfields = 2};
+	if (ds_load(&g.ds, &g.decl)) {
+		fprintf(stderr, "ds_load: %s\n", g.ds.error);
+		return -1;
+	}
+	g.dsp = &g.ds;
+	return 0;
+}
+
+static int group_teardown(void **state)
+{
+	(void)state;
+	ds_close(&g.ds);
+	for (int i = 0; i < 2; i++) {
+		unlink(g.paths[i]);
+		free(g.paths[i]);
+	}
+	rmdir(g.dir);
+	return 0;
+}
+
+static int setup(void **state)
+{
+	struct fixture *f = calloc(1, sizeof(*f));
+	char err[256];
+
+	assert_non_null(f);
+	gpu_fake_reset();
+	assert_int_equal(uv_loop_init(&f->loop), 0);
+	config_defaults(&f->d.cfg);
+	f->d.cfg.readers = 2;
+	f->d.cfg.depth = 3;
+	f->d.loop = &f->loop;
+	f->d.datasets = &g.dsp;
+	f->d.ndatasets = 1;
+	f->d.started_ns = now_ns();
+	daemon_config_pools(&f->d);
+	f->d.ngpus = gpu_init(f->d.gpu_desc, sizeof(f->d.gpu_desc));
+	assert_int_equal(f->d.ngpus, 1);
+	f->d.xfers = calloc(1, sizeof(*f->d.xfers));
+	assert_non_null(f->d.xfers);
+	assert_int_equal(ring_init(&f->d.ring, 16u << 20, err, sizeof(err)), 0);
+	assert_int_equal(reader_start(&f->d.readers, 2, &f->loop, sess_job_done, &f->d), 0);
+	f->peer = (struct peer){.conn = f, .send = fake_send, .uid = getuid(), .pid = getpid()};
+	snprintf(f->peer.name, sizeof(f->peer.name), "test peer");
+	*state = f;
+	return 0;
+}
+
+/* Turns the loop until pred(f) holds, checking the session on the way. */
+static void run_until(struct fixture *f, bool (*pred)(struct fixture *f))
+{
+	for (int i = 0; i < 5000; i++) {
+		uv_run(&f->loop, UV_RUN_NOWAIT);
+		if (f->s)
+			assert_true(sess_check(f->s));
+		if (pred(f))
+			return;
+		usleep(1000);
+	}
+	fail_msg("timed out waiting (%d messages, %u jobs)", f->nmsgs, f->s ? f->s->jobs : 0);
+}
+
+static bool no_jobs(struct fixture *f)
+{
+	return !f->s || (f->s->jobs == 0 && !f->s->ahead.busy);
+}
+
+static int teardown(void **state)
+{
+	struct fixture *f = *state;
+
+	if (f->s) {
+		sess_detach(f->s);
+		f->s = NULL;
+	}
+	assert_int_equal(f->d.nsessions, 0);
+	f->d.stopping = true;
+	reader_stop(f->d.readers);
+	if (f->d.xfers[0])
+		xfer_stop(f->d.xfers[0]);
+	uv_run(&f->loop, UV_RUN_DEFAULT);
+	if (f->d.xfers[0])
+		xfer_free(f->d.xfers[0]);
+	free(f->d.xfers);
+	pool_destroy_all(&f->d.pools);
+	assert_int_equal(gpu_fake_live_allocs(), 0);
+	ring_destroy(&f->d.ring);
+	assert_int_equal(uv_loop_close(&f->loop), 0);
+	config_free(&f->d.cfg);
+	for (int i = 0; i < f->nmsgs; i++)
+		free(f->msgs[i].picks);
+	for (int a = 0; a < MAX_ARENAS; a++)
+		if (f->arenas[a].base)
+			munmap((void *)f->arenas[a].base, f->arenas[a].bytes);
+	free(f);
+	return 0;
+}
+
+/* ---- driving ---------------------------------------------------------------- */
+
+static struct msg *last(struct fixture *f)
+{
+	assert_true(f->nmsgs > 0);
+	return &f->msgs[f->nmsgs - 1];
+}
+
+static void open_session(struct fixture *f, const char *device, uint32_t batch, uint32_t max_depth)
+{
+	Pf__OpenSession req = PF__OPEN_SESSION__INIT;
+	int before = f->nmsgs;
+
+	req.dataset = "ds";
+	req.name = "";
+	req.device = (char *)device;
+	req.batch_size = batch;
+	req.max_depth = max_depth;
+	assert_int_equal(sess_open(&f->d, &f->peer, &f->s, ++f->last_id, &req), 0);
+	assert_non_null(f->s);
+	assert_true(f->nmsgs > before);
+	assert_int_equal(f->msgs[before].what, PF__ENVELOPE__MSG_OPENED);
+	assert_int_equal(f->msgs[before].id, f->last_id);
+	assert_int_equal(f->msgs[before].slots, f->s->nslots);
+	f->seen = f->nmsgs;
+	assert_true(sess_check(f->s));
+}
+
+static void start_epoch(struct fixture *f, uint64_t epoch, Pf__Order order, uint64_t seed)
+{
+	Pf__StartEpoch req = PF__START_EPOCH__INIT;
+
+	req.epoch = epoch;
+	req.order = order;
+	req.seed = seed;
+	assert_int_equal(sess_start_epoch(f->s, ++f->last_id, &req), 0);
+	assert_true(sess_check(f->s));
+}
+
+static void ack(struct fixture *f, uint64_t epoch)
+{
+	Pf__Ack req = PF__ACK__INIT;
+
+	req.epoch = epoch;
+	sess_ack(f->s, &req);
+	assert_true(sess_check(f->s));
+}
+
+static void release(struct fixture *f, int32_t slot, uint64_t epoch, uint64_t seq)
+{
+	Pf__Release req = PF__RELEASE__INIT;
+
+	req.slot = slot;
+	req.epoch = epoch;
+	req.seq = seq;
+	sess_release(f->s, &req);
+	assert_true(sess_check(f->s));
+}
+
+static bool have_unseen(struct fixture *f)
+{
+	return f->nmsgs > f->seen;
+}
+
+/* A message a test has checked already: next_msg passes over it. */
+#define CHECKED (-1)
+
+/* The next message the session sends, waiting for it.  Arenas (mapped as
+ * they arrive) come whenever a CUDA session's pump grows: passed over. */
+static struct msg *next_msg(struct fixture *f)
+{
+	for (;;) {
+		struct msg *m;
+
+		run_until(f, have_unseen);
+		m = &f->msgs[f->seen++];
+		if (m->what != PF__ENVELOPE__MSG_ARENA && m->what != CHECKED)
+			return m;
+	}
+}
+
+/* Every row of batch m holds its sample's bytes, read through the arena. */
+static void check_rows(const struct fixture *f, const struct msg *m)
+{
+	const struct arena_map *a = &f->arenas[m->arena];
+	const uint64_t *off = f->msgs[0].field_offset;
+
+	assert_non_null(a->base);
+	assert_true(m->offset + f->s->lay.slot_bytes <= a->bytes);
+	for (uint64_t i = 0; i < m->count; i++) {
+		uint64_t row = m->picks[i] % N;
+		const uint8_t *slot = a->base + m->offset;
+
+		if (!td_row_ok(slot + off[0] + i * X_BYTES, X_BYTES, SEED_X, row) ||
+		    !td_row_ok(slot + off[1] + i * Y_BYTES, Y_BYTES, SEED_Y, row))
+			fail_msg("batch %llu row %llu (sample %llu) holds the wrong bytes",
+				 (unsigned long long)m->seq, (unsigned long long)i,
+				 (unsigned long long)row);
+	}
+}
+
+/* Runs epoch `epoch` to its end as a trainer does: takes each batch (ack),
+ * checks it, releases it.  The picks must be the order's, every sample
+ * once; returns the number of batches. */
+static uint64_t consume_epoch(struct fixture *f, uint64_t epoch, const struct order_spec *spec,
+			      uint32_t batch)
+{
+	uint64_t *want = NULL, nwant = 0, seq = 0, at = 0;
+	uint8_t *seen = calloc(N, 1);
+	char err[200];
+	struct msg *m;
+
+	assert_non_null(seen);
+	assert_int_equal(order_build(spec, N, &want, &nwant, err, sizeof(err)), 0);
+	m = next_msg(f);
+	assert_int_equal(m->what, PF__ENVELOPE__MSG_STARTED);
+	assert_int_equal(m->epoch, epoch);
+	assert_int_equal(m->batches, (nwant + batch - 1) / batch);
+	for (;;) {
+		m = next_msg(f);
+		if (m->what == PF__ENVELOPE__MSG_END)
+			break;
+		assert_int_equal(m->what, PF__ENVELOPE__MSG_BATCH);
+		assert_int_equal(m->epoch, epoch);
+		assert_int_equal(m->seq, seq);
+		assert_int_equal(m->error, 0);
+		assert_true(m->slot >= 0);
+		assert_int_equal(m->count, nwant - at < batch ? nwant - at : batch);
+		for (uint64_t i = 0; i < m->count; i++) {
+			assert_int_equal(m->picks[i], want[at + i]);
+			assert_int_equal(seen[m->picks[i]], 0);
+			seen[m->picks[i]] = 1;
+		}
+		check_rows(f, m);
+		ack(f, epoch);
+		release(f, m->slot, epoch, m->seq);
+		at += m->count;
+		seq++;
+	}
+	assert_int_equal(m->epoch, epoch);
+	assert_int_equal(m->batches, seq);
+	assert_int_equal(at, N);
+	for (uint64_t i = 0; i < N; i++)
+		assert_int_equal(seen[i], 1);
+	assert_false(f->s->running);
+	free(want);
+	free(seen);
+	return seq;
+}
+
+/* ---- cases ------------------------------------------------------------------- */
+
+static void a_host_epoch_delivers_every_sample_once_with_its_bytes(void **state)
+{
+	struct fixture *f = *state;
+	struct order_spec spec = {.kind = ORDER_SHUFFLE, .seed = 7};
+
+	open_session(f, "host", 32, 0);
+	assert_int_equal(f->s->gpu, -1);
+	/* The arenas came right after Opened, each with its memfd. */
+	for (int i = 1; i < f->nmsgs; i++)
+		assert_int_equal(f->msgs[i].what, PF__ENVELOPE__MSG_ARENA);
+	start_epoch(f, 1, PF__ORDER__ORDER_SHUFFLE, 7);
+	assert_int_equal(consume_epoch(f, 1, &spec, 32), 10); /* 9 of 32, one of 12 */
+	/* The next shuffle was built ahead; epoch 2 takes it. */
+	run_until(f, no_jobs);
+	spec.seed = 8;
+	start_epoch(f, 2, PF__ORDER__ORDER_SHUFFLE, 8);
+	assert_int_equal(consume_epoch(f, 2, &spec, 32), 10);
+}
+
+static uint64_t want_sent;
+
+static bool all_sent(struct fixture *f)
+{
+	return f->s->sent == want_sent && f->s->jobs == 0;
+}
+
+static void the_pump_keeps_target_batches_ahead_and_no_more(void **state)
+{
+	struct fixture *f = *state;
+	uint64_t sent;
+
+	open_session(f, "host", 10, 0);
+	assert_int_equal(f->s->gov.target, 3);
+	start_epoch(f, 1, PF__ORDER__ORDER_SEQUENTIAL, 0);
+	want_sent = 3;
+	run_until(f, all_sent);
+	/* Nothing taken: nothing more is read, however long we wait. */
+	for (int i = 0; i < 50; i++) {
+		uv_run(&f->loop, UV_RUN_NOWAIT);
+		usleep(1000);
+	}
+	assert_int_equal(f->s->sent, 3);
+	assert_int_equal(f->s->jobs, 0);
+	assert_int_equal(f->s->next_fill, 3);
+	/* One taken: one more goes out. */
+	ack(f, 1);
+	sent = f->s->sent;
+	assert_true(sent == 3 || sent == 4);
+	want_sent = 4;
+	run_until(f, all_sent);
+	assert_int_equal(f->s->gov.consumed, 1);
+	assert_int_equal(f->s->next_fill, 4);
+	for (int i = 0; i < 50; i++) {
+		uv_run(&f->loop, UV_RUN_NOWAIT);
+		usleep(1000);
+	}
+	assert_int_equal(f->s->sent, 4);
+}
+
+static void a_release_of_a_batch_not_held_is_refused_and_the_epoch_goes_on(void **state)
+{
+	struct fixture *f = *state;
+	struct msg *m, *b;
+
+	open_session(f, "host", 50, 0);
+	start_epoch(f, 1, PF__ORDER__ORDER_SEQUENTIAL, 0);
+	m = next_msg(f);
+	assert_int_equal(m->what, PF__ENVELOPE__MSG_STARTED);
+	b = next_msg(f);
+	assert_int_equal(b->what, PF__ENVELOPE__MSG_BATCH);
+	release(f, (int32_t)f->s->nslots, 1, 0);
+	m = last(f);
+	assert_int_equal(m->what, PF__ENVELOPE__MSG_ERROR);
+	assert_int_equal(m->code, -EINVAL);
+	assert_non_null(strstr(m->text, "has slots 0.."));
+	m->what = CHECKED;
+	release(f, b->slot, 1, 5); /* the right slot, another batch */
+	m = last(f);
+	assert_int_equal(m->what, PF__ENVELOPE__MSG_ERROR);
+	assert_int_equal(m->code, -EPERM);
+	assert_non_null(strstr(m->text, "does not hold that batch"));
+	m->what = CHECKED;
+	/* The batch is still held; taken and released properly, the rest of
+	 * the epoch comes. */
+	check_rows(f, b);
+	ack(f, 1);
+	release(f, b->slot, 1, 0);
+	for (uint64_t seq = 1; seq < N / 50; seq++) {
+		m = next_msg(f);
+		assert_int_equal(m->what, PF__ENVELOPE__MSG_BATCH);
+		assert_int_equal(m->seq, seq);
+		assert_int_equal(m->picks[0], seq * 50);
+		check_rows(f, m);
+		ack(f, 1);
+		release(f, m->slot, 1, m->seq);
+	}
+	m = next_msg(f);
+	assert_int_equal(m->what, PF__ENVELOPE__MSG_END);
+}
+
+static void an_abandoned_epoch_frees_its_slots_and_the_next_one_starts_clean(void **state)
+{
+	struct fixture *f = *state;
+	struct order_spec spec = {.kind = ORDER_SEQ};
+	Pf__Abandon ab = PF__ABANDON__INIT;
+	struct msg *m;
+	int after;
+
+	open_session(f, "host", 16, 0);
+	start_epoch(f, 1, PF__ORDER__ORDER_SHUFFLE, 3);
+	m = next_msg(f);
+	assert_int_equal(m->what, PF__ENVELOPE__MSG_STARTED);
+	m = next_msg(f);
+	assert_int_equal(m->what, PF__ENVELOPE__MSG_BATCH);
+	ack(f, 1); /* taken, and held */
+	ab.epoch = 1;
+	assert_int_equal(sess_abandon(f->s, ++f->last_id, &ab), 0);
+	assert_int_equal(last(f)->what, PF__ENVELOPE__MSG_OK);
+	after = f->nmsgs;
+	assert_false(f->s->running);
+	run_until(f, no_jobs);
+	/* Nothing of epoch 1 is sent after the abandon.  What went out
+	 * before it goes back, as the client releases stale batches. */
+	for (int i = after; i < f->nmsgs; i++)
+		assert_int_not_equal(f->msgs[i].what, PF__ENVELOPE__MSG_BATCH);
+	for (int i = 0; i < after; i++)
+		if (f->msgs[i].what == PF__ENVELOPE__MSG_BATCH)
+			release(f, f->msgs[i].slot, 1, f->msgs[i].seq);
+	for (uint32_t i = 0; i < f->s->nslots; i++)
+		assert_int_equal(f->s->slots[i].state, SLOT_FREE);
+	f->seen = f->nmsgs;
+	start_epoch(f, 2, PF__ORDER__ORDER_SEQUENTIAL, 0);
+	ack(f, 1); /* a straggler of epoch 1: it must not count */
+	assert_int_equal(f->s->gov.consumed, 0);
+	assert_int_equal(consume_epoch(f, 2, &spec, 16), (N + 15) / 16);
+}
+
+static void a_detached_session_is_freed_once_its_reads_are_back(void **state)
+{
+	struct fixture *f = *state;
+
+	open_session(f, "host", 64, 0);
+	start_epoch(f, 1, PF__ORDER__ORDER_SHUFFLE, 1);
+	assert_true(f->s->jobs > 0); /* reads in flight */
+	sess_detach(f->s);
+	f->s = NULL;
+	assert_int_equal(f->d.nsessions, 0);
+	assert_int_equal(g.ds.users, 1); /* still held by the dead session */
+	for (int i = 0; i < 5000 && g.ds.users; i++) {
+		uv_run(&f->loop, UV_RUN_NOWAIT);
+		usleep(1000);
+	}
+	assert_int_equal(g.ds.users, 0);
+}
+
+static void a_paced_request_that_cannot_be_served_is_an_error_batch_in_its_place(void **state)
+{
+	struct fixture *f = *state;
+	Pf__LoadBatch req = PF__LOAD_BATCH__INIT;
+	uint64_t good[3] = {5, 9, 2}, bad[2] = {1, N + 4};
+	struct msg *m;
+
+	open_session(f, "host", 4, 0);
+	start_epoch(f, 1, PF__ORDER__ORDER_PACED, 0);
+	req.epoch = 1;
+	req.picks = good;
+	req.n_picks = 3;
+	assert_int_equal(sess_load(f->s, ++f->last_id, &req), 0);
+	req.picks = bad;
+	req.n_picks = 2;
+	assert_int_equal(sess_load(f->s, ++f->last_id, &req), 0);
+	req.picks = good;
+	req.n_picks = 1;
+	assert_int_equal(sess_load(f->s, ++f->last_id, &req), 0);
+	req.n_picks = 0;
+	req.end = true;
+	assert_int_equal(sess_load(f->s, ++f->last_id, &req), 0);
+	m = next_msg(f);
+	assert_int_equal(m->what, PF__ENVELOPE__MSG_STARTED);
+	m = next_msg(f);
+	assert_int_equal(m->seq, 0);
+	assert_int_equal(m->count, 3);
+	assert_memory_equal(m->picks, good, sizeof(good));
+	check_rows(f, m);
+	ack(f, 1);
+	release(f, m->slot, 1, 0);
+	m = next_msg(f);
+	assert_int_equal(m->seq, 1);
+	assert_int_equal(m->slot, -1);
+	assert_int_equal(m->error, -ERANGE);
+	assert_non_null(strstr(m->text, "out of range"));
+	ack(f, 1);
+	m = next_msg(f);
+	assert_int_equal(m->seq, 2);
+	assert_int_equal(m->picks[0], 5);
+	check_rows(f, m);
+	ack(f, 1);
+	release(f, m->slot, 1, 2);
+	m = next_msg(f);
+	assert_int_equal(m->what, PF__ENVELOPE__MSG_END);
+	assert_int_equal(m->batches, 3);
+}
+
+static void a_cuda_epoch_on_the_fake_gpu_is_byte_exact_through_device_arenas(void **state)
+{
+	struct fixture *f = *state;
+	struct order_spec spec = {.kind = ORDER_SHUFFLE, .seed = 5};
+	Pf__Probe probe = PF__PROBE__INIT;
+	uint64_t hits, h2d;
+
+	open_session(f, "cuda:0", 32, 0);
+	assert_int_equal(f->s->gpu, 0);
+	assert_true(f->s->cuda.lease.nslots > 0);
+	start_epoch(f, 1, PF__ORDER__ORDER_SHUFFLE, 5);
+	/* Device arenas come as the pump asks for them; batches only after. */
+	assert_int_equal(consume_epoch(f, 1, &spec, 32), 10);
+	assert_true(f->s->cuda.narenas > 0);
+	assert_true(f->s->cuda.h2d_bytes >= (uint64_t)N * (X_BYTES + Y_BYTES));
+	/* The honest probe sizes the pool; the next epochs fill it (misses
+	 * are admitted once a slab has come, the rest back-filled), and once
+	 * it holds every sample an epoch is served from it: all hits, no
+	 * sample byte over PCIe, byte for byte the same. */
+	probe.free_bytes = 60ull << 30;
+	probe.total_bytes = 80ull << 30;
+	sess_probe(f->s, &probe);
+	for (uint64_t e = 2; f->s->cuda.pool->rows < N; e++) {
+		assert_true(e <= 8);
+		spec.seed = e;
+		start_epoch(f, e, PF__ORDER__ORDER_SHUFFLE, e);
+		consume_epoch(f, e, &spec, 32);
+		assert_true(pool_check(f->s->cuda.pool));
+	}
+	hits = f->s->cuda.pool_hits;
+	h2d = f->s->cuda.h2d_bytes;
+	spec.seed = 100;
+	start_epoch(f, 100, PF__ORDER__ORDER_SHUFFLE, 100);
+	consume_epoch(f, 100, &spec, 32);
+	assert_int_equal(f->s->cuda.pool_hits - hits, N);
+	assert_int_equal(f->s->cuda.h2d_bytes, h2d);
+}
+
+static void a_device_allocation_failing_every_try_is_an_error_batch(void **state)
+{
+	struct fixture *f = *state;
+	struct msg *m;
+
+	f->d.test_fail_allocs = SESS_OOM_TRIES;
+	open_session(f, "cuda:0", 100, 0);
+	start_epoch(f, 1, PF__ORDER__ORDER_SEQUENTIAL, 0);
+	m = next_msg(f);
+	assert_int_equal(m->what, PF__ENVELOPE__MSG_STARTED);
+	m = next_msg(f);
+	assert_int_equal(m->what, PF__ENVELOPE__MSG_BATCH);
+	assert_int_equal(m->seq, 0);
+	assert_int_equal(m->slot, -1);
+	assert_int_equal(m->error, -ENOMEM);
+	assert_non_null(strstr(m->text, "no device slot after 4 tries"));
+	ack(f, 1);
+	/* The epoch goes on: the next allocation succeeds. */
+	for (uint64_t seq = 1; seq < 3; seq++) {
+		m = next_msg(f);
+		assert_int_equal(m->what, PF__ENVELOPE__MSG_BATCH);
+		assert_int_equal(m->seq, seq);
+		assert_int_equal(m->error, 0);
+		check_rows(f, m);
+		ack(f, 1);
+		release(f, m->slot, 1, seq);
+	}
+	m = next_msg(f);
+	assert_int_equal(m->what, PF__ENVELOPE__MSG_END);
+}
+
+static void a_request_that_cannot_be_met_is_refused_with_the_reason(void **state)
+{
+	struct fixture *f = *state;
+	Pf__OpenSession req = PF__OPEN_SESSION__INIT;
+	struct sess *none = NULL;
+
+	req.dataset = "nope";
+	req.name = "";
+	req.device = "";
+	req.batch_size = 4;
+	assert_int_equal(sess_open(&f->d, &f->peer, &none, 1, &req), 0);
+	assert_null(none);
+	assert_int_equal(last(f)->code, -ENOENT);
+	assert_non_null(strstr(last(f)->text, "unknown dataset 'nope'"));
+	req.dataset = "ds";
+	req.device = "cuda:7";
+	assert_int_equal(sess_open(&f->d, &f->peer, &none, 2, &req), 0);
+	assert_null(none);
+	assert_int_equal(last(f)->code, -ENODEV);
+	assert_non_null(strstr(last(f)->text, "the daemon has 1 GPU(s)"));
+	open_session(f, "host", 4, 0);
+	/* One session per connection. */
+	assert_int_equal(sess_open(&f->d, &f->peer, &f->s, 3, &req), 0);
+	assert_int_equal(last(f)->code, -EBUSY);
+	assert_int_equal(f->d.nsessions, 1);
+	/* Epochs only grow. */
+	start_epoch(f, 2, PF__ORDER__ORDER_SEQUENTIAL, 0);
+	{
+		Pf__StartEpoch se = PF__START_EPOCH__INIT;
+
+		se.epoch = 1;
+		assert_int_equal(sess_start_epoch(f->s, 9, &se), 0);
+		assert_int_equal(last(f)->code, -EINVAL);
+		assert_non_null(strstr(last(f)->text, "is not after epoch 2"));
+	}
+	assert_true(f->s->running);
+	assert_int_equal(f->s->epoch, 2);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(
+			a_host_epoch_delivers_every_sample_once_with_its_bytes, setup, teardown),
+		cmocka_unit_test_setup_teardown(the_pump_keeps_target_batches_ahead_and_no_more,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			a_release_of_a_batch_not_held_is_refused_and_the_epoch_goes_on, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			an_abandoned_epoch_frees_its_slots_and_the_next_one_starts_clean, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(a_detached_session_is_freed_once_its_reads_are_back,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			a_paced_request_that_cannot_be_served_is_an_error_batch_in_its_place, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			a_cuda_epoch_on_the_fake_gpu_is_byte_exact_through_device_arenas, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			a_device_allocation_failing_every_try_is_an_error_batch, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			a_request_that_cannot_be_met_is_refused_with_the_reason, setup, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
