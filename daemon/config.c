@@ -1,22 +1,23 @@
 /*
  * config.c — reads the daemon's INI file (config.h documents the keys).
  *
- * inih does the lexing; this file adds what inih lacks for a daemon config:
- * line numbers in every message, errors for unknown sections and keys (a
- * typo must not fall back to a default silently), duplicate detection, and
- * empty sections.  It gets them by feeding inih through its own line reader
- * (read_line), which counts lines and classifies each one exactly as inih's
- * ini_parse_stream will (blank/comment, continuation, [section], key), so the
- * handler always knows the line it is called for and whether the value
- * continues the previous key.
+ * inih does all the lexing; this file adds what inih lacks for a daemon
+ * config: line numbers in every message, errors for unknown sections and keys
+ * (a typo must not fall back to a default silently) and duplicate detection.
+ * inih reads through read_line, which only counts lines, keeps the raw line
+ * and notes where lines starting with '[' are: ini_parse_stream reads a line,
+ * calls the handler for it and only then reads the next, so the handler
+ * knows the line it is called for.  inih never tells the handler about a
+ * section header, so a section without keys goes unseen (config.h).
  *
  * Relative paths (dataset shards, the socket) are resolved against the
  * directory that holds the config file, made absolute, so that the daemon's
  * working directory never changes what a config means.
  *
  * DESIGN: called once by the main thread before the loop starts; the parse
- * state lives on the caller's stack.  No locks.  The only global touched is
- * inih's ini_max_line (see parse_file), saved and restored around the parse.
+ * state lives on the caller's stack.  No locks.  The only globals touched are
+ * inih's ini_max_line and ini_stop_on_first_error (see parse_file), saved and
+ * restored around the parse.
  */
 #include "config.h"
 
@@ -35,8 +36,9 @@
 
 #include <ini.h>
 
-/* inih copies section and key names into fixed 50-byte buffers and silently
- * truncates longer ones; read_line refuses them instead. */
+/* inih copies section names (and the key a continuation line repeats) into
+ * fixed 50-byte buffers and silently truncates longer ones; names that long
+ * are refused instead. */
 #define INIH_MAX_NAME 50
 /* Lines up to this long are accepted when the installed inih lets us raise
  * its line buffer (Debian's build exports ini_max_line); otherwise inih's
@@ -44,6 +46,7 @@
 #define CONFIG_MAX_LINE 4096
 
 #pragma weak ini_max_line
+#pragma weak ini_stop_on_first_error
 
 enum daemon_key {
 	K_SOCKET,
@@ -105,10 +108,10 @@ struct parse {
 	FILE *file;	    /* owned */
 	char *buf;	    /* owned: getline buffer */
 	size_t buf_cap;
-	int lineno; /* of the line inih is processing */
-	/* Mirrors inih's prev_name: a key line was seen in this section, so an
-	 * indented line continues its value. */
-	bool prev_key;
+	int lineno;	   /* of the line inih is processing, held raw in buf */
+	int call_line;	   /* of the handler's previous call, 0 before the first */
+	int header_line;   /* of the last line that starts with '[', 0: none yet */
+	bool header_cut;   /* that line's section name is longer than inih keeps */
 	bool continuation; /* the current line continues the previous key */
 	enum section section;
 	char section_name[INIH_MAX_NAME];
@@ -117,8 +120,9 @@ struct parse {
 	bool reserve_is_size;
 	bool dataset_format_seen;
 	bool dataset_shards_seen;
-	int rc;	   /* first error, 0 while none */
-	char *err; /* borrowed: the caller's buffer */
+	int rc;	       /* first error, 0 while none */
+	int rc_lineno; /* lineno when rc was set */
+	char *err;     /* borrowed: the caller's buffer */
 	size_t errlen;
 };
 
@@ -135,6 +139,7 @@ static int fail_at(struct parse *st, int rc, int line, const char *fmt, ...)
 	if (st->rc)
 		return 0;
 	st->rc = rc;
+	st->rc_lineno = st->lineno;
 	if (!st->err || st->errlen == 0)
 		return 0;
 	if (line > 0)
@@ -149,8 +154,9 @@ static int fail_at(struct parse *st, int rc, int line, const char *fmt, ...)
 	return 0;
 }
 
-#define fail(st, ...)  fail_at((st), -EINVAL, (st)->lineno, __VA_ARGS__)
-#define fail_nomem(st) fail_at((st), -ENOMEM, (st)->lineno, "out of memory")
+#define fail(st, ...)	      fail_at((st), -EINVAL, (st)->lineno, __VA_ARGS__)
+#define fail_nomem(st)	      fail_at((st), -ENOMEM, (st)->lineno, "out of memory")
+#define fail_section(st, ...) fail_at((st), -EINVAL, (st)->section_line, __VA_ARGS__)
 
 static char *trim(char *s)
 {
@@ -161,19 +167,6 @@ static char *trim(char *s)
 	end = s + strlen(s);
 	while (end > s && isspace((unsigned char)end[-1]))
 		*--end = '\0';
-	return s;
-}
-
-/* inih's find_chars_or_comment: the first of chars, or the start of an
- * inline comment (';' after whitespace), or the terminating NUL. */
-static char *find_chars_or_comment(char *s, const char *chars)
-{
-	bool was_space = false;
-
-	while (*s && (!chars || !strchr(chars, *s)) && !(was_space && *s == ';')) {
-		was_space = isspace((unsigned char)*s);
-		s++;
-	}
 	return s;
 }
 
@@ -440,11 +433,6 @@ static int daemon_key(struct parse *st, const char *name, const char *value)
 			break;
 	if (k == K_COUNT)
 		return fail(st, "unknown key '%s' in [daemon]", name);
-	if (st->continuation)
-		return fail(st,
-			    "%s: a continuation line (leading whitespace) is only allowed "
-			    "for field.NAME",
-			    name);
 	if (st->key_line[k])
 		return fail(st, "%s: duplicate key (first set on line %d)", name, st->key_line[k]);
 	if (!*value)
@@ -611,9 +599,6 @@ static int dataset_key(struct parse *st, const char *name, const char *value)
 	size_t i;
 
 	if (strcmp(name, "format") == 0) {
-		if (st->continuation)
-			return fail(st, "format: a continuation line is only allowed "
-					"for field.NAME");
 		if (st->dataset_format_seen)
 			return fail(st, "format: duplicate key");
 		st->dataset_format_seen = true;
@@ -650,8 +635,6 @@ static int dataset_key(struct parse *st, const char *name, const char *value)
 		return add_shards(st, &ds->fields[0], name, value);
 	}
 	if (strcmp(name, "pool") == 0) {
-		if (st->continuation)
-			return fail(st, "pool: a continuation line is only allowed for field.NAME");
 		if (ds->pool != CONFIG_POOL_DEFAULT)
 			return fail(st, "pool: duplicate key");
 		if (!key_onoff(st, name, value, &(bool){false}))
@@ -704,25 +687,27 @@ static int finish_section(struct parse *st)
 	if (strcmp(ds->format, "tokens") == 0) {
 		if (ds->nfields == 0 || strcmp(ds->fields[0].name, "tokens") != 0 ||
 		    ds->nfields > 1)
-			return fail_at(st, -EINVAL, st->section_line,
-				       "[%s] is a tokens dataset: give its files as shards = "
-				       "PATTERN (not field.NAME)",
-				       st->section_name);
+			return fail_section(st,
+					    "[%s] is a tokens dataset: give its files as shards = "
+					    "PATTERN (not field.NAME)",
+					    st->section_name);
 		if (!ds->seq_len)
-			return fail_at(st, -EINVAL, st->section_line,
-				       "[%s] is a tokens dataset: give seq_len = N (tokens per "
-				       "sample, plus one for the target)",
-				       st->section_name);
+			return fail_section(
+				st,
+				"[%s] is a tokens dataset: give seq_len = N (tokens per "
+				"sample, plus one for the target)",
+				st->section_name);
 		return 1;
 	}
 	if (ds->seq_len || st->dataset_shards_seen)
-		return fail_at(st, -EINVAL, st->section_line,
-			       "[%s]: shards and seq_len are for format = tokens (npy datasets "
-			       "use field.NAME = PATH)",
-			       st->section_name);
+		return fail_section(
+			st,
+			"[%s]: shards and seq_len are for format = tokens (npy datasets "
+			"use field.NAME = PATH)",
+			st->section_name);
 	if (ds->nfields == 0)
-		return fail_at(st, -EINVAL, st->section_line,
-			       "[%s] declares no fields (add field.NAME = PATH)", st->section_name);
+		return fail_section(st, "[%s] declares no fields (add field.NAME = PATH)",
+				    st->section_name);
 	return 1;
 }
 
@@ -734,24 +719,26 @@ static int enter_section(struct parse *st, const char *name)
 
 	if (!finish_section(st))
 		return 0;
-	if (strlen(name) >= INIH_MAX_NAME)
-		return fail(st, "section name '%s' is longer than %d characters", name,
-			    INIH_MAX_NAME - 1);
+	st->section_line = st->header_line;
+	if (strlen(name) == INIH_MAX_NAME - 1 && st->header_cut)
+		return fail_section(st, "section name '%s...' is longer than %d characters", name,
+				    INIH_MAX_NAME - 1);
 	strcpy(st->section_name, name);
-	st->section_line = st->lineno;
 	if (strcmp(name, "daemon") == 0) {
 		st->section = SEC_DAEMON;
 		return 1;
 	}
 	if (strncmp(name, "dataset.", 8) != 0)
-		return fail(st, "unknown section [%s] (expected [daemon] or [dataset.NAME])", name);
+		return fail_section(
+			st, "unknown section [%s] (expected [daemon] or [dataset.NAME])", name);
 	name += 8;
 	if (!valid_name(name))
-		return fail(st, "[dataset.%s]: dataset names use letters, digits, '_', '-' and '.'",
-			    name);
+		return fail_section(
+			st, "[dataset.%s]: dataset names use letters, digits, '_', '-' and '.'",
+			name);
 	for (i = 0; i < cfg->ndatasets; i++)
 		if (strcmp(cfg->datasets[i].name, name) == 0)
-			return fail(st, "[dataset.%s]: duplicate dataset", name);
+			return fail_section(st, "[dataset.%s]: duplicate dataset", name);
 	ds = realloc(cfg->datasets, (cfg->ndatasets + 1) * sizeof(*ds));
 	if (!ds)
 		return fail_nomem(st);
@@ -771,54 +758,12 @@ static int enter_section(struct parse *st, const char *name)
 
 /* ---- inih glue ---------------------------------------------------------------- */
 
-/* Classifies a line the way ini_parse_stream will, so that sections are seen
- * even when they hold no keys and malformed lines get a real message. */
-static int classify(struct parse *st, char *line)
-{
-	char *start = line, *end;
-
-	st->continuation = false;
-	if (st->lineno == 1 && strncmp(start, "\xEF\xBB\xBF", 3) == 0)
-		start += 3;
-	end = start + strlen(start);
-	while (end > start && isspace((unsigned char)end[-1]))
-		*--end = '\0';
-	while (isspace((unsigned char)*start))
-		start++;
-
-	if (!*start || *start == ';' || *start == '#')
-		return 1;
-	if (st->prev_key && start > line) {
-		st->continuation = true;
-		return 1;
-	}
-	if (*start == '[') {
-		end = find_chars_or_comment(start + 1, "]");
-		if (*end != ']')
-			return fail(st, "section header without ']'");
-		*end = '\0';
-		st->prev_key = false;
-		return enter_section(st, start + 1);
-	}
-	end = find_chars_or_comment(start, "=:");
-	if (*end != '=' && *end != ':')
-		return fail(st, "expected 'key = value'");
-	*end = '\0';
-	start = trim(start);
-	if (!*start)
-		return fail(st, "missing key before '='");
-	if (strlen(start) >= INIH_MAX_NAME)
-		return fail(st, "key '%s' is longer than %d characters", start, INIH_MAX_NAME - 1);
-	if (st->section == SEC_NONE)
-		return fail(st, "%s: key outside any section (start with [daemon])", start);
-	st->prev_key = true;
-	return 1;
-}
-
-/* An ini_reader: fgets semantics on top of getline, counting lines. */
+/* An ini_reader: fgets semantics on top of getline, counting lines and
+ * keeping the raw line in st->buf for the handler. */
 static char *read_line(char *str, int num, void *stream)
 {
 	struct parse *st = stream;
+	const char *p;
 	ssize_t n;
 
 	if (st->rc)
@@ -840,23 +785,48 @@ static char *read_line(char *str, int num, void *stream)
 		fail(st, "line is longer than %d bytes", num - 2);
 		return NULL;
 	}
-	memcpy(str, st->buf, (size_t)n + 1);
-	if (!classify(st, st->buf))
-		return NULL;
-	return str;
+	/* inih calls the handler for keys only, never for a [section] line:
+	 * note where lines starting with '[' are (after the BOM inih skips on
+	 * line 1), so the handler can tell when a header came in between. */
+	p = st->buf + (st->lineno == 1 && strncmp(st->buf, "\xEF\xBB\xBF", 3) == 0 ? 3 : 0);
+	p += strspn(p, " \t\n\v\f\r");
+	if (*p == '[') {
+		st->header_line = st->lineno;
+		st->header_cut =
+			strnlen(p, INIH_MAX_NAME + 1) > INIH_MAX_NAME && p[INIH_MAX_NAME] != ']';
+	}
+	return memcpy(str, st->buf, (size_t)n + 1);
 }
 
+/* An ini_handler: inih calls it for each key line and each continuation
+ * line, before it reads the next line. */
 static int handler(void *user, const char *section, const char *name, const char *value)
 {
 	struct parse *st = user;
+	/* A line starting with '[' that no call came for is a section header
+	 * (a continuation line starting with '[' gets its call). */
+	bool new_section = st->header_line > st->call_line && st->header_line < st->lineno;
 
-	if (st->rc)
+	/* inih's rule: a line starting with whitespace continues the value of
+	 * the section's previous key line, if it has one (inih forgets it at
+	 * each header); blank and comment lines never get here. */
+	st->continuation = !new_section && st->call_line && isspace((unsigned char)st->buf[0]);
+	st->call_line = st->lineno;
+	if (new_section && !enter_section(st, section))
 		return 0;
-	/* read_line and inih must agree on the section; they always should,
-	 * since classify mirrors inih, but a mismatch must not misfile keys. */
-	if (strcmp(section, st->section_name) != 0)
-		return fail(st, "%s: internal error: section '%s' vs '%s'", name, section,
-			    st->section_name);
+	if (st->continuation) {
+		if (strcmp(name, "shards") != 0 && strncmp(name, "field.", 6) != 0)
+			return fail(st,
+				    "%s: a continuation line (leading whitespace) is only allowed "
+				    "for field.NAME",
+				    name);
+	} else if (!*name) {
+		return fail(st, "missing key before '='");
+	} else if (strlen(name) >= INIH_MAX_NAME) {
+		return fail(st, "key '%s' is longer than %d characters", name, INIH_MAX_NAME - 1);
+	} else if (st->section == SEC_NONE) {
+		return fail(st, "%s: key outside any section (start with [daemon])", name);
+	}
 	if (st->section == SEC_DAEMON)
 		return daemon_key(st, name, value);
 	return dataset_key(st, name, value);
@@ -865,28 +835,45 @@ static int handler(void *user, const char *section, const char *name, const char
 static int parse_file(struct parse *st)
 {
 	int saved_max_line = 0;
+	bool saved_stop = false;
 	int ret;
 
 	/* Debian's libinih exports ini_max_line (the size of its stack line
 	 * buffer); inih's default of 200 bytes is short for a list of shard
-	 * paths.  Elsewhere the symbol is absent (weak: NULL) and the default
-	 * stays, which read_line reports on an over-long line. */
+	 * paths.  It also exports ini_stop_on_first_error, so that inih reads
+	 * no further than a bad line and the error below can tell which kind
+	 * it was.  Elsewhere the symbols are absent (weak: NULL) and the
+	 * defaults stay: read_line reports an over-long line, and inih reads
+	 * on past a bad line. */
 	if (&ini_max_line) {
 		saved_max_line = ini_max_line;
 		ini_max_line = CONFIG_MAX_LINE;
 	}
+	if (&ini_stop_on_first_error) {
+		saved_stop = ini_stop_on_first_error;
+		ini_stop_on_first_error = true;
+	}
 	ret = ini_parse_stream(read_line, st, handler, st);
 	if (&ini_max_line)
 		ini_max_line = saved_max_line;
+	if (&ini_stop_on_first_error)
+		ini_stop_on_first_error = saved_stop;
 
-	if (st->rc)
-		return st->rc;
-	if (ret == -2)
+	/* ret is the first line that failed, in the handler or in inih's own
+	 * syntax (a line without '=' or ':', a header without ']'): the latter
+	 * when no handler failed that early.  A '[' line that failed is a
+	 * header (exact once inih stops there; an inih that reads on may have
+	 * seen a later '[' line, and then says 'key = value'). */
+	if (ret > 0 && (!st->rc || ret < st->rc_lineno)) {
+		st->rc = 0;
+		fail_at(st, -EINVAL, ret, "%s",
+			ret == st->header_line ? "section header without ']'"
+					       : "expected 'key = value'");
+	} else if (ret == -2) {
 		fail_nomem(st);
-	else if (ret != 0)
-		fail_at(st, -EINVAL, ret, "syntax error");
-	else
+	} else if (!st->rc) {
 		finish_section(st);
+	}
 	return st->rc;
 }
 
