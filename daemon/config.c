@@ -591,6 +591,23 @@ static int add_shards(struct parse *st, struct config_field *f, const char *key,
 	return ok;
 }
 
+/* Appends an empty field to ds; NULL when out of memory. */
+static struct config_field *add_field(struct config_dataset *ds, const char *name)
+{
+	struct config_field *f = realloc(ds->fields, (ds->nfields + 1) * sizeof(*f));
+
+	if (!f)
+		return NULL;
+	ds->fields = f;
+	f = &ds->fields[ds->nfields];
+	memset(f, 0, sizeof(*f));
+	f->name = strdup(name);
+	if (!f->name)
+		return NULL;
+	ds->nfields++;
+	return f;
+}
+
 static int dataset_key(struct parse *st, const char *name, const char *value)
 {
 	struct config *cfg = st->cfg;
@@ -598,6 +615,10 @@ static int dataset_key(struct parse *st, const char *name, const char *value)
 	struct config_field *f;
 	size_t i;
 
+	/* The handler lets only shards and field.NAME continue, and a key line
+	 * that fails ends the parse: the field continued is the last one. */
+	if (st->continuation)
+		return add_shards(st, &ds->fields[ds->nfields - 1], name, value);
 	if (strcmp(name, "format") == 0) {
 		if (st->dataset_format_seen)
 			return fail(st, "format: duplicate key");
@@ -617,22 +638,12 @@ static int dataset_key(struct parse *st, const char *name, const char *value)
 		return 1;
 	}
 	if (strcmp(name, "shards") == 0) {
-		/* tokens: shard file patterns (glob), as one field "tokens".
-		 * A continuation line adds more patterns. */
+		/* tokens: shard file patterns (glob), as one field "tokens". */
 		st->dataset_shards_seen = true;
-		if (!st->continuation) {
-			if (ds->nfields)
-				return fail(st, "shards: duplicate key, or given with field.NAME");
-			f = calloc(1, sizeof(*f));
-			if (!f)
-				return fail_nomem(st);
-			ds->fields = f;
-			f->name = strdup("tokens");
-			if (!f->name)
-				return fail_nomem(st);
-			ds->nfields = 1;
-		}
-		return add_shards(st, &ds->fields[0], name, value);
+		if (ds->nfields)
+			return fail(st, "shards: duplicate key, or given with field.NAME");
+		f = add_field(ds, "tokens");
+		return f ? add_shards(st, f, name, value) : fail_nomem(st);
 	}
 	if (strcmp(name, "pool") == 0) {
 		if (ds->pool != CONFIG_POOL_DEFAULT)
@@ -649,30 +660,13 @@ static int dataset_key(struct parse *st, const char *name, const char *value)
 			name, ds->name);
 	if (!valid_name(name + 6))
 		return fail(st, "%s: field names use letters, digits, '_', '-' and '.'", name);
-
-	if (st->continuation) {
-		/* inih passes the key of the line being continued, which is
-		 * necessarily the last field added. */
-		if (ds->nfields == 0 || strcmp(ds->fields[ds->nfields - 1].name, name + 6) != 0)
-			return fail(st, "%s: continuation of an unknown field", name);
-		return add_shards(st, &ds->fields[ds->nfields - 1], name, value);
-	}
 	for (i = 0; i < ds->nfields; i++)
 		if (strcmp(ds->fields[i].name, name + 6) == 0)
 			return fail(st, "%s: duplicate field", name);
 	if (!*value)
 		return fail(st, "%s: empty value (expected shard paths)", name);
-	f = realloc(ds->fields, (ds->nfields + 1) * sizeof(*ds->fields));
-	if (!f)
-		return fail_nomem(st);
-	ds->fields = f;
-	f = &ds->fields[ds->nfields];
-	memset(f, 0, sizeof(*f));
-	f->name = strdup(name + 6);
-	if (!f->name)
-		return fail_nomem(st);
-	ds->nfields++;
-	return add_shards(st, f, name, value);
+	f = add_field(ds, name + 6);
+	return f ? add_shards(st, f, name, value) : fail_nomem(st);
 }
 
 /* Checks the section that just ended; runs at each header and at EOF. */
