@@ -291,37 +291,21 @@ static int replace_str(struct parse *st, char **slot, char *fresh)
 	return 1;
 }
 
-static int push_uid(struct parse *st, uid_t uid)
+/* Adds id to an allow list unless it is there.  uid_t and gid_t are one
+ * type on Linux (the compiler says so where gid lists are passed). */
+static int push_id(struct parse *st, uid_t **ids, size_t *n, uid_t id)
 {
-	struct config *cfg = st->cfg;
 	uid_t *grown;
 	size_t i;
 
-	for (i = 0; i < cfg->n_allow_uids; i++)
-		if (cfg->allow_uids[i] == uid)
+	for (i = 0; i < *n; i++)
+		if ((*ids)[i] == id)
 			return 1;
-	grown = realloc(cfg->allow_uids, (cfg->n_allow_uids + 1) * sizeof(*grown));
+	grown = realloc(*ids, (*n + 1) * sizeof(*grown));
 	if (!grown)
 		return fail_nomem(st);
-	grown[cfg->n_allow_uids++] = uid;
-	cfg->allow_uids = grown;
-	return 1;
-}
-
-static int push_gid(struct parse *st, gid_t gid)
-{
-	struct config *cfg = st->cfg;
-	gid_t *grown;
-	size_t i;
-
-	for (i = 0; i < cfg->n_allow_gids; i++)
-		if (cfg->allow_gids[i] == gid)
-			return 1;
-	grown = realloc(cfg->allow_gids, (cfg->n_allow_gids + 1) * sizeof(*grown));
-	if (!grown)
-		return fail_nomem(st);
-	grown[cfg->n_allow_gids++] = gid;
-	cfg->allow_gids = grown;
+	grown[(*n)++] = id;
+	*ids = grown;
 	return 1;
 }
 
@@ -344,6 +328,9 @@ static void drop_implicit_allow(struct parse *st)
 /* allow_users / allow_groups: "name, 1001, *". */
 static int key_allow(struct parse *st, const char *key, const char *value, bool users)
 {
+	struct config *cfg = st->cfg;
+	uid_t **ids = users ? &cfg->allow_uids : &cfg->allow_gids;
+	size_t *n = users ? &cfg->n_allow_uids : &cfg->n_allow_gids;
 	char *list, *item, *next;
 	int ok = 1;
 
@@ -360,22 +347,22 @@ static int key_allow(struct parse *st, const char *key, const char *value, bool 
 		if (!*item) {
 			ok = fail(st, "%s: empty entry in list", key);
 		} else if (strcmp(item, "*") == 0) {
-			st->cfg->allow_any = true;
+			cfg->allow_any = true;
 		} else if (all_digits(item)) {
 			/* uid_t and gid_t are 32 bits; -1 means "no id" to chown. */
 			if (parse_u64(item, &id) || id >= UINT32_MAX)
 				ok = fail(st, "%s: id %s is out of range", key, item);
 			else
-				ok = users ? push_uid(st, (uid_t)id) : push_gid(st, (gid_t)id);
+				ok = push_id(st, ids, n, (uid_t)id);
 		} else if (users) {
 			struct passwd *pw = getpwnam(item);
 
-			ok = pw ? push_uid(st, pw->pw_uid)
+			ok = pw ? push_id(st, ids, n, pw->pw_uid)
 				: fail(st, "%s: no such user '%s'", key, item);
 		} else {
 			struct group *gr = getgrnam(item);
 
-			ok = gr ? push_gid(st, gr->gr_gid)
+			ok = gr ? push_id(st, ids, n, gr->gr_gid)
 				: fail(st, "%s: no such group '%s'", key, item);
 		}
 	}
