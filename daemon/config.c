@@ -48,56 +48,20 @@
 #pragma weak ini_max_line
 #pragma weak ini_stop_on_first_error
 
-enum daemon_key {
-	K_SOCKET,
-	K_SOCKET_MODE,
-	K_SOCKET_GROUP,
-	K_READERS,
-	K_RING_BYTES,
-	K_ARENA_BYTES,
-	K_SESSION_BYTES,
-	K_MAX_SESSIONS,
-	K_MAX_FRAME,
-	K_ALLOW_USERS,
-	K_ALLOW_GROUPS,
-	K_DEPTH,
-	K_MAX_DEPTH,
-	K_IPC,
-	K_READ,
-	K_RESERVE,
-	K_RESERVE_MIN,
-	K_PROBE_INTERVAL,
-	K_POOL,
-	K_POOL_BYTES,
-	K_POOL_SLAB,
-	K_MAX_EPOCH_PICKS,
-	K_COUNT
-};
-
-static const char *const daemon_keys[K_COUNT] = {
-	[K_SOCKET] = "socket",
-	[K_SOCKET_MODE] = "socket_mode",
-	[K_SOCKET_GROUP] = "socket_group",
-	[K_READERS] = "readers",
-	[K_RING_BYTES] = "ring_bytes",
-	[K_ARENA_BYTES] = "arena_bytes",
-	[K_SESSION_BYTES] = "session_bytes",
-	[K_MAX_SESSIONS] = "max_sessions",
-	[K_MAX_FRAME] = "max_frame",
-	[K_ALLOW_USERS] = "allow_users",
-	[K_ALLOW_GROUPS] = "allow_groups",
-	[K_DEPTH] = "depth",
-	[K_MAX_DEPTH] = "max_depth",
-	[K_IPC] = "ipc",
-	[K_READ] = "read",
-	[K_RESERVE] = "reserve",
-	[K_RESERVE_MIN] = "reserve_min",
-	[K_PROBE_INTERVAL] = "probe_interval",
-	[K_POOL] = "pool",
-	[K_POOL_BYTES] = "pool_bytes",
-	[K_POOL_SLAB] = "pool_slab",
-	[K_MAX_EPOCH_PICKS] = "max_epoch_picks",
-};
+/* The [daemon] keys: K_NAME indexes key_line, daemon_keys[K_NAME] is "name". */
+#define DAEMON_KEYS(X)                                                                             \
+	X(SOCKET, socket), X(SOCKET_MODE, socket_mode), X(SOCKET_GROUP, socket_group),             \
+		X(READERS, readers), X(RING_BYTES, ring_bytes), X(ARENA_BYTES, arena_bytes),       \
+		X(SESSION_BYTES, session_bytes), X(MAX_SESSIONS, max_sessions),                    \
+		X(MAX_FRAME, max_frame), X(ALLOW_USERS, allow_users),                              \
+		X(ALLOW_GROUPS, allow_groups), X(DEPTH, depth), X(MAX_DEPTH, max_depth),           \
+		X(IPC, ipc), X(READ, read), X(RESERVE, reserve), X(RESERVE_MIN, reserve_min),      \
+		X(PROBE_INTERVAL, probe_interval), X(POOL, pool), X(POOL_BYTES, pool_bytes),       \
+		X(POOL_SLAB, pool_slab), X(MAX_EPOCH_PICKS, max_epoch_picks)
+#define KEY_ENUM(k, name) K_##k
+#define KEY_NAME(k, name) [K_##k] = #name
+enum daemon_key { DAEMON_KEYS(KEY_ENUM), K_COUNT };
+static const char *const daemon_keys[K_COUNT] = {DAEMON_KEYS(KEY_NAME)};
 
 enum section { SEC_NONE, SEC_DAEMON, SEC_DATASET };
 
@@ -126,12 +90,10 @@ struct parse {
 	size_t errlen;
 };
 
-static int fail_at(struct parse *st, int rc, int line, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
 /* Records the first error as "FILE:LINE: message" and returns 0, which is
  * what an inih handler returns to report failure. */
-static int fail_at(struct parse *st, int rc, int line, const char *fmt, ...)
+static __attribute__((format(printf, 4, 5))) int fail_at(struct parse *st, int rc, int line,
+							 const char *fmt, ...)
 {
 	va_list ap;
 	int n;
