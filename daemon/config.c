@@ -293,18 +293,12 @@ static int key_allow(struct parse *st, const char *key, const char *value, bool 
 	struct config *cfg = st->cfg;
 	uid_t **ids = users ? &cfg->allow_uids : &cfg->allow_gids;
 	size_t *n = users ? &cfg->n_allow_uids : &cfg->n_allow_gids;
-	char *list, *item, *next;
-	int ok = 1;
+	char *list = strdup(value), *rest = list, *item;
+	int ok = list ? 1 : fail_nomem(st);
 
-	list = strdup(value);
-	if (!list)
-		return fail_nomem(st);
-	for (item = list; item && ok; item = next) {
+	while (ok && (item = strsep(&rest, ","))) {
 		uint64_t id;
 
-		next = strchr(item, ',');
-		if (next)
-			*next++ = '\0';
 		item = trim(item);
 		if (!*item) {
 			ok = fail(st, "%s: empty entry in list", key);
@@ -504,37 +498,26 @@ static bool valid_name(const char *s)
  * comma is allowed so that a list can continue on the next line. */
 static int add_shards(struct parse *st, struct config_field *f, const char *key, const char *value)
 {
-	char *list, *item, *next;
-	int ok = 1;
+	char *list = strdup(value), *rest = list, *item;
+	int ok = list ? 1 : fail_nomem(st);
 
-	list = strdup(value);
-	if (!list)
-		return fail_nomem(st);
-	for (item = list; item && ok; item = next) {
-		char **grown, *path;
+	while (ok && (item = strsep(&rest, ","))) {
+		char **grown;
 
-		next = strchr(item, ',');
-		if (next)
-			*next++ = '\0';
 		item = trim(item);
 		if (!*item) {
-			if (!next && item != list)
-				break;
-			ok = fail(st, "%s: empty shard path in list", key);
-			break;
+			/* The last item may be empty, unless it is the only one. */
+			if (rest || item == list)
+				ok = fail(st, "%s: empty shard path in list", key);
+			continue;
 		}
-		grown = realloc(f->paths, (f->npaths + 1) * sizeof(*f->paths));
-		if (!grown) {
+		grown = realloc(f->paths, (f->npaths + 1) * sizeof(*grown));
+		if (grown)
+			f->paths = grown;
+		if (!grown || !(f->paths[f->npaths] = resolve_path(st, item)))
 			ok = fail_nomem(st);
-			break;
-		}
-		f->paths = grown;
-		path = resolve_path(st, item);
-		if (!path) {
-			ok = fail_nomem(st);
-			break;
-		}
-		f->paths[f->npaths++] = path;
+		else
+			f->npaths++;
 	}
 	free(list);
 	return ok;
