@@ -4,11 +4,10 @@
  * inih does all the lexing; this file adds what inih lacks for a daemon
  * config: line numbers in every message, errors for unknown sections and keys
  * (a typo must not fall back to a default silently) and duplicate detection.
- * inih reads through read_line, which only counts lines, keeps the raw line
- * and notes where lines starting with '[' are: ini_parse_stream reads a line,
- * calls the handler for it and only then reads the next, so the handler
- * knows the line it is called for.  inih never tells the handler about a
- * section header, so a section without keys goes unseen (config.h).
+ * inih reads through read_line, which counts lines, keeps the raw one and
+ * notes lines that start with '['; ini_parse_stream calls the handler for a
+ * line before it reads the next.  inih never reports a header by itself, so
+ * a section without keys goes unseen (config.h).
  *
  * Relative paths (dataset shards, the socket) are resolved against the
  * directory that holds the config file, made absolute, so that the daemon's
@@ -84,9 +83,8 @@ struct parse {
 	bool reserve_is_size;
 	bool dataset_format_seen;
 	bool dataset_shards_seen;
-	int rc;	       /* first error, 0 while none */
-	int rc_lineno; /* lineno when rc was set */
-	char *err;     /* borrowed: the caller's buffer */
+	int rc;	   /* first error, 0 while none; lineno stays at its line */
+	char *err; /* borrowed: the caller's buffer */
 	size_t errlen;
 };
 
@@ -101,7 +99,6 @@ static __attribute__((format(printf, 4, 5))) int fail_at(struct parse *st, int r
 	if (st->rc)
 		return 0;
 	st->rc = rc;
-	st->rc_lineno = st->lineno;
 	if (!st->err || st->errlen == 0)
 		return 0;
 	if (line > 0)
@@ -753,44 +750,36 @@ static int handler(void *user, const char *section, const char *name, const char
 	} else if (st->section == SEC_NONE) {
 		return fail(st, "%s: key outside any section (start with [daemon])", name);
 	}
-	if (st->section == SEC_DAEMON)
-		return daemon_key(st, name, value);
-	return dataset_key(st, name, value);
+	return st->section == SEC_DAEMON ? daemon_key(st, name, value)
+					 : dataset_key(st, name, value);
 }
 
 static int parse_file(struct parse *st)
 {
-	int saved_max_line = 0;
-	bool saved_stop = false;
+	/* Debian's libinih exports its options as globals (weak here: NULL in
+	 * an inih without them).  ini_max_line sizes its stack line buffer,
+	 * whose default 200 bytes is short for a list of shard paths; stopping
+	 * at the first error leaves the bad line the last one read.  Without
+	 * them read_line refuses lines over 198 bytes, and inih reads on. */
+	int saved_max_line = &ini_max_line ? ini_max_line : 0;
+	bool saved_stop = &ini_stop_on_first_error ? ini_stop_on_first_error : false;
 	int ret;
 
-	/* Debian's libinih exports ini_max_line (the size of its stack line
-	 * buffer); inih's default of 200 bytes is short for a list of shard
-	 * paths.  It also exports ini_stop_on_first_error, so that inih reads
-	 * no further than a bad line and the error below can tell which kind
-	 * it was.  Elsewhere the symbols are absent (weak: NULL) and the
-	 * defaults stay: read_line reports an over-long line, and inih reads
-	 * on past a bad line. */
-	if (&ini_max_line) {
-		saved_max_line = ini_max_line;
+	if (&ini_max_line)
 		ini_max_line = CONFIG_MAX_LINE;
-	}
-	if (&ini_stop_on_first_error) {
-		saved_stop = ini_stop_on_first_error;
+	if (&ini_stop_on_first_error)
 		ini_stop_on_first_error = true;
-	}
 	ret = ini_parse_stream(read_line, st, handler, st);
 	if (&ini_max_line)
 		ini_max_line = saved_max_line;
 	if (&ini_stop_on_first_error)
 		ini_stop_on_first_error = saved_stop;
 
-	/* ret is the first line that failed, in the handler or in inih's own
-	 * syntax (a line without '=' or ':', a header without ']'): the latter
-	 * when no handler failed that early.  A '[' line that failed is a
-	 * header (exact once inih stops there; an inih that reads on may have
-	 * seen a later '[' line, and then says 'key = value'). */
-	if (ret > 0 && (!st->rc || ret < st->rc_lineno)) {
+	/* ret is the first line that failed: inih's own syntax error (no '='
+	 * or ':', or a header without ']') unless a handler failed there.  An
+	 * inih that reads on may see a later '[' line and call a bad header a
+	 * bad key line. */
+	if (ret > 0 && (!st->rc || ret < st->lineno)) {
 		st->rc = 0;
 		fail_at(st, -EINVAL, ret, "%s",
 			ret == st->header_line ? "section header without ']'"
