@@ -23,6 +23,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <grp.h>
+#include <libgen.h>
 #include <limits.h>
 #include <math.h>
 #include <pwd.h>
@@ -236,9 +237,7 @@ static char *resolve_path(struct parse *st, const char *p)
 
 	if (p[0] == '/')
 		return strdup(p);
-	if (asprintf(&out, "%s/%s", st->base_dir, p) < 0)
-		return NULL;
-	return out;
+	return asprintf(&out, "%s/%s", st->base_dir, p) < 0 ? NULL : out;
 }
 
 static int replace_str(struct parse *st, char **slot, char *fresh)
@@ -865,20 +864,11 @@ void config_free(struct config *cfg)
  * the same whatever the daemon's working directory. */
 static char *config_dir(const char *path)
 {
-	char *copy, *slash, *dir;
+	char *copy = strdup(path), *dir;
 
-	copy = strdup(path);
 	if (!copy)
 		return NULL;
-	slash = strrchr(copy, '/');
-	if (!slash)
-		dir = realpath(".", NULL);
-	else if (slash == copy)
-		dir = strdup("/");
-	else {
-		*slash = '\0';
-		dir = realpath(copy, NULL);
-	}
+	dir = realpath(dirname(copy), NULL);
 	free(copy);
 	return dir;
 }
@@ -897,18 +887,14 @@ int config_load(const char *path, struct config *cfg, char *err, size_t errlen)
 		goto out;
 	}
 	st.file = fopen(path, "re");
-	if (!st.file) {
-		rc = -errno;
-		if (err && errlen)
-			snprintf(err, errlen, "cannot open %s: %s", path, strerror(-rc));
-		goto out;
-	}
-	st.base_dir = config_dir(path);
+	st.base_dir = st.file ? config_dir(path) : NULL;
 	if (!st.base_dir) {
 		rc = -errno;
 		if (err && errlen)
-			snprintf(err, errlen, "cannot resolve the directory of %s: %s", path,
-				 strerror(-rc));
+			snprintf(err, errlen,
+				 st.file ? "cannot resolve the directory of %s: %s"
+					 : "cannot open %s: %s",
+				 path, strerror(-rc));
 		goto out;
 	}
 	rc = parse_file(&st);
