@@ -379,6 +379,27 @@ static void long_shard_lists_fit_on_one_line(void **state)
 			    "/data/some/long/directory/name/shard-0039.npy");
 }
 
+static void tokens_dataset_takes_shard_patterns_and_seq_len(void **state)
+{
+	struct fixture *fx = *state;
+	const struct config_dataset *ds;
+
+	assert_int_equal(load_text(fx, "[dataset.fineweb]\n"
+				       "format = tokens\n"
+				       "shards = /data/train_*.bin,\n"
+				       "    /data/extra_*.bin\n"
+				       "seq_len = 1024\n"),
+			 0);
+	ds = &fx->cfg.datasets[0];
+	assert_string_equal(ds->format, "tokens");
+	assert_int_equal(ds->seq_len, 1024);
+	assert_int_equal(ds->nfields, 1);
+	assert_string_equal(ds->fields[0].name, "tokens");
+	assert_int_equal(ds->fields[0].npaths, 2);
+	assert_string_equal(ds->fields[0].paths[0], "/data/train_*.bin");
+	assert_string_equal(ds->fields[0].paths[1], "/data/extra_*.bin");
+}
+
 static void missing_file_is_enoent(void **state)
 {
 	struct fixture *fx = *state;
@@ -465,6 +486,21 @@ static const struct {
 	{"[dataset.a]\nformat = npy\n[dataset.b]\nfield.x = /x\n", 1,
 	 "[dataset.a] declares no fields"},
 	{"[dataset.a]\nformat = csv\nfield.x = /x\n", 2, "format: 'csv' is not npy or tokens"},
+	{"[dataset.t]\nformat = tokens\nseq_len = 8\n", 1,
+	 "[dataset.t] is a tokens dataset: give its files as shards = PATTERN (not field.NAME)"},
+	{"[dataset.t]\nformat = tokens\nfield.x = /x\nseq_len = 8\n[daemon]\nreaders = 2\n", 1,
+	 "[dataset.t] is a tokens dataset: give its files as shards = PATTERN (not field.NAME)"},
+	{"[dataset.t]\nformat = tokens\nshards = /t-*.bin\n", 1,
+	 "[dataset.t] is a tokens dataset: give seq_len = N (tokens per sample, plus one for the "
+	 "target)"},
+	{"[dataset.n]\nfield.x = /x\nseq_len = 8\n", 1,
+	 "[dataset.n]: shards and seq_len are for format = tokens (npy datasets use field.NAME = "
+	 "PATH)"},
+	{"[dataset.n]\nshards = /t-*.bin\n", 1, "[dataset.n]: shards and seq_len are for format"},
+	{"[dataset.t]\nformat = tokens\nshards = /t-*.bin\nshards = /u-*.bin\n", 4,
+	 "shards: duplicate key, or given with field.NAME"},
+	{"[dataset.t]\nformat = tokens\nshards = /t-*.bin\nseq_len = 8\n  9\n", 5,
+	 "seq_len: a continuation line"},
 	{"[dataset.a]\nfield.x = /x\nshape = 3\n", 3,
 	 "unknown key 'shape' in [dataset.a] (expected format, pool or field.NAME)"},
 	{"[dataset.a]\nfield.x = /x\nfield.x = /y\n", 3, "field.x: duplicate field"},
@@ -581,6 +617,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(star_allows_anyone_and_drops_the_implicit_users,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(long_shard_lists_fit_on_one_line, setup, teardown),
+		cmocka_unit_test_setup_teardown(tokens_dataset_takes_shard_patterns_and_seq_len,
+						setup, teardown),
 		cmocka_unit_test_setup_teardown(missing_file_is_enoent, setup, teardown),
 		cmocka_unit_test_setup_teardown(each_mistake_names_file_line_and_key, setup,
 						teardown),
