@@ -134,12 +134,7 @@ static char *trim(char *s)
 
 static bool all_digits(const char *s)
 {
-	if (!*s)
-		return false;
-	for (; *s; s++)
-		if (!isdigit((unsigned char)*s))
-			return false;
-	return true;
+	return *s && s[strspn(s, "0123456789")] == '\0';
 }
 
 static int parse_u64(const char *s, uint64_t *out)
@@ -276,11 +271,9 @@ static void drop_implicit_allow(struct parse *st)
 	if (st->key_line[K_ALLOW_USERS] || st->key_line[K_ALLOW_GROUPS])
 		return;
 	free(cfg->allow_uids);
-	cfg->allow_uids = NULL;
-	cfg->n_allow_uids = 0;
 	free(cfg->allow_gids);
-	cfg->allow_gids = NULL;
-	cfg->n_allow_gids = 0;
+	cfg->allow_uids = cfg->allow_gids = NULL;
+	cfg->n_allow_uids = cfg->n_allow_gids = 0;
 }
 
 /* allow_users / allow_groups: "name, 1001, *". */
@@ -556,14 +549,9 @@ static int dataset_key(struct parse *st, const char *name, const char *value)
 		return replace_str(st, &ds->format, strdup(value));
 	}
 	if (strcmp(name, "seq_len") == 0) {
-		unsigned v;
-
 		if (ds->seq_len)
 			return fail(st, "seq_len: duplicate key");
-		if (!key_uint(st, name, value, 1, 1u << 24, &v))
-			return 0;
-		ds->seq_len = v;
-		return 1;
+		return key_uint(st, name, value, 1, 1u << 24, &ds->seq_len);
 	}
 	if (strcmp(name, "shards") == 0) {
 		/* tokens: shard file patterns (glob), as one field "tokens". */
@@ -600,37 +588,25 @@ static int dataset_key(struct parse *st, const char *name, const char *value)
 /* Checks the section that just ended; runs at each header and at EOF. */
 static int finish_section(struct parse *st)
 {
-	struct config *cfg = st->cfg;
 	const struct config_dataset *ds;
+	const char *why = NULL; /* what is wrong, after "[dataset.NAME]" */
 
 	if (st->section != SEC_DATASET)
 		return 1;
-	ds = &cfg->datasets[cfg->ndatasets - 1];
-	if (strcmp(ds->format, "tokens") == 0) {
-		if (ds->nfields == 0 || strcmp(ds->fields[0].name, "tokens") != 0 ||
-		    ds->nfields > 1)
-			return fail_section(st,
-					    "[%s] is a tokens dataset: give its files as shards = "
-					    "PATTERN (not field.NAME)",
-					    st->section_name);
-		if (!ds->seq_len)
-			return fail_section(
-				st,
-				"[%s] is a tokens dataset: give seq_len = N (tokens per "
-				"sample, plus one for the target)",
-				st->section_name);
-		return 1;
+	ds = &st->cfg->datasets[st->cfg->ndatasets - 1];
+	if (strcmp(ds->format, "tokens") != 0) {
+		if (ds->seq_len || st->dataset_shards_seen)
+			why = ": shards and seq_len are for format = tokens (npy datasets use "
+			      "field.NAME = PATH)";
+		else if (ds->nfields == 0)
+			why = " declares no fields (add field.NAME = PATH)";
+	} else if (ds->nfields != 1 || strcmp(ds->fields[0].name, "tokens") != 0) {
+		why = " is a tokens dataset: give its files as shards = PATTERN (not field.NAME)";
+	} else if (!ds->seq_len) {
+		why = " is a tokens dataset: give seq_len = N (tokens per sample, plus one for the "
+		      "target)";
 	}
-	if (ds->seq_len || st->dataset_shards_seen)
-		return fail_section(
-			st,
-			"[%s]: shards and seq_len are for format = tokens (npy datasets "
-			"use field.NAME = PATH)",
-			st->section_name);
-	if (ds->nfields == 0)
-		return fail_section(st, "[%s] declares no fields (add field.NAME = PATH)",
-				    st->section_name);
-	return 1;
+	return why ? fail_section(st, "[%s]%s", st->section_name, why) : 1;
 }
 
 static int enter_section(struct parse *st, const char *name)
@@ -793,18 +769,6 @@ static int parse_file(struct parse *st)
 
 /* ---- public ---------------------------------------------------------------- */
 
-static int set_implicit_allow(struct config *cfg)
-{
-	cfg->allow_uids = malloc(2 * sizeof(*cfg->allow_uids));
-	if (!cfg->allow_uids)
-		return -ENOMEM;
-	cfg->allow_uids[0] = getuid();
-	cfg->n_allow_uids = 1;
-	if (getuid() != 0)
-		cfg->allow_uids[cfg->n_allow_uids++] = 0;
-	return 0;
-}
-
 void config_defaults(struct config *cfg)
 {
 	memset(cfg, 0, sizeof(*cfg));
@@ -831,7 +795,13 @@ void config_defaults(struct config *cfg)
 	cfg->pool = true;
 	cfg->pool_bytes = 0;
 	cfg->pool_slab = 256ULL << 20;
-	set_implicit_allow(cfg);
+	/* No allow keys: the daemon's own uid and root. */
+	cfg->allow_uids = malloc(2 * sizeof(*cfg->allow_uids));
+	if (cfg->allow_uids) {
+		cfg->allow_uids[cfg->n_allow_uids++] = getuid();
+		if (getuid() != 0)
+			cfg->allow_uids[cfg->n_allow_uids++] = 0;
+	}
 }
 
 void config_free(struct config *cfg)
