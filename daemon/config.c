@@ -75,7 +75,7 @@ struct parse {
 	int lineno;	   /* of the line inih is processing, held raw in buf */
 	int call_line;	   /* of the handler's previous call, 0 before the first */
 	int header_line;   /* of the last line that starts with '[', 0: none yet */
-	bool header_cut;   /* that line's section name is longer than inih keeps */
+	bool header_cut;   /* no ']' after its first 49 name bytes: cut, if inih passes 49 */
 	bool continuation; /* the current line continues the previous key */
 	enum section section;
 	char section_name[INIH_MAX_NAME];
