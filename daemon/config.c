@@ -1,28 +1,29 @@
 /*
  * config.c — reads the daemon's INI file (config.h documents the keys).
  *
- * inih does the lexing; this file adds what inih lacks for a daemon config:
- * line numbers in every message, errors for unknown sections and keys (a
- * typo must not fall back to a default silently), duplicate detection, and
- * empty sections.  It gets them by feeding inih through its own line reader
- * (read_line), which counts lines and classifies each one exactly as inih's
- * ini_parse_stream will (blank/comment, continuation, [section], key), so the
- * handler always knows the line it is called for and whether the value
- * continues the previous key.
+ * inih does all the lexing; this file adds what inih lacks for a daemon
+ * config: line numbers in every message, errors for unknown sections and keys
+ * (a typo must not fall back to a default silently) and duplicate detection.
+ * inih reads through read_line, which counts lines, keeps the raw one and
+ * notes lines that start with '['; ini_parse_stream calls the handler for a
+ * line before it reads the next.  inih never reports a header by itself, so
+ * a section without keys goes unseen (config.h).
  *
  * Relative paths (dataset shards, the socket) are resolved against the
  * directory that holds the config file, made absolute, so that the daemon's
  * working directory never changes what a config means.
  *
  * DESIGN: called once by the main thread before the loop starts; the parse
- * state lives on the caller's stack.  No locks.  The only global touched is
- * inih's ini_max_line (see parse_file), saved and restored around the parse.
+ * state lives on the caller's stack.  No locks.  The only globals touched are
+ * inih's ini_max_line and ini_stop_on_first_error (see parse_file), saved and
+ * restored around the parse.
  */
 #include "config.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <grp.h>
+#include <libgen.h>
 #include <limits.h>
 #include <math.h>
 #include <pwd.h>
@@ -35,8 +36,9 @@
 
 #include <ini.h>
 
-/* inih copies section and key names into fixed 50-byte buffers and silently
- * truncates longer ones; read_line refuses them instead. */
+/* inih copies section names (and the key a continuation line repeats) into
+ * fixed 50-byte buffers and silently truncates longer ones; names that long
+ * are refused instead. */
 #define INIH_MAX_NAME 50
 /* Lines up to this long are accepted when the installed inih lets us raise
  * its line buffer (Debian's build exports ini_max_line); otherwise inih's
@@ -44,57 +46,22 @@
 #define CONFIG_MAX_LINE 4096
 
 #pragma weak ini_max_line
+#pragma weak ini_stop_on_first_error
 
-enum daemon_key {
-	K_SOCKET,
-	K_SOCKET_MODE,
-	K_SOCKET_GROUP,
-	K_READERS,
-	K_RING_BYTES,
-	K_ARENA_BYTES,
-	K_SESSION_BYTES,
-	K_MAX_SESSIONS,
-	K_MAX_FRAME,
-	K_ALLOW_USERS,
-	K_ALLOW_GROUPS,
-	K_DEPTH,
-	K_MAX_DEPTH,
-	K_IPC,
-	K_READ,
-	K_RESERVE,
-	K_RESERVE_MIN,
-	K_PROBE_INTERVAL,
-	K_POOL,
-	K_POOL_BYTES,
-	K_POOL_SLAB,
-	K_MAX_EPOCH_PICKS,
-	K_COUNT
-};
-
-static const char *const daemon_keys[K_COUNT] = {
-	[K_SOCKET] = "socket",
-	[K_SOCKET_MODE] = "socket_mode",
-	[K_SOCKET_GROUP] = "socket_group",
-	[K_READERS] = "readers",
-	[K_RING_BYTES] = "ring_bytes",
-	[K_ARENA_BYTES] = "arena_bytes",
-	[K_SESSION_BYTES] = "session_bytes",
-	[K_MAX_SESSIONS] = "max_sessions",
-	[K_MAX_FRAME] = "max_frame",
-	[K_ALLOW_USERS] = "allow_users",
-	[K_ALLOW_GROUPS] = "allow_groups",
-	[K_DEPTH] = "depth",
-	[K_MAX_DEPTH] = "max_depth",
-	[K_IPC] = "ipc",
-	[K_READ] = "read",
-	[K_RESERVE] = "reserve",
-	[K_RESERVE_MIN] = "reserve_min",
-	[K_PROBE_INTERVAL] = "probe_interval",
-	[K_POOL] = "pool",
-	[K_POOL_BYTES] = "pool_bytes",
-	[K_POOL_SLAB] = "pool_slab",
-	[K_MAX_EPOCH_PICKS] = "max_epoch_picks",
-};
+/* The [daemon] keys: K_NAME indexes key_line, daemon_keys[K_NAME] is "name". */
+#define DAEMON_KEYS(X)                                                                             \
+	X(SOCKET, socket), X(SOCKET_MODE, socket_mode), X(SOCKET_GROUP, socket_group),             \
+		X(READERS, readers), X(RING_BYTES, ring_bytes), X(ARENA_BYTES, arena_bytes),       \
+		X(SESSION_BYTES, session_bytes), X(MAX_SESSIONS, max_sessions),                    \
+		X(MAX_FRAME, max_frame), X(ALLOW_USERS, allow_users),                              \
+		X(ALLOW_GROUPS, allow_groups), X(DEPTH, depth), X(MAX_DEPTH, max_depth),           \
+		X(IPC, ipc), X(READ, read), X(RESERVE, reserve), X(RESERVE_MIN, reserve_min),      \
+		X(PROBE_INTERVAL, probe_interval), X(POOL, pool), X(POOL_BYTES, pool_bytes),       \
+		X(POOL_SLAB, pool_slab), X(MAX_EPOCH_PICKS, max_epoch_picks)
+#define KEY_ENUM(k, name) K_##k
+#define KEY_NAME(k, name) [K_##k] = #name
+enum daemon_key { DAEMON_KEYS(KEY_ENUM), K_COUNT };
+static const char *const daemon_keys[K_COUNT] = {DAEMON_KEYS(KEY_NAME)};
 
 enum section { SEC_NONE, SEC_DAEMON, SEC_DATASET };
 
@@ -105,10 +72,10 @@ struct parse {
 	FILE *file;	    /* owned */
 	char *buf;	    /* owned: getline buffer */
 	size_t buf_cap;
-	int lineno; /* of the line inih is processing */
-	/* Mirrors inih's prev_name: a key line was seen in this section, so an
-	 * indented line continues its value. */
-	bool prev_key;
+	int lineno;	   /* of the line inih is processing, held raw in buf */
+	int call_line;	   /* of the handler's previous call, 0 before the first */
+	int header_line;   /* of the last line that starts with '[', 0: none yet */
+	bool header_cut;   /* no ']' after its first 49 name bytes: cut, if inih passes 49 */
 	bool continuation; /* the current line continues the previous key */
 	enum section section;
 	char section_name[INIH_MAX_NAME];
@@ -117,17 +84,15 @@ struct parse {
 	bool reserve_is_size;
 	bool dataset_format_seen;
 	bool dataset_shards_seen;
-	int rc;	   /* first error, 0 while none */
+	int rc;	   /* first error, 0 while none; lineno stays at its line */
 	char *err; /* borrowed: the caller's buffer */
 	size_t errlen;
 };
 
-static int fail_at(struct parse *st, int rc, int line, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
 /* Records the first error as "FILE:LINE: message" and returns 0, which is
  * what an inih handler returns to report failure. */
-static int fail_at(struct parse *st, int rc, int line, const char *fmt, ...)
+static __attribute__((format(printf, 4, 5))) int fail_at(struct parse *st, int rc, int line,
+							 const char *fmt, ...)
 {
 	va_list ap;
 	int n;
@@ -149,8 +114,9 @@ static int fail_at(struct parse *st, int rc, int line, const char *fmt, ...)
 	return 0;
 }
 
-#define fail(st, ...)  fail_at((st), -EINVAL, (st)->lineno, __VA_ARGS__)
-#define fail_nomem(st) fail_at((st), -ENOMEM, (st)->lineno, "out of memory")
+#define fail(st, ...)	      fail_at((st), -EINVAL, (st)->lineno, __VA_ARGS__)
+#define fail_nomem(st)	      fail_at((st), -ENOMEM, (st)->lineno, "out of memory")
+#define fail_section(st, ...) fail_at((st), -EINVAL, (st)->section_line, __VA_ARGS__)
 
 static char *trim(char *s)
 {
@@ -164,29 +130,11 @@ static char *trim(char *s)
 	return s;
 }
 
-/* inih's find_chars_or_comment: the first of chars, or the start of an
- * inline comment (';' after whitespace), or the terminating NUL. */
-static char *find_chars_or_comment(char *s, const char *chars)
-{
-	bool was_space = false;
-
-	while (*s && (!chars || !strchr(chars, *s)) && !(was_space && *s == ';')) {
-		was_space = isspace((unsigned char)*s);
-		s++;
-	}
-	return s;
-}
-
 /* ---- values ---------------------------------------------------------------- */
 
 static bool all_digits(const char *s)
 {
-	if (!*s)
-		return false;
-	for (; *s; s++)
-		if (!isdigit((unsigned char)*s))
-			return false;
-	return true;
+	return *s && s[strspn(s, "0123456789")] == '\0';
 }
 
 static int parse_u64(const char *s, uint64_t *out)
@@ -284,9 +232,7 @@ static char *resolve_path(struct parse *st, const char *p)
 
 	if (p[0] == '/')
 		return strdup(p);
-	if (asprintf(&out, "%s/%s", st->base_dir, p) < 0)
-		return NULL;
-	return out;
+	return asprintf(&out, "%s/%s", st->base_dir, p) < 0 ? NULL : out;
 }
 
 static int replace_str(struct parse *st, char **slot, char *fresh)
@@ -298,37 +244,21 @@ static int replace_str(struct parse *st, char **slot, char *fresh)
 	return 1;
 }
 
-static int push_uid(struct parse *st, uid_t uid)
+/* Adds id to an allow list unless it is there.  uid_t and gid_t are one
+ * type on Linux (the compiler says so where gid lists are passed). */
+static int push_id(struct parse *st, uid_t **ids, size_t *n, uid_t id)
 {
-	struct config *cfg = st->cfg;
 	uid_t *grown;
 	size_t i;
 
-	for (i = 0; i < cfg->n_allow_uids; i++)
-		if (cfg->allow_uids[i] == uid)
+	for (i = 0; i < *n; i++)
+		if ((*ids)[i] == id)
 			return 1;
-	grown = realloc(cfg->allow_uids, (cfg->n_allow_uids + 1) * sizeof(*grown));
+	grown = realloc(*ids, (*n + 1) * sizeof(*grown));
 	if (!grown)
 		return fail_nomem(st);
-	grown[cfg->n_allow_uids++] = uid;
-	cfg->allow_uids = grown;
-	return 1;
-}
-
-static int push_gid(struct parse *st, gid_t gid)
-{
-	struct config *cfg = st->cfg;
-	gid_t *grown;
-	size_t i;
-
-	for (i = 0; i < cfg->n_allow_gids; i++)
-		if (cfg->allow_gids[i] == gid)
-			return 1;
-	grown = realloc(cfg->allow_gids, (cfg->n_allow_gids + 1) * sizeof(*grown));
-	if (!grown)
-		return fail_nomem(st);
-	grown[cfg->n_allow_gids++] = gid;
-	cfg->allow_gids = grown;
+	grown[(*n)++] = id;
+	*ids = grown;
 	return 1;
 }
 
@@ -341,48 +271,43 @@ static void drop_implicit_allow(struct parse *st)
 	if (st->key_line[K_ALLOW_USERS] || st->key_line[K_ALLOW_GROUPS])
 		return;
 	free(cfg->allow_uids);
-	cfg->allow_uids = NULL;
-	cfg->n_allow_uids = 0;
 	free(cfg->allow_gids);
-	cfg->allow_gids = NULL;
-	cfg->n_allow_gids = 0;
+	cfg->allow_uids = cfg->allow_gids = NULL;
+	cfg->n_allow_uids = cfg->n_allow_gids = 0;
 }
 
 /* allow_users / allow_groups: "name, 1001, *". */
 static int key_allow(struct parse *st, const char *key, const char *value, bool users)
 {
-	char *list, *item, *next;
-	int ok = 1;
+	struct config *cfg = st->cfg;
+	uid_t **ids = users ? &cfg->allow_uids : &cfg->allow_gids;
+	size_t *n = users ? &cfg->n_allow_uids : &cfg->n_allow_gids;
+	char *list = strdup(value), *rest = list, *item;
+	int ok = list ? 1 : fail_nomem(st);
 
-	list = strdup(value);
-	if (!list)
-		return fail_nomem(st);
-	for (item = list; item && ok; item = next) {
+	while (ok && (item = strsep(&rest, ","))) {
 		uint64_t id;
 
-		next = strchr(item, ',');
-		if (next)
-			*next++ = '\0';
 		item = trim(item);
 		if (!*item) {
 			ok = fail(st, "%s: empty entry in list", key);
 		} else if (strcmp(item, "*") == 0) {
-			st->cfg->allow_any = true;
+			cfg->allow_any = true;
 		} else if (all_digits(item)) {
 			/* uid_t and gid_t are 32 bits; -1 means "no id" to chown. */
 			if (parse_u64(item, &id) || id >= UINT32_MAX)
 				ok = fail(st, "%s: id %s is out of range", key, item);
 			else
-				ok = users ? push_uid(st, (uid_t)id) : push_gid(st, (gid_t)id);
+				ok = push_id(st, ids, n, (uid_t)id);
 		} else if (users) {
 			struct passwd *pw = getpwnam(item);
 
-			ok = pw ? push_uid(st, pw->pw_uid)
+			ok = pw ? push_id(st, ids, n, pw->pw_uid)
 				: fail(st, "%s: no such user '%s'", key, item);
 		} else {
 			struct group *gr = getgrnam(item);
 
-			ok = gr ? push_gid(st, gr->gr_gid)
+			ok = gr ? push_id(st, ids, n, gr->gr_gid)
 				: fail(st, "%s: no such group '%s'", key, item);
 		}
 	}
@@ -440,11 +365,6 @@ static int daemon_key(struct parse *st, const char *name, const char *value)
 			break;
 	if (k == K_COUNT)
 		return fail(st, "unknown key '%s' in [daemon]", name);
-	if (st->continuation)
-		return fail(st,
-			    "%s: a continuation line (leading whitespace) is only allowed "
-			    "for field.NAME",
-			    name);
 	if (st->key_line[k])
 		return fail(st, "%s: duplicate key (first set on line %d)", name, st->key_line[k]);
 	if (!*value)
@@ -567,40 +487,46 @@ static bool valid_name(const char *s)
  * comma is allowed so that a list can continue on the next line. */
 static int add_shards(struct parse *st, struct config_field *f, const char *key, const char *value)
 {
-	char *list, *item, *next;
-	int ok = 1;
+	char *list = strdup(value), *rest = list, *item;
+	int ok = list ? 1 : fail_nomem(st);
 
-	list = strdup(value);
-	if (!list)
-		return fail_nomem(st);
-	for (item = list; item && ok; item = next) {
-		char **grown, *path;
+	while (ok && (item = strsep(&rest, ","))) {
+		char **grown;
 
-		next = strchr(item, ',');
-		if (next)
-			*next++ = '\0';
 		item = trim(item);
 		if (!*item) {
-			if (!next && item != list)
-				break;
-			ok = fail(st, "%s: empty shard path in list", key);
-			break;
+			/* The last item may be empty, unless it is the only one. */
+			if (rest || item == list)
+				ok = fail(st, "%s: empty shard path in list", key);
+			continue;
 		}
-		grown = realloc(f->paths, (f->npaths + 1) * sizeof(*f->paths));
-		if (!grown) {
+		grown = realloc(f->paths, (f->npaths + 1) * sizeof(*grown));
+		if (grown)
+			f->paths = grown;
+		if (!grown || !(f->paths[f->npaths] = resolve_path(st, item)))
 			ok = fail_nomem(st);
-			break;
-		}
-		f->paths = grown;
-		path = resolve_path(st, item);
-		if (!path) {
-			ok = fail_nomem(st);
-			break;
-		}
-		f->paths[f->npaths++] = path;
+		else
+			f->npaths++;
 	}
 	free(list);
 	return ok;
+}
+
+/* Appends an empty field to ds; NULL when out of memory. */
+static struct config_field *add_field(struct config_dataset *ds, const char *name)
+{
+	struct config_field *f = realloc(ds->fields, (ds->nfields + 1) * sizeof(*f));
+
+	if (!f)
+		return NULL;
+	ds->fields = f;
+	f = &ds->fields[ds->nfields];
+	memset(f, 0, sizeof(*f));
+	f->name = strdup(name);
+	if (!f->name)
+		return NULL;
+	ds->nfields++;
+	return f;
 }
 
 static int dataset_key(struct parse *st, const char *name, const char *value)
@@ -610,10 +536,11 @@ static int dataset_key(struct parse *st, const char *name, const char *value)
 	struct config_field *f;
 	size_t i;
 
+	/* The handler lets only shards and field.NAME continue, and a key line
+	 * that fails ends the parse: the field continued is the last one. */
+	if (st->continuation)
+		return add_shards(st, &ds->fields[ds->nfields - 1], name, value);
 	if (strcmp(name, "format") == 0) {
-		if (st->continuation)
-			return fail(st, "format: a continuation line is only allowed "
-					"for field.NAME");
 		if (st->dataset_format_seen)
 			return fail(st, "format: duplicate key");
 		st->dataset_format_seen = true;
@@ -622,36 +549,19 @@ static int dataset_key(struct parse *st, const char *name, const char *value)
 		return replace_str(st, &ds->format, strdup(value));
 	}
 	if (strcmp(name, "seq_len") == 0) {
-		unsigned v;
-
 		if (ds->seq_len)
 			return fail(st, "seq_len: duplicate key");
-		if (!key_uint(st, name, value, 1, 1u << 24, &v))
-			return 0;
-		ds->seq_len = v;
-		return 1;
+		return key_uint(st, name, value, 1, 1u << 24, &ds->seq_len);
 	}
 	if (strcmp(name, "shards") == 0) {
-		/* tokens: shard file patterns (glob), as one field "tokens".
-		 * A continuation line adds more patterns. */
+		/* tokens: shard file patterns (glob), as one field "tokens". */
 		st->dataset_shards_seen = true;
-		if (!st->continuation) {
-			if (ds->nfields)
-				return fail(st, "shards: duplicate key, or given with field.NAME");
-			f = calloc(1, sizeof(*f));
-			if (!f)
-				return fail_nomem(st);
-			ds->fields = f;
-			f->name = strdup("tokens");
-			if (!f->name)
-				return fail_nomem(st);
-			ds->nfields = 1;
-		}
-		return add_shards(st, &ds->fields[0], name, value);
+		if (ds->nfields)
+			return fail(st, "shards: duplicate key, or given with field.NAME");
+		f = add_field(ds, "tokens");
+		return f ? add_shards(st, f, name, value) : fail_nomem(st);
 	}
 	if (strcmp(name, "pool") == 0) {
-		if (st->continuation)
-			return fail(st, "pool: a continuation line is only allowed for field.NAME");
 		if (ds->pool != CONFIG_POOL_DEFAULT)
 			return fail(st, "pool: duplicate key");
 		if (!key_onoff(st, name, value, &(bool){false}))
@@ -666,64 +576,37 @@ static int dataset_key(struct parse *st, const char *name, const char *value)
 			name, ds->name);
 	if (!valid_name(name + 6))
 		return fail(st, "%s: field names use letters, digits, '_', '-' and '.'", name);
-
-	if (st->continuation) {
-		/* inih passes the key of the line being continued, which is
-		 * necessarily the last field added. */
-		if (ds->nfields == 0 || strcmp(ds->fields[ds->nfields - 1].name, name + 6) != 0)
-			return fail(st, "%s: continuation of an unknown field", name);
-		return add_shards(st, &ds->fields[ds->nfields - 1], name, value);
-	}
 	for (i = 0; i < ds->nfields; i++)
 		if (strcmp(ds->fields[i].name, name + 6) == 0)
 			return fail(st, "%s: duplicate field", name);
 	if (!*value)
 		return fail(st, "%s: empty value (expected shard paths)", name);
-	f = realloc(ds->fields, (ds->nfields + 1) * sizeof(*ds->fields));
-	if (!f)
-		return fail_nomem(st);
-	ds->fields = f;
-	f = &ds->fields[ds->nfields];
-	memset(f, 0, sizeof(*f));
-	f->name = strdup(name + 6);
-	if (!f->name)
-		return fail_nomem(st);
-	ds->nfields++;
-	return add_shards(st, f, name, value);
+	f = add_field(ds, name + 6);
+	return f ? add_shards(st, f, name, value) : fail_nomem(st);
 }
 
 /* Checks the section that just ended; runs at each header and at EOF. */
 static int finish_section(struct parse *st)
 {
-	struct config *cfg = st->cfg;
 	const struct config_dataset *ds;
+	const char *why = NULL; /* what is wrong, after "[dataset.NAME]" */
 
 	if (st->section != SEC_DATASET)
 		return 1;
-	ds = &cfg->datasets[cfg->ndatasets - 1];
-	if (strcmp(ds->format, "tokens") == 0) {
-		if (ds->nfields == 0 || strcmp(ds->fields[0].name, "tokens") != 0 ||
-		    ds->nfields > 1)
-			return fail_at(st, -EINVAL, st->section_line,
-				       "[%s] is a tokens dataset: give its files as shards = "
-				       "PATTERN (not field.NAME)",
-				       st->section_name);
-		if (!ds->seq_len)
-			return fail_at(st, -EINVAL, st->section_line,
-				       "[%s] is a tokens dataset: give seq_len = N (tokens per "
-				       "sample, plus one for the target)",
-				       st->section_name);
-		return 1;
+	ds = &st->cfg->datasets[st->cfg->ndatasets - 1];
+	if (strcmp(ds->format, "tokens") != 0) {
+		if (ds->seq_len || st->dataset_shards_seen)
+			why = ": shards and seq_len are for format = tokens (npy datasets use "
+			      "field.NAME = PATH)";
+		else if (ds->nfields == 0)
+			why = " declares no fields (add field.NAME = PATH)";
+	} else if (ds->nfields != 1 || strcmp(ds->fields[0].name, "tokens") != 0) {
+		why = " is a tokens dataset: give its files as shards = PATTERN (not field.NAME)";
+	} else if (!ds->seq_len) {
+		why = " is a tokens dataset: give seq_len = N (tokens per sample, plus one for the "
+		      "target)";
 	}
-	if (ds->seq_len || st->dataset_shards_seen)
-		return fail_at(st, -EINVAL, st->section_line,
-			       "[%s]: shards and seq_len are for format = tokens (npy datasets "
-			       "use field.NAME = PATH)",
-			       st->section_name);
-	if (ds->nfields == 0)
-		return fail_at(st, -EINVAL, st->section_line,
-			       "[%s] declares no fields (add field.NAME = PATH)", st->section_name);
-	return 1;
+	return why ? fail_section(st, "[%s]%s", st->section_name, why) : 1;
 }
 
 static int enter_section(struct parse *st, const char *name)
@@ -734,24 +617,26 @@ static int enter_section(struct parse *st, const char *name)
 
 	if (!finish_section(st))
 		return 0;
-	if (strlen(name) >= INIH_MAX_NAME)
-		return fail(st, "section name '%s' is longer than %d characters", name,
-			    INIH_MAX_NAME - 1);
+	st->section_line = st->header_line;
+	if (strlen(name) == INIH_MAX_NAME - 1 && st->header_cut)
+		return fail_section(st, "section name '%s...' is longer than %d characters", name,
+				    INIH_MAX_NAME - 1);
 	strcpy(st->section_name, name);
-	st->section_line = st->lineno;
 	if (strcmp(name, "daemon") == 0) {
 		st->section = SEC_DAEMON;
 		return 1;
 	}
 	if (strncmp(name, "dataset.", 8) != 0)
-		return fail(st, "unknown section [%s] (expected [daemon] or [dataset.NAME])", name);
+		return fail_section(
+			st, "unknown section [%s] (expected [daemon] or [dataset.NAME])", name);
 	name += 8;
 	if (!valid_name(name))
-		return fail(st, "[dataset.%s]: dataset names use letters, digits, '_', '-' and '.'",
-			    name);
+		return fail_section(
+			st, "[dataset.%s]: dataset names use letters, digits, '_', '-' and '.'",
+			name);
 	for (i = 0; i < cfg->ndatasets; i++)
 		if (strcmp(cfg->datasets[i].name, name) == 0)
-			return fail(st, "[dataset.%s]: duplicate dataset", name);
+			return fail_section(st, "[dataset.%s]: duplicate dataset", name);
 	ds = realloc(cfg->datasets, (cfg->ndatasets + 1) * sizeof(*ds));
 	if (!ds)
 		return fail_nomem(st);
@@ -771,54 +656,12 @@ static int enter_section(struct parse *st, const char *name)
 
 /* ---- inih glue ---------------------------------------------------------------- */
 
-/* Classifies a line the way ini_parse_stream will, so that sections are seen
- * even when they hold no keys and malformed lines get a real message. */
-static int classify(struct parse *st, char *line)
-{
-	char *start = line, *end;
-
-	st->continuation = false;
-	if (st->lineno == 1 && strncmp(start, "\xEF\xBB\xBF", 3) == 0)
-		start += 3;
-	end = start + strlen(start);
-	while (end > start && isspace((unsigned char)end[-1]))
-		*--end = '\0';
-	while (isspace((unsigned char)*start))
-		start++;
-
-	if (!*start || *start == ';' || *start == '#')
-		return 1;
-	if (st->prev_key && start > line) {
-		st->continuation = true;
-		return 1;
-	}
-	if (*start == '[') {
-		end = find_chars_or_comment(start + 1, "]");
-		if (*end != ']')
-			return fail(st, "section header without ']'");
-		*end = '\0';
-		st->prev_key = false;
-		return enter_section(st, start + 1);
-	}
-	end = find_chars_or_comment(start, "=:");
-	if (*end != '=' && *end != ':')
-		return fail(st, "expected 'key = value'");
-	*end = '\0';
-	start = trim(start);
-	if (!*start)
-		return fail(st, "missing key before '='");
-	if (strlen(start) >= INIH_MAX_NAME)
-		return fail(st, "key '%s' is longer than %d characters", start, INIH_MAX_NAME - 1);
-	if (st->section == SEC_NONE)
-		return fail(st, "%s: key outside any section (start with [daemon])", start);
-	st->prev_key = true;
-	return 1;
-}
-
-/* An ini_reader: fgets semantics on top of getline, counting lines. */
+/* An ini_reader: fgets semantics on top of getline, counting lines and
+ * keeping the raw line in st->buf for the handler. */
 static char *read_line(char *str, int num, void *stream)
 {
 	struct parse *st = stream;
+	const char *p;
 	ssize_t n;
 
 	if (st->rc)
@@ -840,69 +683,91 @@ static char *read_line(char *str, int num, void *stream)
 		fail(st, "line is longer than %d bytes", num - 2);
 		return NULL;
 	}
-	memcpy(str, st->buf, (size_t)n + 1);
-	if (!classify(st, st->buf))
-		return NULL;
-	return str;
+	/* inih calls the handler for keys only, never for a [section] line:
+	 * note where lines starting with '[' are (after the BOM inih skips on
+	 * line 1), so the handler can tell when a header came in between. */
+	p = st->buf + (st->lineno == 1 && strncmp(st->buf, "\xEF\xBB\xBF", 3) == 0 ? 3 : 0);
+	p += strspn(p, " \t\n\v\f\r");
+	if (*p == '[') {
+		st->header_line = st->lineno;
+		st->header_cut =
+			strnlen(p, INIH_MAX_NAME + 1) > INIH_MAX_NAME && p[INIH_MAX_NAME] != ']';
+	}
+	return memcpy(str, st->buf, (size_t)n + 1);
 }
 
+/* An ini_handler: inih calls it for each key line and each continuation
+ * line, before it reads the next line. */
 static int handler(void *user, const char *section, const char *name, const char *value)
 {
 	struct parse *st = user;
+	/* A line starting with '[' that no call came for is a section header
+	 * (a continuation line starting with '[' gets its call). */
+	bool new_section = st->header_line > st->call_line && st->header_line < st->lineno;
 
-	if (st->rc)
+	/* inih's rule: a line starting with whitespace continues the value of
+	 * the section's previous key line, if it has one (inih forgets it at
+	 * each header); blank and comment lines never get here. */
+	st->continuation = !new_section && st->call_line && isspace((unsigned char)st->buf[0]);
+	st->call_line = st->lineno;
+	if (new_section && !enter_section(st, section))
 		return 0;
-	/* read_line and inih must agree on the section; they always should,
-	 * since classify mirrors inih, but a mismatch must not misfile keys. */
-	if (strcmp(section, st->section_name) != 0)
-		return fail(st, "%s: internal error: section '%s' vs '%s'", name, section,
-			    st->section_name);
-	if (st->section == SEC_DAEMON)
-		return daemon_key(st, name, value);
-	return dataset_key(st, name, value);
+	if (st->continuation) {
+		if (strcmp(name, "shards") != 0 && strncmp(name, "field.", 6) != 0)
+			return fail(st,
+				    "%s: a continuation line (leading whitespace) is only allowed "
+				    "for field.NAME",
+				    name);
+	} else if (!*name) {
+		return fail(st, "missing key before '='");
+	} else if (strlen(name) >= INIH_MAX_NAME) {
+		return fail(st, "key '%s' is longer than %d characters", name, INIH_MAX_NAME - 1);
+	} else if (st->section == SEC_NONE) {
+		return fail(st, "%s: key outside any section (start with [daemon])", name);
+	}
+	return st->section == SEC_DAEMON ? daemon_key(st, name, value)
+					 : dataset_key(st, name, value);
 }
 
 static int parse_file(struct parse *st)
 {
-	int saved_max_line = 0;
+	/* Debian's libinih exports its options as globals (weak here: NULL in
+	 * an inih without them).  ini_max_line sizes its stack line buffer,
+	 * whose default 200 bytes is short for a list of shard paths; stopping
+	 * at the first error leaves the bad line the last one read.  Without
+	 * them read_line refuses lines over 198 bytes, and inih reads on. */
+	int saved_max_line = &ini_max_line ? ini_max_line : 0;
+	bool saved_stop = &ini_stop_on_first_error ? ini_stop_on_first_error : false;
 	int ret;
 
-	/* Debian's libinih exports ini_max_line (the size of its stack line
-	 * buffer); inih's default of 200 bytes is short for a list of shard
-	 * paths.  Elsewhere the symbol is absent (weak: NULL) and the default
-	 * stays, which read_line reports on an over-long line. */
-	if (&ini_max_line) {
-		saved_max_line = ini_max_line;
+	if (&ini_max_line)
 		ini_max_line = CONFIG_MAX_LINE;
-	}
+	if (&ini_stop_on_first_error)
+		ini_stop_on_first_error = true;
 	ret = ini_parse_stream(read_line, st, handler, st);
 	if (&ini_max_line)
 		ini_max_line = saved_max_line;
+	if (&ini_stop_on_first_error)
+		ini_stop_on_first_error = saved_stop;
 
-	if (st->rc)
-		return st->rc;
-	if (ret == -2)
+	/* ret is the first line that failed: inih's own syntax error (no '='
+	 * or ':', or a header without ']') unless a handler failed there.  An
+	 * inih that reads on may see a later '[' line and call a bad header a
+	 * bad key line. */
+	if (ret > 0 && (!st->rc || ret < st->lineno)) {
+		st->rc = 0;
+		fail_at(st, -EINVAL, ret, "%s",
+			ret == st->header_line ? "section header without ']'"
+					       : "expected 'key = value'");
+	} else if (ret == -2) {
 		fail_nomem(st);
-	else if (ret != 0)
-		fail_at(st, -EINVAL, ret, "syntax error");
-	else
+	} else if (!st->rc) {
 		finish_section(st);
+	}
 	return st->rc;
 }
 
 /* ---- public ---------------------------------------------------------------- */
-
-static int set_implicit_allow(struct config *cfg)
-{
-	cfg->allow_uids = malloc(2 * sizeof(*cfg->allow_uids));
-	if (!cfg->allow_uids)
-		return -ENOMEM;
-	cfg->allow_uids[0] = getuid();
-	cfg->n_allow_uids = 1;
-	if (getuid() != 0)
-		cfg->allow_uids[cfg->n_allow_uids++] = 0;
-	return 0;
-}
 
 void config_defaults(struct config *cfg)
 {
@@ -930,7 +795,13 @@ void config_defaults(struct config *cfg)
 	cfg->pool = true;
 	cfg->pool_bytes = 0;
 	cfg->pool_slab = 256ULL << 20;
-	set_implicit_allow(cfg);
+	/* No allow keys: the daemon's own uid and root. */
+	cfg->allow_uids = malloc(2 * sizeof(*cfg->allow_uids));
+	if (cfg->allow_uids) {
+		cfg->allow_uids[cfg->n_allow_uids++] = getuid();
+		if (getuid() != 0)
+			cfg->allow_uids[cfg->n_allow_uids++] = 0;
+	}
 }
 
 void config_free(struct config *cfg)
@@ -963,20 +834,11 @@ void config_free(struct config *cfg)
  * the same whatever the daemon's working directory. */
 static char *config_dir(const char *path)
 {
-	char *copy, *slash, *dir;
+	char *copy = strdup(path), *dir;
 
-	copy = strdup(path);
 	if (!copy)
 		return NULL;
-	slash = strrchr(copy, '/');
-	if (!slash)
-		dir = realpath(".", NULL);
-	else if (slash == copy)
-		dir = strdup("/");
-	else {
-		*slash = '\0';
-		dir = realpath(copy, NULL);
-	}
+	dir = realpath(dirname(copy), NULL);
 	free(copy);
 	return dir;
 }
@@ -995,18 +857,14 @@ int config_load(const char *path, struct config *cfg, char *err, size_t errlen)
 		goto out;
 	}
 	st.file = fopen(path, "re");
-	if (!st.file) {
-		rc = -errno;
-		if (err && errlen)
-			snprintf(err, errlen, "cannot open %s: %s", path, strerror(-rc));
-		goto out;
-	}
-	st.base_dir = config_dir(path);
+	st.base_dir = st.file ? config_dir(path) : NULL;
 	if (!st.base_dir) {
 		rc = -errno;
 		if (err && errlen)
-			snprintf(err, errlen, "cannot resolve the directory of %s: %s", path,
-				 strerror(-rc));
+			snprintf(err, errlen,
+				 st.file ? "cannot resolve the directory of %s: %s"
+					 : "cannot open %s: %s",
+				 path, strerror(-rc));
 		goto out;
 	}
 	rc = parse_file(&st);

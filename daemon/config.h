@@ -44,7 +44,12 @@
  *
  * Sizes take K/M/G/T suffixes (powers of 1024).  Unknown keys and sections
  * are errors that name the line, so a typo never silently falls back to a
- * default.
+ * default.  A section that holds no keys is ignored, whatever its name:
+ * inih, which reads the file, reports keys and never a header alone.  So an
+ * empty [dataset.x] declares no dataset, and an empty [deamon] is no error
+ * (it sets nothing).  Until issue 14 both were refused ("[dataset.x]
+ * declares no fields", "unknown section [deamon]"); with a key in them they
+ * still are.
  *
  * DESIGN: parsed once by the main thread before the loop starts.
  */

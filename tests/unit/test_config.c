@@ -379,6 +379,27 @@ static void long_shard_lists_fit_on_one_line(void **state)
 			    "/data/some/long/directory/name/shard-0039.npy");
 }
 
+static void tokens_dataset_takes_shard_patterns_and_seq_len(void **state)
+{
+	struct fixture *fx = *state;
+	const struct config_dataset *ds;
+
+	assert_int_equal(load_text(fx, "[dataset.fineweb]\n"
+				       "format = tokens\n"
+				       "shards = /data/train_*.bin,\n"
+				       "    /data/extra_*.bin\n"
+				       "seq_len = 1024\n"),
+			 0);
+	ds = &fx->cfg.datasets[0];
+	assert_string_equal(ds->format, "tokens");
+	assert_int_equal(ds->seq_len, 1024);
+	assert_int_equal(ds->nfields, 1);
+	assert_string_equal(ds->fields[0].name, "tokens");
+	assert_int_equal(ds->fields[0].npaths, 2);
+	assert_string_equal(ds->fields[0].paths[0], "/data/train_*.bin");
+	assert_string_equal(ds->fields[0].paths[1], "/data/extra_*.bin");
+}
+
 static void missing_file_is_enoent(void **state)
 {
 	struct fixture *fx = *state;
@@ -400,7 +421,7 @@ static const struct {
 	int line;
 	const char *msg;
 } bad_files[] = {
-	{"[daemon]\nreaders = 2\n[deamon]\n", 3, "unknown section [deamon]"},
+	{"[daemon]\nreaders = 2\n[deamon]\nreaders = 3\n", 3, "unknown section [deamon]"},
 	{"[daemon]\nreadres = 2\n", 2, "unknown key 'readres' in [daemon]"},
 	{"[daemon]\n\nreaders = four\n", 3, "readers: 'four' is not a number"},
 	{"[daemon]\nreaders = 0\n", 2, "readers: 0 is out of range (1..256)"},
@@ -441,12 +462,45 @@ static const struct {
 	{"readers = 2\n", 1, "readers: key outside any section"},
 	{"[daemon]\nreaders 2\n", 2, "expected 'key = value'"},
 	{"[daemon\n", 1, "section header without ']'"},
-	{"[dataset.a]\nfield.x = /x.npy\n[dataset.a]\n", 3, "[dataset.a]: duplicate dataset"},
-	{"[dataset.a b]\n", 1, "[dataset.a b]: dataset names use"},
+	/* inih's own syntax errors come first, even when keys follow. */
+	{"[daemon]\nreaders = 2\n\nbogus line\nreaders = 3\n", 4, "expected 'key = value'"},
+	{"[daemon]\nreaders = 2\n[dataset.a\nfield.x = /x\n[daemon]\n", 3,
+	 "section header without ']'"},
+	{"[daemon]\n= 2\n", 2, "missing key before '='"},
+	{"[daemon]\nreaders = 2\n  readers = 3\n", 3, "readers: a continuation line"},
+	{"[dataset.a]\nformat = npy\n  npy\nfield.x = /x\n", 3, "format: a continuation line"},
+	{"[daemon]\nabcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwx = 1\n", 2,
+	 "key 'abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwx' is longer than 49 characters"},
+	{"[dataset.abcdefghijklmnopqrstuvwxyzabcdefghijklmnop]\nfield.x = /x\n", 1,
+	 "section name 'dataset.abcdefghijklmnopqrstuvwxyzabcdefghijklmno...' is longer than 49 "
+	 "characters"},
+	/* A section's mistakes name its header, not its first key. */
+	{"[daemon]\n[deamon]\n; a comment\n\nreaders = 2\n", 2, "unknown section [deamon]"},
+	{"\xEF\xBB\xBF[deamon]\nreaders = 2\n", 1, "unknown section [deamon]"},
+	{"[dataset.a]\nfield.x = /x.npy\n[dataset.a]\nfield.y = /y.npy\n", 3,
+	 "[dataset.a]: duplicate dataset"},
+	/* After a header an indented line is a key, never a continuation. */
+	{"[dataset.a]\nfield.x = /x.npy\n[dataset.a]\n  field.y = /y.npy\n", 3,
+	 "[dataset.a]: duplicate dataset"},
+	{"[dataset.a b]\nfield.x = /x.npy\n", 1, "[dataset.a b]: dataset names use"},
 	{"[dataset.a]\nformat = npy\n[dataset.b]\nfield.x = /x\n", 1,
 	 "[dataset.a] declares no fields"},
-	{"[daemon]\n[dataset.z]\n; only a comment\n", 2, "[dataset.z] declares no fields"},
 	{"[dataset.a]\nformat = csv\nfield.x = /x\n", 2, "format: 'csv' is not npy or tokens"},
+	{"[dataset.t]\nformat = tokens\nseq_len = 8\n", 1,
+	 "[dataset.t] is a tokens dataset: give its files as shards = PATTERN (not field.NAME)"},
+	{"[dataset.t]\nformat = tokens\nfield.x = /x\nseq_len = 8\n[daemon]\nreaders = 2\n", 1,
+	 "[dataset.t] is a tokens dataset: give its files as shards = PATTERN (not field.NAME)"},
+	{"[dataset.t]\nformat = tokens\nshards = /t-*.bin\n", 1,
+	 "[dataset.t] is a tokens dataset: give seq_len = N (tokens per sample, plus one for the "
+	 "target)"},
+	{"[dataset.n]\nfield.x = /x\nseq_len = 8\n", 1,
+	 "[dataset.n]: shards and seq_len are for format = tokens (npy datasets use field.NAME = "
+	 "PATH)"},
+	{"[dataset.n]\nshards = /t-*.bin\n", 1, "[dataset.n]: shards and seq_len are for format"},
+	{"[dataset.t]\nformat = tokens\nshards = /t-*.bin\nshards = /u-*.bin\n", 4,
+	 "shards: duplicate key, or given with field.NAME"},
+	{"[dataset.t]\nformat = tokens\nshards = /t-*.bin\nseq_len = 8\n  9\n", 5,
+	 "seq_len: a continuation line"},
 	{"[dataset.a]\nfield.x = /x\nshape = 3\n", 3,
 	 "unknown key 'shape' in [dataset.a] (expected format, pool or field.NAME)"},
 	{"[dataset.a]\nfield.x = /x\nfield.x = /y\n", 3, "field.x: duplicate field"},
@@ -473,6 +527,60 @@ static void each_mistake_names_file_line_and_key(void **state)
 		assert_null(fx->cfg.socket_path);
 		assert_null(fx->cfg.datasets);
 	}
+}
+
+/* inih's rule for continuation lines: leading whitespace after a key line of
+ * the same section; after a header (or at the top) it is a key line. */
+static void indented_lines_continue_only_a_key_of_their_section(void **state)
+{
+	struct fixture *fx = *state;
+	const struct config_field *f;
+	char want[PATH_MAX + 16];
+
+	assert_int_equal(load_text(fx, "\xEF\xBB\xBF[daemon]\n  readers = 3\n"
+				       "[dataset.a]\n"
+				       "  field.x = /a.npy,\n"
+				       "  [b].npy\n"
+				       "; a comment between\n"
+				       "\n"
+				       "\t/c.npy\n"
+				       "[dataset.b]\n"
+				       "\tfield.y = /y.npy\n"),
+			 0);
+	assert_int_equal(fx->cfg.readers, 3);
+	assert_int_equal(fx->cfg.ndatasets, 2);
+	f = &fx->cfg.datasets[0].fields[0];
+	assert_int_equal(fx->cfg.datasets[0].nfields, 1);
+	assert_int_equal(f->npaths, 3);
+	assert_string_equal(f->paths[0], "/a.npy");
+	snprintf(want, sizeof(want), "%s/[b].npy", fx->real);
+	assert_string_equal(f->paths[1], want);
+	assert_string_equal(f->paths[2], "/c.npy");
+	assert_string_equal(fx->cfg.datasets[1].fields[0].name, "y");
+}
+
+/* inih keeps 49 bytes of a section name: that many are fine. */
+static void section_name_of_49_bytes_is_kept(void **state)
+{
+	struct fixture *fx = *state;
+
+	assert_int_equal(load_text(fx, "[dataset.abcdefghijklmnopqrstuvwxyzabcdefghijklmno] ; c\n"
+				       "field.x = /x.npy\n"),
+			 0);
+	assert_string_equal(fx->cfg.datasets[0].name, "abcdefghijklmnopqrstuvwxyzabcdefghijklmno");
+}
+
+/* inih reports keys, never a header: a section that holds none is not seen,
+ * whatever its name. */
+static void sections_without_keys_are_ignored(void **state)
+{
+	struct fixture *fx = *state;
+
+	assert_int_equal(load_text(fx, "[daemon]\n[dataset.z]\n; only a comment\n"
+				       "[deamon]\n[dataset.a b]\n"),
+			 0);
+	assert_string_equal(fx->err, "");
+	assert_int_equal(fx->cfg.ndatasets, 0);
 }
 
 static void overlong_line_is_refused_with_its_number(void **state)
@@ -509,9 +617,15 @@ int main(void)
 		cmocka_unit_test_setup_teardown(star_allows_anyone_and_drops_the_implicit_users,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(long_shard_lists_fit_on_one_line, setup, teardown),
+		cmocka_unit_test_setup_teardown(tokens_dataset_takes_shard_patterns_and_seq_len,
+						setup, teardown),
 		cmocka_unit_test_setup_teardown(missing_file_is_enoent, setup, teardown),
 		cmocka_unit_test_setup_teardown(each_mistake_names_file_line_and_key, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(indented_lines_continue_only_a_key_of_their_section,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(section_name_of_49_bytes_is_kept, setup, teardown),
+		cmocka_unit_test_setup_teardown(sections_without_keys_are_ignored, setup, teardown),
 		cmocka_unit_test_setup_teardown(overlong_line_is_refused_with_its_number, setup,
 						teardown),
 	};
