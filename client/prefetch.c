@@ -42,6 +42,7 @@
  */
 #include "client_int.h"
 #include "pfcuda.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -218,18 +219,17 @@ struct pf_client {
 
 /* ---- time and errors ------------------------------------------------------ */
 
-static int64_t now_ns(void)
+/* util.h's clock, signed: deadlines here are int64_t with -1 for none, and
+ * differences of two readings may be taken either way round. */
+static int64_t mono(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+	return (int64_t)now_ns();
 }
 
 /* -1: no deadline. */
 static int64_t deadline_after(int timeout_ms)
 {
-	return timeout_ms < 0 ? -1 : now_ns() + (int64_t)timeout_ms * 1000000;
+	return timeout_ms < 0 ? -1 : mono() + (int64_t)timeout_ms * 1000000;
 }
 
 /* Milliseconds left for poll(), rounded up so that a deadline 0.3 ms away
@@ -240,7 +240,7 @@ static int ms_left(int64_t deadline)
 
 	if (deadline < 0)
 		return -1;
-	left = deadline - now_ns();
+	left = deadline - mono();
 	if (left <= 0)
 		return 0;
 	left = (left + 999999) / 1000000;
@@ -1336,7 +1336,7 @@ static int send_probe(struct pf_client *c)
 	char err[200];
 	int rc;
 
-	c->last_probe_ns = now_ns();
+	c->last_probe_ns = mono();
 	rc = pfcuda_mem_info(c->cuda, &free_b, &total_b, err, sizeof(err));
 	if (rc)
 		return pfc_set_err(c, rc, "probe: %s", err);
@@ -1460,7 +1460,7 @@ static void note_outage(struct pf_client *c)
 	c->down = true;
 	c->outage_rc = c->dead;
 	snprintf(c->outage_msg, sizeof(c->outage_msg), "%s", c->dead_msg);
-	c->down_since_ns = c->next_try_ns = now_ns();
+	c->down_since_ns = c->next_try_ns = mono();
 	c->backoff_ms = 0;
 	c->tries = 0;
 	snprintf(c->try_msg, sizeof(c->try_msg), "none yet");
@@ -1563,7 +1563,7 @@ static int reconnect_once(struct pf_client *c, int64_t giveup, bool *final)
 
 static void sleep_until(int64_t t)
 {
-	int64_t left = t - now_ns();
+	int64_t left = t - mono();
 	struct timespec ts;
 
 	if (left <= 0)
@@ -1613,7 +1613,7 @@ static int revive(struct pf_client *c, int64_t deadline)
 	note_outage(c);
 	giveup = c->down_since_ns + (int64_t)(c->open_opts.reconnect_s * 1e9);
 	for (;;) {
-		int64_t now = now_ns(), wake;
+		int64_t now = mono(), wake;
 		bool final;
 		int rc;
 
@@ -1633,7 +1633,7 @@ static int revive(struct pf_client *c, int64_t deadline)
 			c->backoff_ms = c->backoff_ms ? c->backoff_ms * 2 : RECONNECT_FIRST_MS;
 			if (c->backoff_ms > RECONNECT_MAX_MS)
 				c->backoff_ms = RECONNECT_MAX_MS;
-			c->next_try_ns = now_ns() + (int64_t)c->backoff_ms * 1000000;
+			c->next_try_ns = mono() + (int64_t)c->backoff_ms * 1000000;
 			continue;
 		}
 		wake = c->next_try_ns < giveup ? c->next_try_ns : giveup;
@@ -1642,7 +1642,7 @@ static int revive(struct pf_client *c, int64_t deadline)
 			return pfc_set_err(c, -ETIMEDOUT,
 					   "%.200s; reconnecting for %.1f s (%u tries, the last: "
 					   "%.200s)",
-					   c->outage_msg, (now_ns() - c->down_since_ns) / 1e9,
+					   c->outage_msg, (mono() - c->down_since_ns) / 1e9,
 					   c->tries, c->try_msg);
 		}
 		sleep_until(wake);
@@ -1787,7 +1787,7 @@ static void maybe_probe(struct pf_client *c)
 		send_probe(c);
 		return;
 	}
-	now = now_ns();
+	now = mono();
 	if (c->last_probe_ns &&
 	    (c->probe_interval_s <= 0 || now - c->last_probe_ns < c->probe_interval_s * 1e9))
 		return;
@@ -1942,16 +1942,16 @@ static int wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int
 		if (c->queue_head || !c->epoch_live || c->epoch_ended)
 			return 0;
 		if (!*blocked_since)
-			*blocked_since = now_ns();
+			*blocked_since = mono();
 		/* Releases waiting for the GPU may be what the daemon needs to
 		 * send the next batch (every slot can be held by them): wait in
 		 * short slices and send each one as its work retires. */
 		if (c->releases) {
-			int64_t slice = now_ns() + PFC_RELEASE_POLL_NS;
+			int64_t slice = mono() + PFC_RELEASE_POLL_NS;
 
 			rc = read_env(c, deadline >= 0 && deadline < slice ? deadline : slice,
 				      &env);
-			if (rc == -ETIMEDOUT && (deadline < 0 || now_ns() < deadline)) {
+			if (rc == -ETIMEDOUT && (deadline < 0 || mono() < deadline)) {
 				rc = flush_releases(c, 0);
 				if (rc)
 					return rc;
@@ -1992,7 +1992,7 @@ static int next_batch(struct pf_client *c, int timeout_ms, struct pf_batch **bat
 		rc = wait_batch(c, deadline, timeout_ms, &blocked_since);
 		/* Counted before the Ack, which carries the total. */
 		if (blocked_since)
-			c->wait_s += (now_ns() - blocked_since) / 1e9;
+			c->wait_s += (mono() - blocked_since) / 1e9;
 		if (!rc && c->queue_head)
 			rc = take(c, batch);
 		if (!rc || !c->dead || !reconnecting(c) || revived++ == RECONNECTS_PER_CALL)
@@ -2000,9 +2000,9 @@ static int next_batch(struct pf_client *c, int timeout_ms, struct pf_batch **bat
 		/* The daemon went away: get the session back, then wait on for
 		 * the batch the trainer asked for.  The trainer waits for data
 		 * meanwhile, so that is wait time too. */
-		blocked_since = now_ns();
+		blocked_since = mono();
 		rc = revive(c, deadline);
-		c->wait_s += (now_ns() - blocked_since) / 1e9;
+		c->wait_s += (mono() - blocked_since) / 1e9;
 		if (rc)
 			return rc;
 	}
@@ -2010,7 +2010,7 @@ static int next_batch(struct pf_client *c, int timeout_ms, struct pf_batch **bat
 
 PF_API int pf_next(struct pf_client *c, int timeout_ms, struct pf_batch **batch)
 {
-	int64_t entry = now_ns();
+	int64_t entry = mono();
 	int rc;
 
 	if (!c || !batch)
@@ -2022,7 +2022,7 @@ PF_API int pf_next(struct pf_client *c, int timeout_ms, struct pf_batch **batch)
 	/* The time after an epoch's end (evaluation, checkpointing) is not
 	 * time spent consuming batches, so it does not count as busy. */
 	c->have_last_return = rc != 0 || *batch != NULL;
-	c->last_return_ns = now_ns();
+	c->last_return_ns = mono();
 	return rc;
 }
 
