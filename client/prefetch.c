@@ -94,13 +94,14 @@ struct pfc_event {
  * nfields data pointers, then the count picks.
  */
 struct pfc_batch {
-	struct pf_batch pub; /* first: pf_release is handed &pub */
-	int32_t slot;	     /* -1: error batch */
-	int32_t error;	     /* 0, or the -errno of an error batch */
-	char *message;	     /* owned: an error batch's text */
-	uint64_t bytes;	     /* sample bytes of all fields */
-	uint64_t gen;	     /* the connection it came on (pf_client.gen) */
-	struct pfc_batch *next;
+	struct pf_batch pub;	 /* first: pf_release is handed &pub */
+	int32_t slot;		 /* -1: error batch */
+	int32_t error;		 /* 0, or the -errno of an error batch */
+	char *message;		 /* owned: an error batch's text */
+	uint64_t bytes;		 /* sample bytes of all fields */
+	uint64_t gen;		 /* the connection it came on (pf_client.gen) */
+	struct fifo_node queued; /* in pf_client.queue until taken */
+	struct pfc_batch *next;	 /* in pf_client.held once taken */
 };
 
 /* The arenas of a connection that broke while the trainer held batches in
@@ -193,8 +194,7 @@ struct pf_client {
 	size_t epoch_nindices;
 	uint64_t resume_seq;
 
-	struct pfc_batch *queue_head; /* owned: received, not taken, FIFO */
-	struct pfc_batch *queue_tail;
+	struct fifo queue; /* owned: struct pfc_batch (queued), received, not taken */
 	uint32_t nqueued;
 	struct pfc_batch *held; /* owned: taken, not released */
 	uint32_t nheld;
@@ -509,12 +509,12 @@ static int flush_releases(struct pf_client *c, int wait_ms)
  * epoch: the daemon expects them back). */
 static int release_queue(struct pf_client *c)
 {
+	struct fifo_node *n;
 	int rc = 0;
 
-	while (c->queue_head) {
-		struct pfc_batch *b = c->queue_head;
+	while ((n = fifo_pop(&c->queue))) {
+		struct pfc_batch *b = container_of(n, struct pfc_batch, queued);
 
-		c->queue_head = b->next;
 		c->nqueued--;
 		if (b->slot >= 0) {
 			if (!c->dead) {
@@ -528,7 +528,6 @@ static int release_queue(struct pf_client *c)
 		}
 		free_batch(b);
 	}
-	c->queue_tail = NULL;
 	return rc;
 }
 
@@ -790,11 +789,7 @@ static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
 			return conn_fail(c, -ENOMEM, "out of memory");
 		}
 	}
-	if (c->queue_tail)
-		c->queue_tail->next = q;
-	else
-		c->queue_head = q;
-	c->queue_tail = q;
+	fifo_push(&c->queue, &q->queued);
 	c->nqueued++;
 	c->next_seq++;
 	return 0;
@@ -1467,7 +1462,7 @@ static void note_outage(struct pf_client *c)
 	/* An epoch whose end came and whose batches were all taken is over;
 	 * any other live epoch starts again at resume_seq.  Not live until
 	 * then: nothing can arrive for it in between anyway. */
-	c->resume_pending = c->epoch_live && (c->queue_head || !c->epoch_ended);
+	c->resume_pending = c->epoch_live && (c->queue.head || !c->epoch_ended);
 	if (c->resume_pending)
 		c->epoch_live = false;
 	drop_connection(c);
@@ -1876,16 +1871,12 @@ static int release_after(struct pf_client *c, struct pfc_batch *b, void *stream)
 /* Takes the head of the queue: acks it and hands it to the trainer. */
 static int take(struct pf_client *c, struct pf_batch **batch)
 {
-	struct pfc_batch *b = c->queue_head;
+	struct pfc_batch *b = container_of(fifo_pop(&c->queue), struct pfc_batch, queued);
 	Pf__Envelope env = PF__ENVELOPE__INIT;
 	Pf__Ack ack = PF__ACK__INIT;
 	int rc;
 
-	c->queue_head = b->next;
-	if (!c->queue_head)
-		c->queue_tail = NULL;
 	c->nqueued--;
-	b->next = NULL;
 
 	ack.epoch = b->pub.epoch;
 	ack.seq = b->pub.seq;
@@ -1939,7 +1930,7 @@ static int wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int
 			c->pending_err = 0;
 			return rc;
 		}
-		if (c->queue_head || !c->epoch_live || c->epoch_ended)
+		if (c->queue.head || !c->epoch_live || c->epoch_ended)
 			return 0;
 		if (!*blocked_since)
 			*blocked_since = mono();
@@ -1993,7 +1984,7 @@ static int next_batch(struct pf_client *c, int timeout_ms, struct pf_batch **bat
 		/* Counted before the Ack, which carries the total. */
 		if (blocked_since)
 			c->wait_s += (mono() - blocked_since) / 1e9;
-		if (!rc && c->queue_head)
+		if (!rc && c->queue.head)
 			rc = take(c, batch);
 		if (!rc || !c->dead || !reconnecting(c) || revived++ == RECONNECTS_PER_CALL)
 			return rc;
