@@ -264,4 +264,28 @@ struct pf_client {
 	int64_t last_return_ns;
 };
 
+/* util.h's clock, signed: deadlines here are int64_t with -1 for none, and
+ * differences of two readings may be taken either way round. */
+static inline int64_t mono(void)
+{
+	return (int64_t)now_ns();
+}
+
+/* ---- conn.c: deadlines, errors, frames, hello -------------------------------
+ * Each definition says what it does. */
+
+int64_t pfc_deadline_after(int timeout_ms);
+int pfc_ms_left(int64_t deadline);
+int pfc_conn_fail(struct pf_client *c, int rc, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+int pfc_fail_dead(struct pf_client *c);
+int pfc_sane_code(int32_t code);
+int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env);
+struct pf_client *pfc_client_new(const char *where);
+int pfc_hello(struct pf_client *c, int timeout_ms);
+
+/* ---- prefetch.c --------------------------------------------------------------- */
+
+int pfc_handle_push(struct pf_client *c, Pf__Envelope *env);
+
 #endif

@@ -2,17 +2,8 @@
  * prefetch.c — libprefetch: the trainer's end of the prefetchd protocol
  * (proto/PROTOCOL.md) and the consumer side of the depth governor.
  *
- * A client is one socket.  Every wait is a poll() with a deadline, so a
- * wedged daemon costs a caller at most its timeout and a dead one (EOF) is
- * noticed at once; nothing here waits on anything the daemon owns.  Pushes
- * (Arena, BatchReady, EpochEnd, unsolicited Error) may arrive between a
- * request and its reply, so whichever call is reading handles them: arenas
- * are mapped when they arrive, batches of the current epoch are queued for
- * pf_next, and batches of any other epoch are released at once and never
- * reach the trainer.  A frame that does not decode, or a push that breaks
- * the protocol (a slot out of range, a batch out of order), breaks the
- * connection: the socket is closed, so the daemon takes every slot back,
- * and every later call returns the same error.
+ * This file is the public API (prefetch.h).  The connection under it (the
+ * socket, deadlines, frames, calls and hello) is conn.c.
  *
  * Taking a batch sends its Ack (the daemon may prepare another: the
  * governor's `consumed`), with the stall accounting of this client: time
@@ -60,232 +51,6 @@
 #include <time.h>
 #include <unistd.h>
 
-/* ---- time and errors ------------------------------------------------------ */
-
-/* util.h's clock, signed: deadlines here are int64_t with -1 for none, and
- * differences of two readings may be taken either way round. */
-static int64_t mono(void)
-{
-	return (int64_t)now_ns();
-}
-
-/* -1: no deadline. */
-static int64_t deadline_after(int timeout_ms)
-{
-	return timeout_ms < 0 ? -1 : mono() + (int64_t)timeout_ms * 1000000;
-}
-
-/* Milliseconds left for poll(), rounded up so that a deadline 0.3 ms away
- * is not polled with 0 and spun on; -1 without a deadline. */
-static int ms_left(int64_t deadline)
-{
-	int64_t left;
-
-	if (deadline < 0)
-		return -1;
-	left = deadline - mono();
-	if (left <= 0)
-		return 0;
-	left = (left + 999999) / 1000000;
-	return left > INT_MAX ? INT_MAX : (int)left;
-}
-
-static int vset_err(struct pf_client *c, int rc, const char *fmt, va_list ap)
-{
-	vsnprintf(c->err, sizeof(c->err), fmt, ap);
-	return rc;
-}
-
-int pfc_set_err(struct pf_client *c, int rc, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vset_err(c, rc, fmt, ap);
-	va_end(ap);
-	return rc;
-}
-
-/* Breaks the connection: closes the socket (the daemon then takes back
- * every slot and frees the session) and makes every later call return rc
- * with this message.  The first failure wins. */
-static int __attribute__((format(printf, 3, 4)))
-conn_fail(struct pf_client *c, int rc, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (c->dead) {
-		snprintf(c->err, sizeof(c->err), "%s", c->dead_msg);
-		return c->dead;
-	}
-	va_start(ap, fmt);
-	vsnprintf(c->dead_msg, sizeof(c->dead_msg), fmt, ap);
-	va_end(ap);
-	snprintf(c->err, sizeof(c->err), "%s", c->dead_msg);
-	c->dead = rc;
-	if (c->sock >= 0)
-		close(c->sock);
-	c->sock = -1;
-	return rc;
-}
-
-static int fail_dead(struct pf_client *c)
-{
-	snprintf(c->err, sizeof(c->err), "%s", c->dead_msg);
-	return c->dead;
-}
-
-/* A daemon's error code must be a -errno; anything else is its bug. */
-static int sane_code(int32_t code)
-{
-	return code < 0 && code > -4096 ? code : -EPROTO;
-}
-
-/* ---- frames ---------------------------------------------------------------- */
-
-/* The daemon closed the connection.  A daemon that refuses a peer
- * (SO_PEERCRED) pushes an Error and closes before hello, possibly before our
- * hello is even sent: so read what it left, and prefer its reason to a bare
- * "closed". */
-static int peer_closed(struct pf_client *c)
-{
-	Pf__Envelope *env;
-
-	for (;;) {
-		int rc = wire_rx_next(&c->rx, &env);
-
-		if (rc == 1) {
-			if (env->id == 0 && env->msg_case == PF__ENVELOPE__MSG_ERROR &&
-			    !c->pending_err) {
-				c->pending_err = sane_code(env->error->code);
-				snprintf(c->pending_msg, sizeof(c->pending_msg), "prefetchd: %s",
-					 env->error->message ? env->error->message : "");
-			}
-			pf__envelope__free_unpacked(env, NULL);
-			continue;
-		}
-		if (rc < 0 || wire_rx_fill(&c->rx, c->sock) <= 0)
-			break;
-	}
-	if (c->pending_err && !c->greeted)
-		return conn_fail(c, c->pending_err, "%s", c->pending_msg);
-	/* The daemon's end closed: it exited, crashed or was killed (a daemon
-	 * that drops one client on purpose pushes an Error first, caught
-	 * above before hello and by pending_err after it). */
-	return conn_fail(c, -ECONNRESET, "%s went away (the connection closed)", c->where);
-}
-
-static int send_env(struct pf_client *c, Pf__Envelope *env, int64_t deadline)
-{
-	uint8_t *frame = NULL;
-	size_t len, off = 0;
-	int rc;
-
-	if (c->dead)
-		return fail_dead(c);
-	rc = wire_encode(env, &frame, &len);
-	if (rc)
-		return pfc_set_err(c, rc, "cannot encode %s: %s", wire_msg_name(env->msg_case),
-				   strerror(-rc));
-	if (len - WIRE_HDR > c->max_frame) {
-		rc = pfc_set_err(
-			c, -EMSGSIZE,
-			"%s message of %zu bytes is over the %" PRIu32 "-byte frame limit of %s",
-			wire_msg_name(env->msg_case), len - WIRE_HDR, c->max_frame, c->where);
-		goto out;
-	}
-	while (off < len) {
-		long n = wire_send_some(c->sock, frame + off, len - off, -1);
-		struct pollfd pfd = {.fd = c->sock, .events = POLLOUT};
-		int ready;
-
-		if (n > 0) {
-			off += (size_t)n;
-			continue;
-		}
-		if (n == -EPIPE || n == -ECONNRESET) {
-			rc = peer_closed(c);
-			goto out;
-		}
-		if (n != -EAGAIN) {
-			rc = conn_fail(c, (int)n, "cannot send to %s: %s", c->where,
-				       strerror((int)-n));
-			goto out;
-		}
-		ready = poll(&pfd, 1, ms_left(deadline));
-		if (ready < 0 && errno == EINTR)
-			continue;
-		if (ready == 0) {
-			/* Part of a frame may be on the wire: the stream cannot
-			 * be resynchronised, so the connection is over. */
-			rc = conn_fail(c, -ETIMEDOUT, "%s did not take a %s message in time",
-				       c->where, wire_msg_name(env->msg_case));
-			goto out;
-		}
-		if (ready < 0) {
-			rc = conn_fail(c, -errno, "poll: %s", strerror(errno));
-			goto out;
-		}
-	}
-out:
-	free(frame);
-	return rc;
-}
-
-int pfc_send(struct pf_client *c, Pf__Envelope *msg)
-{
-	msg->id = 0;
-	return send_env(c, msg, deadline_after(c->timeout_ms));
-}
-
-/*
- * Reads one frame, waiting until deadline.  Returns 0 with *env, -ETIMEDOUT
- * (the connection stays usable; no message set), or the error that broke the
- * connection.
- */
-static int read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
-{
-	for (;;) {
-		struct pollfd pfd;
-		long n;
-		int rc;
-
-		if (c->dead)
-			return fail_dead(c);
-		rc = wire_rx_next(&c->rx, env);
-		if (rc == 1)
-			return 0;
-		if (rc == -EMSGSIZE)
-			return conn_fail(c, -EPROTO,
-					 "%s sent a frame longer than %zu bytes; connection closed",
-					 c->where, c->rx.max_frame);
-		if (rc < 0)
-			return conn_fail(c, -EPROTO,
-					 "%s sent a frame that does not decode; connection closed",
-					 c->where);
-		pfd.fd = c->sock;
-		pfd.events = POLLIN;
-		pfd.revents = 0;
-		rc = poll(&pfd, 1, ms_left(deadline));
-		if (rc < 0 && errno == EINTR)
-			continue;
-		if (rc < 0)
-			return conn_fail(c, -errno, "poll: %s", strerror(errno));
-		if (rc == 0)
-			return -ETIMEDOUT;
-		n = wire_rx_fill(&c->rx, c->sock);
-		if (n == 0 || n == -ECONNRESET)
-			return peer_closed(c);
-		if (n == -EMFILE || n == -EPROTO)
-			return conn_fail(c, -EPROTO,
-					 "%s sent more file descriptors than this client keeps",
-					 c->where);
-		if (n < 0 && n != -EAGAIN)
-			return conn_fail(c, (int)n, "cannot receive from %s: %s", c->where,
-					 strerror((int)-n));
-	}
-}
-
 /* ---- slots, arenas, batches -------------------------------------------------- */
 
 static void free_batch(struct pfc_batch *b)
@@ -317,7 +82,7 @@ static int send_release(struct pf_client *c, uint64_t epoch, uint64_t seq, int32
  * it keeps polling that long for the rest (pf_close). */
 static int flush_releases(struct pf_client *c, int wait_ms)
 {
-	int64_t deadline = deadline_after(wait_ms);
+	int64_t deadline = pfc_deadline_after(wait_ms);
 	int rc = 0;
 
 	for (;;) {
@@ -342,7 +107,7 @@ static int flush_releases(struct pf_client *c, int wait_ms)
 				r->free_event(r->event);
 			free(r);
 		}
-		if (!c->releases || wait_ms <= 0 || ms_left(deadline) == 0)
+		if (!c->releases || wait_ms <= 0 || pfc_ms_left(deadline) == 0)
 			return rc;
 		usleep(100);
 	}
@@ -385,31 +150,32 @@ static int import_cuda_arena(struct pf_client *c, struct pfc_arena *a, const Pf_
 	if (!c->cuda) {
 		if (fd >= 0)
 			close(fd);
-		return conn_fail(c, -EPROTO, "device arena %" PRIu32 " pushed to a host session",
-				 msg->id);
+		return pfc_conn_fail(c, -EPROTO,
+				     "device arena %" PRIu32 " pushed to a host session", msg->id);
 	}
 	if (msg->bytes == 0) {
 		if (fd >= 0)
 			close(fd);
-		return conn_fail(c, -EPROTO, "device arena %" PRIu32 " has no bytes", msg->id);
+		return pfc_conn_fail(c, -EPROTO, "device arena %" PRIu32 " has no bytes", msg->id);
 	}
 	if (msg->kind == PF__ARENA_KIND__ARENA_CUDA_FD) {
 		if (fd < 0)
-			return conn_fail(c, -EPROTO,
-					 "device arena %" PRIu32 " arrived without its descriptor",
-					 msg->id);
+			return pfc_conn_fail(
+				c, -EPROTO,
+				"device arena %" PRIu32 " arrived without its descriptor", msg->id);
 		rc = pfcuda_import_fd(c->cuda, fd, msg->bytes, &a->garena, why, sizeof(why));
 	} else {
 		if (msg->legacy_handle.len != PFCUDA_IPC_HANDLE_BYTES)
-			return conn_fail(c, -EPROTO,
-					 "device arena %" PRIu32 " has a %zu-byte IPC handle",
-					 msg->id, msg->legacy_handle.len);
+			return pfc_conn_fail(c, -EPROTO,
+					     "device arena %" PRIu32 " has a %zu-byte IPC handle",
+					     msg->id, msg->legacy_handle.len);
 		rc = pfcuda_import_legacy(c->cuda, msg->legacy_handle.data, msg->bytes, &a->garena,
 					  why, sizeof(why));
 	}
 	if (rc)
-		return conn_fail(c, rc, "cannot map device arena %" PRIu32 " (%.1f MiB) of %s: %s",
-				 msg->id, msg->bytes / 1048576.0, c->where, why);
+		return pfc_conn_fail(c, rc,
+				     "cannot map device arena %" PRIu32 " (%.1f MiB) of %s: %s",
+				     msg->id, msg->bytes / 1048576.0, c->where, why);
 	a->base = (void *)(uintptr_t)a->garena.base;
 	a->bytes = msg->bytes;
 	a->kind = (int)msg->kind;
@@ -426,33 +192,36 @@ static int map_host_arena(struct pf_client *c, struct pfc_arena *a, const Pf__Ar
 	int rc = 0;
 
 	if (fd < 0)
-		return conn_fail(c, -EPROTO,
-				 "arena %" PRIu32 " arrived without its file descriptor", msg->id);
+		return pfc_conn_fail(c, -EPROTO,
+				     "arena %" PRIu32 " arrived without its file descriptor",
+				     msg->id);
 	if (msg->bytes == 0 || msg->bytes > SIZE_MAX) {
-		rc = conn_fail(c, -EPROTO,
-			       "arena %" PRIu32 " has an impossible size of %" PRIu64 " bytes",
-			       msg->id, msg->bytes);
+		rc = pfc_conn_fail(c, -EPROTO,
+				   "arena %" PRIu32 " has an impossible size of %" PRIu64 " bytes",
+				   msg->id, msg->bytes);
 		goto out;
 	}
 	/* Reading a mapping past the end of its file is SIGBUS, not an error
 	 * code: so the memfd must be as large as announced and sealed against
 	 * shrinking (the daemon seals it at creation). */
 	if (fstat(fd, &st) < 0 || (uint64_t)st.st_size < msg->bytes) {
-		rc = conn_fail(c, -EPROTO,
-			       "arena %" PRIu32 " is smaller than the %" PRIu64 " bytes announced",
-			       msg->id, msg->bytes);
+		rc = pfc_conn_fail(c, -EPROTO,
+				   "arena %" PRIu32 " is smaller than the %" PRIu64
+				   " bytes announced",
+				   msg->id, msg->bytes);
 		goto out;
 	}
 	seals = fcntl(fd, F_GET_SEALS);
 	if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
-		rc = conn_fail(c, -EPROTO, "arena %" PRIu32 " is not sealed against shrinking",
-			       msg->id);
+		rc = pfc_conn_fail(c, -EPROTO, "arena %" PRIu32 " is not sealed against shrinking",
+				   msg->id);
 		goto out;
 	}
 	base = mmap(NULL, (size_t)msg->bytes, PROT_READ, MAP_SHARED, fd, 0);
 	if (base == MAP_FAILED) {
-		rc = conn_fail(c, -errno, "cannot map arena %" PRIu32 " (%" PRIu64 " bytes): %s",
-			       msg->id, msg->bytes, strerror(errno));
+		rc = pfc_conn_fail(c, -errno,
+				   "cannot map arena %" PRIu32 " (%" PRIu64 " bytes): %s", msg->id,
+				   msg->bytes, strerror(errno));
 		goto out;
 	}
 	a->base = base;
@@ -469,20 +238,20 @@ static int add_arena(struct pf_client *c, const Pf__Arena *msg)
 	struct pfc_arena *a;
 
 	if (msg->id >= PFC_MAX_ARENAS)
-		return conn_fail(c, -EPROTO, "arena id %" PRIu32 " is beyond this client's %u",
-				 msg->id, PFC_MAX_ARENAS);
+		return pfc_conn_fail(c, -EPROTO, "arena id %" PRIu32 " is beyond this client's %u",
+				     msg->id, PFC_MAX_ARENAS);
 	if (msg->id >= c->narenas) {
 		struct pfc_arena *t = realloc(c->arenas, (msg->id + 1) * sizeof(*t));
 
 		if (!t)
-			return conn_fail(c, -ENOMEM, "out of memory");
+			return pfc_conn_fail(c, -ENOMEM, "out of memory");
 		memset(t + c->narenas, 0, (msg->id + 1 - c->narenas) * sizeof(*t));
 		c->arenas = t;
 		c->narenas = msg->id + 1;
 	}
 	a = &c->arenas[msg->id];
 	if (a->present)
-		return conn_fail(c, -EPROTO, "arena %" PRIu32 " was announced twice", msg->id);
+		return pfc_conn_fail(c, -EPROTO, "arena %" PRIu32 " was announced twice", msg->id);
 	switch (msg->kind) {
 	case PF__ARENA_KIND__ARENA_HOST_MEMFD: return map_host_arena(c, a, msg);
 	case PF__ARENA_KIND__ARENA_CUDA_FD:
@@ -491,8 +260,8 @@ static int add_arena(struct pf_client *c, const Pf__Arena *msg)
 		return import_cuda_arena(c, a, msg, wire_rx_take_fd(&c->rx));
 	case PF__ARENA_KIND__ARENA_CUDA_LEGACY: return import_cuda_arena(c, a, msg, -1);
 	default:
-		return conn_fail(c, -EPROTO, "arena %" PRIu32 " has unknown kind %d", msg->id,
-				 (int)msg->kind);
+		return pfc_conn_fail(c, -EPROTO, "arena %" PRIu32 " has unknown kind %d", msg->id,
+				     (int)msg->kind);
 	}
 }
 
@@ -505,46 +274,47 @@ static int check_data_batch(struct pf_client *c, const Pf__BatchReady *b)
 	uint64_t end;
 
 	if (!c->opened)
-		return conn_fail(c, -EPROTO,
-				 "batch %" PRIu64 "/%" PRIu64 " arrived before the session opened",
-				 b->epoch, b->seq);
+		return pfc_conn_fail(c, -EPROTO,
+				     "batch %" PRIu64 "/%" PRIu64
+				     " arrived before the session opened",
+				     b->epoch, b->seq);
 	if ((uint32_t)b->slot >= c->slots)
-		return conn_fail(c, -EPROTO,
-				 "batch %" PRIu64 "/%" PRIu64 " names slot %" PRId32
-				 " of a session with %" PRIu32,
-				 b->epoch, b->seq, b->slot, c->slots);
+		return pfc_conn_fail(c, -EPROTO,
+				     "batch %" PRIu64 "/%" PRIu64 " names slot %" PRId32
+				     " of a session with %" PRIu32,
+				     b->epoch, b->seq, b->slot, c->slots);
 	if (c->slot_mine[b->slot])
-		return conn_fail(c, -EPROTO,
-				 "batch %" PRIu64 "/%" PRIu64 " reuses slot %" PRId32
-				 " before its release",
-				 b->epoch, b->seq, b->slot);
+		return pfc_conn_fail(c, -EPROTO,
+				     "batch %" PRIu64 "/%" PRIu64 " reuses slot %" PRId32
+				     " before its release",
+				     b->epoch, b->seq, b->slot);
 	if (b->arena >= c->narenas || !c->arenas[b->arena].present)
-		return conn_fail(c, -EPROTO,
-				 "batch %" PRIu64 "/%" PRIu64 " names arena %" PRIu32
-				 ", which was never announced",
-				 b->epoch, b->seq, b->arena);
+		return pfc_conn_fail(c, -EPROTO,
+				     "batch %" PRIu64 "/%" PRIu64 " names arena %" PRIu32
+				     ", which was never announced",
+				     b->epoch, b->seq, b->arena);
 	a = &c->arenas[b->arena];
 	if (__builtin_add_overflow(b->offset, c->slot_bytes, &end) || end > a->bytes)
-		return conn_fail(c, -EPROTO,
-				 "batch %" PRIu64 "/%" PRIu64 " lies outside arena %" PRIu32,
-				 b->epoch, b->seq, b->arena);
+		return pfc_conn_fail(c, -EPROTO,
+				     "batch %" PRIu64 "/%" PRIu64 " lies outside arena %" PRIu32,
+				     b->epoch, b->seq, b->arena);
 	if ((b->picks_le.len ? b->picks_le.len / sizeof(uint64_t) : b->n_picks) != b->count ||
 	    b->picks_le.len % sizeof(uint64_t))
-		return conn_fail(c, -EPROTO,
-				 "batch %" PRIu64 "/%" PRIu64 " carries %zu picks for %" PRIu32
-				 " samples",
-				 b->epoch, b->seq,
-				 b->picks_le.len ? b->picks_le.len / sizeof(uint64_t) : b->n_picks,
-				 b->count);
+		return pfc_conn_fail(
+			c, -EPROTO,
+			"batch %" PRIu64 "/%" PRIu64 " carries %zu picks for %" PRIu32 " samples",
+			b->epoch, b->seq,
+			b->picks_le.len ? b->picks_le.len / sizeof(uint64_t) : b->n_picks,
+			b->count);
 	for (uint32_t f = 0; f < c->nfields; f++) {
 		uint64_t bytes;
 
 		if (__builtin_mul_overflow(c->fields[f].sample_bytes, (uint64_t)b->count, &bytes) ||
 		    __builtin_add_overflow(bytes, c->fields[f].offset, &end) || end > c->slot_bytes)
-			return conn_fail(c, -EPROTO,
-					 "batch %" PRIu64 "/%" PRIu64 ": %" PRIu32
-					 " samples of field %s do not fit a slot",
-					 b->epoch, b->seq, b->count, c->fields[f].name);
+			return pfc_conn_fail(c, -EPROTO,
+					     "batch %" PRIu64 "/%" PRIu64 ": %" PRIu32
+					     " samples of field %s do not fit a slot",
+					     b->epoch, b->seq, b->count, c->fields[f].name);
 	}
 	return 0;
 }
@@ -579,10 +349,10 @@ static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
 	int rc;
 
 	if (b->error > 0 || (b->error == 0) != data)
-		return conn_fail(c, -EPROTO,
-				 "batch %" PRIu64 "/%" PRIu64 " has slot %" PRId32
-				 " and error %" PRId32 " (a batch has a slot or an error < 0)",
-				 b->epoch, b->seq, b->slot, b->error);
+		return pfc_conn_fail(c, -EPROTO,
+				     "batch %" PRIu64 "/%" PRIu64 " has slot %" PRId32
+				     " and error %" PRId32 " (a batch has a slot or an error < 0)",
+				     b->epoch, b->seq, b->slot, b->error);
 	if (data) {
 		rc = check_data_batch(c, b);
 		if (rc)
@@ -591,18 +361,18 @@ static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
 	if (b->epoch != c->epoch || !c->epoch_live || c->epoch_ended)
 		return data ? send_release(c, b->epoch, b->seq, b->slot) : 0;
 	if (b->seq != c->next_seq)
-		return conn_fail(c, -EPROTO,
-				 "batch %" PRIu64 "/%" PRIu64
-				 " arrived out of order (expected batch %" PRIu64 ")",
-				 b->epoch, b->seq, c->next_seq);
+		return pfc_conn_fail(c, -EPROTO,
+				     "batch %" PRIu64 "/%" PRIu64
+				     " arrived out of order (expected batch %" PRIu64 ")",
+				     b->epoch, b->seq, c->next_seq);
 	if (c->nqueued >= PFC_MAX_QUEUED)
-		return conn_fail(c, -EPROTO, "%s sent more than %d batches that were not taken",
-				 c->where, PFC_MAX_QUEUED);
+		return pfc_conn_fail(c, -EPROTO, "%s sent more than %d batches that were not taken",
+				     c->where, PFC_MAX_QUEUED);
 
 	extra = data ? c->nfields * sizeof(void *) + b->count * sizeof(uint64_t) : 0;
 	q = calloc(1, sizeof(*q) + extra);
 	if (!q)
-		return conn_fail(c, -ENOMEM, "out of memory");
+		return pfc_conn_fail(c, -ENOMEM, "out of memory");
 	tail = (uint8_t *)(q + 1);
 	q->gen = c->gen;
 	q->pub.epoch = b->epoch;
@@ -629,7 +399,7 @@ static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
 		q->message = strdup(b->message ? b->message : "");
 		if (!q->message) {
 			free(q);
-			return conn_fail(c, -ENOMEM, "out of memory");
+			return pfc_conn_fail(c, -ENOMEM, "out of memory");
 		}
 	}
 	fifo_push(&c->queue, &q->queued);
@@ -639,7 +409,7 @@ static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
 }
 
 /* Handles one push (id 0); takes env. */
-static int handle_push(struct pf_client *c, Pf__Envelope *env)
+int pfc_handle_push(struct pf_client *c, Pf__Envelope *env)
 {
 	int rc = 0;
 
@@ -654,204 +424,26 @@ static int handle_push(struct pf_client *c, Pf__Envelope *env)
 		/* A refused Ack or Release.  The first one is kept: it is the
 		 * cause, later ones are usually its consequences. */
 		if (!c->pending_err) {
-			c->pending_err = sane_code(env->error->code);
+			c->pending_err = pfc_sane_code(env->error->code);
 			snprintf(c->pending_msg, sizeof(c->pending_msg), "prefetchd: %s",
 				 env->error->message ? env->error->message : "");
 		}
 		break;
 	default:
-		rc = conn_fail(c, -EPROTO, "%s pushed an unexpected %s message", c->where,
-			       wire_msg_name(env->msg_case));
+		rc = pfc_conn_fail(c, -EPROTO, "%s pushed an unexpected %s message", c->where,
+				   wire_msg_name(env->msg_case));
 		break;
 	}
 	pf__envelope__free_unpacked(env, NULL);
 	return rc;
 }
 
-/* ---- requests -------------------------------------------------------------- */
-
-static int call_within(struct pf_client *c, Pf__Envelope *req, int reply_case, Pf__Envelope **reply,
-		       int timeout_ms)
-{
-	int64_t deadline = deadline_after(timeout_ms);
-	uint64_t id;
-	int rc;
-
-	if (reply)
-		*reply = NULL;
-	c->refused = false;
-	if (c->dead)
-		return fail_dead(c);
-	id = ++c->last_id;
-	req->id = id;
-	rc = send_env(c, req, deadline);
-	if (rc)
-		return rc;
-	for (;;) {
-		Pf__Envelope *env;
-
-		rc = read_env(c, deadline, &env);
-		if (rc == -ETIMEDOUT)
-			return pfc_set_err(c, rc, "%s did not answer %s within %d ms", c->where,
-					   wire_msg_name(req->msg_case), timeout_ms);
-		if (rc)
-			return rc;
-		if (env->id == 0) {
-			rc = handle_push(c, env);
-			if (rc)
-				return rc;
-			continue;
-		}
-		if (env->id != id) {
-			/* The reply to an earlier request that timed out. */
-			pf__envelope__free_unpacked(env, NULL);
-			continue;
-		}
-		if (env->msg_case == PF__ENVELOPE__MSG_ERROR) {
-			rc = sane_code(env->error->code);
-			c->refused = true;
-			pfc_set_err(c, rc, "%s",
-				    env->error->message && *env->error->message
-					    ? env->error->message
-					    : strerror(-rc));
-			pf__envelope__free_unpacked(env, NULL);
-			return rc;
-		}
-		if ((int)env->msg_case != reply_case) {
-			rc = conn_fail(c, -EPROTO, "%s answered %s with %s", c->where,
-				       wire_msg_name(req->msg_case), wire_msg_name(env->msg_case));
-			pf__envelope__free_unpacked(env, NULL);
-			return rc;
-		}
-		if (reply)
-			*reply = env;
-		else
-			pf__envelope__free_unpacked(env, NULL);
-		return 0;
-	}
-}
-
-int pfc_call(struct pf_client *c, Pf__Envelope *req, int reply_case, Pf__Envelope **reply)
-{
-	return call_within(c, req, reply_case, reply, c->timeout_ms);
-}
-
-void pfc_set_timeout(struct pf_client *c, int timeout_ms)
-{
-	c->timeout_ms = timeout_ms > 0 ? timeout_ms : PFC_TIMEOUT_MS_DEFAULT;
-}
-
-bool pfc_broken(const struct pf_client *c)
-{
-	return c->dead != 0;
-}
-
-const char *pfc_daemon_version(const struct pf_client *c)
-{
-	return c->daemon;
-}
-
-uint32_t pfc_daemon_max_frame(const struct pf_client *c)
-{
-	return c->max_frame;
-}
-
 /* ---- connecting -------------------------------------------------------------- */
-
-static struct pf_client *client_new(const char *where)
-{
-	struct pf_client *c = calloc(1, sizeof(*c));
-	const char *env = getenv(PFC_TIMEOUT_ENV);
-	char *end;
-	long ms;
-
-	if (!c)
-		return NULL;
-	c->sock = -1;
-	c->where = strdup(where);
-	if (!c->where) {
-		free(c);
-		return NULL;
-	}
-	wire_rx_init(&c->rx, WIRE_MAX_FRAME_DEFAULT);
-	c->max_frame = WIRE_MAX_FRAME_DEFAULT;
-	c->timeout_ms = PFC_TIMEOUT_MS_DEFAULT;
-	c->gen = 1;
-	if (env && *env) {
-		errno = 0;
-		ms = strtol(env, &end, 10);
-		if (!errno && !*end && ms > 0 && ms <= INT_MAX)
-			c->timeout_ms = (int)ms;
-	}
-	snprintf(c->hello_name, sizeof(c->hello_name), "%s[%d]", program_invocation_short_name,
-		 (int)getpid());
-	return c;
-}
-
-static int hello(struct pf_client *c, int timeout_ms)
-{
-	Pf__Envelope env = PF__ENVELOPE__INIT;
-	Pf__Hello msg = PF__HELLO__INIT;
-	Pf__Envelope *reply;
-	Pf__HelloReply *hr;
-	int rc;
-
-	msg.version = WIRE_VERSION;
-	msg.client = c->hello_name;
-	env.msg_case = PF__ENVELOPE__MSG_HELLO;
-	env.hello = &msg;
-	rc = call_within(c, &env, PF__ENVELOPE__MSG_HELLO_REPLY, &reply, timeout_ms);
-	if (rc == -ETIMEDOUT)
-		return conn_fail(c, rc, "%s did not answer hello within %g s", c->where,
-				 timeout_ms / 1000.0);
-	if (rc)
-		return conn_fail(c, rc, "%s", c->err);
-	hr = reply->hello_reply;
-	if (hr->version != WIRE_VERSION) {
-		rc = conn_fail(c, -EPROTO,
-			       "%s speaks protocol version %" PRIu32 "; this library speaks %d",
-			       c->where, hr->version, WIRE_VERSION);
-		goto out;
-	}
-	snprintf(c->daemon, sizeof(c->daemon), "%s", hr->daemon ? hr->daemon : "");
-	c->greeted = true;
-	if (hr->max_frame >= 64)
-		c->max_frame = hr->max_frame;
-out:
-	pf__envelope__free_unpacked(reply, NULL);
-	return rc;
-}
-
-static int set_nonblocking(int fd)
-{
-	int fl = fcntl(fd, F_GETFL);
-
-	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
-		return -errno;
-	return 0;
-}
-
-int pfc_connect_fd(int sock, const char *where, int hello_timeout_ms, struct pf_client **out)
-{
-	struct pf_client *c = client_new(where ? where : "prefetchd");
-	int rc;
-
-	*out = c;
-	if (!c) {
-		close(sock);
-		return -ENOMEM;
-	}
-	c->sock = sock;
-	rc = set_nonblocking(sock);
-	if (rc)
-		return conn_fail(c, rc, "cannot set up the socket: %s", strerror(-rc));
-	return hello(c, hello_timeout_ms);
-}
 
 PF_API int pf_connect(const char *path, struct pf_client **out)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	int64_t deadline = deadline_after(PFC_HELLO_TIMEOUT_MS);
+	int64_t deadline = pfc_deadline_after(PFC_HELLO_TIMEOUT_MS);
 	struct pf_client *c;
 	char where[sizeof(sa.sun_path) + 32];
 	int sock;
@@ -863,21 +455,22 @@ PF_API int pf_connect(const char *path, struct pf_client **out)
 	if (!path || !*path)
 		path = PF_DEFAULT_SOCKET;
 	snprintf(where, sizeof(where), "prefetchd at %.*s", (int)sizeof(sa.sun_path), path);
-	c = client_new(where);
+	c = pfc_client_new(where);
 	*out = c;
 	if (!c)
 		return -ENOMEM;
 	if (strlen(path) >= sizeof(sa.sun_path))
-		return conn_fail(c, -ENAMETOOLONG, "socket path %s is too long (at most %zu bytes)",
-				 path, sizeof(sa.sun_path) - 1);
+		return pfc_conn_fail(c, -ENAMETOOLONG,
+				     "socket path %s is too long (at most %zu bytes)", path,
+				     sizeof(sa.sun_path) - 1);
 	memcpy(sa.sun_path, path, strlen(path) + 1);
 	/* Kept for reconnection: the restarted daemon listens on the same path. */
 	c->path = strdup(path);
 	if (!c->path)
-		return conn_fail(c, -ENOMEM, "out of memory");
+		return pfc_conn_fail(c, -ENOMEM, "out of memory");
 	sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (sock < 0)
-		return conn_fail(c, -errno, "cannot create a socket: %s", strerror(errno));
+		return pfc_conn_fail(c, -errno, "cannot create a socket: %s", strerror(errno));
 	c->sock = sock;
 	/* A non-blocking connect on a Unix socket fails with EAGAIN while the
 	 * daemon's listen backlog is full; retry until the hello deadline
@@ -887,17 +480,17 @@ PF_API int pf_connect(const char *path, struct pf_client **out)
 
 		if (e == EINTR)
 			continue;
-		if (e == EAGAIN && ms_left(deadline) > 0) {
+		if (e == EAGAIN && pfc_ms_left(deadline) > 0) {
 			usleep(10000);
 			continue;
 		}
-		return conn_fail(c, -e, "cannot connect to prefetchd at %s: %s%s", path,
-				 strerror(e),
-				 e == ENOENT || e == ECONNREFUSED ? " (is the daemon running?)"
-				 : e == EACCES ? " (is this user allowed to use the socket?)"
-					       : "");
+		return pfc_conn_fail(c, -e, "cannot connect to prefetchd at %s: %s%s", path,
+				     strerror(e),
+				     e == ENOENT || e == ECONNREFUSED ? " (is the daemon running?)"
+				     : e == EACCES ? " (is this user allowed to use the socket?)"
+						   : "");
 	}
-	return hello(c, PFC_HELLO_TIMEOUT_MS);
+	return pfc_hello(c, PFC_HELLO_TIMEOUT_MS);
 }
 
 /* ---- session ------------------------------------------------------------------ */
@@ -905,16 +498,16 @@ PF_API int pf_connect(const char *path, struct pf_client **out)
 static int keep_session(struct pf_client *c, const Pf__SessionOpened *so)
 {
 	if (so->slots > PFC_MAX_SLOTS)
-		return conn_fail(c, -EPROTO,
-				 "session with %" PRIu32 " slots is over this client's %u",
-				 so->slots, PFC_MAX_SLOTS);
+		return pfc_conn_fail(c, -EPROTO,
+				     "session with %" PRIu32 " slots is over this client's %u",
+				     so->slots, PFC_MAX_SLOTS);
 	if (so->n_fields > 4096)
-		return conn_fail(c, -EPROTO, "session with %zu fields", so->n_fields);
+		return pfc_conn_fail(c, -EPROTO, "session with %zu fields", so->n_fields);
 	c->fields = calloc(so->n_fields ? so->n_fields : 1, sizeof(*c->fields));
 	c->slot_mine = calloc(so->slots ? so->slots : 1, 1);
 	c->device = strdup(so->device && *so->device ? so->device : "host");
 	if (!c->fields || !c->slot_mine || !c->device)
-		return conn_fail(c, -ENOMEM, "out of memory");
+		return pfc_conn_fail(c, -ENOMEM, "out of memory");
 	c->nfields = (uint32_t)so->n_fields;
 	for (size_t f = 0; f < so->n_fields; f++) {
 		const Pf__Field *in = so->fields[f];
@@ -924,10 +517,10 @@ static int keep_session(struct pf_client *c, const Pf__SessionOpened *so)
 		out->dtype = strdup(in->dtype ? in->dtype : "");
 		out->shape = calloc(in->n_shape ? in->n_shape : 1, sizeof(uint64_t));
 		if (!out->name || !out->dtype || !out->shape)
-			return conn_fail(c, -ENOMEM, "out of memory");
+			return pfc_conn_fail(c, -ENOMEM, "out of memory");
 		if (in->n_shape > 32)
-			return conn_fail(c, -EPROTO, "field %s has %zu dimensions", out->name,
-					 in->n_shape);
+			return pfc_conn_fail(c, -EPROTO, "field %s has %zu dimensions", out->name,
+					     in->n_shape);
 		/* A scalar field has no shape, and in->shape is NULL then. */
 		if (in->n_shape)
 			memcpy(out->shape, in->shape, in->n_shape * sizeof(uint64_t));
@@ -972,15 +565,15 @@ static int refresh_session(struct pf_client *c, const Pf__SessionOpened *so)
 				   c->where, c->open_opts.dataset, so->num_samples, so->n_fields,
 				   c->num_samples, c->nfields);
 	if (so->slots > PFC_MAX_SLOTS)
-		return conn_fail(c, -EPROTO,
-				 "session with %" PRIu32 " slots is over this client's %u",
-				 so->slots, PFC_MAX_SLOTS);
+		return pfc_conn_fail(c, -EPROTO,
+				     "session with %" PRIu32 " slots is over this client's %u",
+				     so->slots, PFC_MAX_SLOTS);
 	marks = calloc(so->slots ? so->slots : 1, 1);
 	device = strdup(so->device && *so->device ? so->device : "host");
 	if (!marks || !device) {
 		free(marks);
 		free(device);
-		return conn_fail(c, -ENOMEM, "out of memory");
+		return pfc_conn_fail(c, -ENOMEM, "out of memory");
 	}
 	free(c->slot_mine);
 	c->slot_mine = marks;
@@ -1052,7 +645,7 @@ PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
 	if (!c)
 		return -EINVAL;
 	if (c->dead)
-		return fail_dead(c);
+		return pfc_fail_dead(c);
 	if (!opts || !opts->dataset || !*opts->dataset)
 		return pfc_set_err(c, -EINVAL, "pf_open: no dataset named");
 	if (c->opened)
@@ -1157,8 +750,9 @@ static int send_start(struct pf_client *c, uint64_t start_batch, const uint64_t 
 		return rc;
 	}
 	if (reply->started->epoch != c->epoch)
-		rc = conn_fail(c, -EPROTO, "%s started epoch %" PRIu64 " when asked for %" PRIu64,
-			       c->where, reply->started->epoch, c->epoch);
+		rc = pfc_conn_fail(c, -EPROTO,
+				   "%s started epoch %" PRIu64 " when asked for %" PRIu64, c->where,
+				   reply->started->epoch, c->epoch);
 	else if (batches)
 		*batches = reply->started->batches;
 	pf__envelope__free_unpacked(reply, NULL);
@@ -1345,8 +939,8 @@ static int reconnect_once(struct pf_client *c, int64_t giveup, bool *final)
 	c->greeted = false;
 	c->pending_err = 0;
 	c->max_frame = WIRE_MAX_FRAME_DEFAULT;
-	left = ms_left(giveup);
-	rc = hello(c, left < 1 ? 1 : left < PFC_HELLO_TIMEOUT_MS ? left : PFC_HELLO_TIMEOUT_MS);
+	left = pfc_ms_left(giveup);
+	rc = pfc_hello(c, left < 1 ? 1 : left < PFC_HELLO_TIMEOUT_MS ? left : PFC_HELLO_TIMEOUT_MS);
 	if (!rc) {
 		Pf__Envelope *reply;
 
@@ -1394,7 +988,7 @@ static int reconnect_once(struct pf_client *c, int64_t giveup, bool *final)
 	*final = c->refused ||
 		 !(rc == -ECONNRESET || rc == -EPIPE || rc == -ETIMEDOUT || rc == -ENOMEM);
 	if (!c->dead)
-		conn_fail(c, rc, "%s", c->err);
+		pfc_conn_fail(c, rc, "%s", c->err);
 	drop_connection(c);
 	return rc;
 }
@@ -1447,7 +1041,7 @@ static int revive(struct pf_client *c, int64_t deadline)
 	if (!c->dead)
 		return 0;
 	if (!reconnecting(c))
-		return fail_dead(c);
+		return pfc_fail_dead(c);
 	note_outage(c);
 	giveup = c->down_since_ns + (int64_t)(c->open_opts.reconnect_s * 1e9);
 	for (;;) {
@@ -1532,7 +1126,7 @@ static int send_load(struct pf_client *c, const uint64_t *picks, size_t n, bool 
 	Pf__LoadBatch msg = PF__LOAD_BATCH__INIT;
 
 	if (c->dead)
-		return fail_dead(c);
+		return pfc_fail_dead(c);
 	if (!c->epoch_live || c->epoch_order != PF_ORDER_PACED || c->paced_ended)
 		return pfc_set_err(c, -EINVAL,
 				   "%s: no paced epoch is taking requests (pf_start_epoch with "
@@ -1582,7 +1176,7 @@ PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts,
 	if (!c)
 		return -EINVAL;
 	if (c->dead && !reconnecting(c))
-		return fail_dead(c);
+		return pfc_fail_dead(c);
 	if (!c->opened)
 		return pfc_set_err(c, -EINVAL, "pf_start_epoch: no session (call pf_open first)");
 	if (!opts || (opts->nindices && !opts->indices))
@@ -1761,7 +1355,7 @@ static int wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int
 	int rc;
 
 	if (c->dead)
-		return fail_dead(c);
+		return pfc_fail_dead(c);
 	rc = flush_releases(c, 0);
 	if (rc)
 		return rc;
@@ -1783,8 +1377,8 @@ static int wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int
 		if (c->releases) {
 			int64_t slice = mono() + PFC_RELEASE_POLL_NS;
 
-			rc = read_env(c, deadline >= 0 && deadline < slice ? deadline : slice,
-				      &env);
+			rc = pfc_read_env(c, deadline >= 0 && deadline < slice ? deadline : slice,
+					  &env);
 			if (rc == -ETIMEDOUT && (deadline < 0 || mono() < deadline)) {
 				rc = flush_releases(c, 0);
 				if (rc)
@@ -1792,7 +1386,7 @@ static int wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int
 				continue;
 			}
 		} else {
-			rc = read_env(c, deadline, &env);
+			rc = pfc_read_env(c, deadline, &env);
 		}
 		if (rc == -ETIMEDOUT)
 			return pfc_set_err(c, rc, "no batch from %s within %d ms", c->where,
@@ -1804,7 +1398,7 @@ static int wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int
 			pf__envelope__free_unpacked(env, NULL);
 			continue;
 		}
-		rc = handle_push(c, env);
+		rc = pfc_handle_push(c, env);
 		if (rc)
 			return rc;
 	}
@@ -1812,12 +1406,12 @@ static int wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int
 
 static int next_batch(struct pf_client *c, int timeout_ms, struct pf_batch **batch)
 {
-	int64_t deadline = deadline_after(timeout_ms);
+	int64_t deadline = pfc_deadline_after(timeout_ms);
 	int revived = 0;
 	int rc;
 
 	if (c->dead && !reconnecting(c))
-		return fail_dead(c);
+		return pfc_fail_dead(c);
 	if (!c->opened)
 		return pfc_set_err(c, -EINVAL, "pf_next: no session (call pf_open first)");
 	for (;;) {
@@ -1892,7 +1486,7 @@ PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream)
 		c->nheld--;
 		c->slot_mine[b->slot] = 0;
 		free_batch(b);
-		return fail_dead(c);
+		return pfc_fail_dead(c);
 	}
 	/* Device batches wait for the work queued on the trainer's stream;
 	 * host memory is read synchronously by the trainer, so its release is
@@ -1971,7 +1565,7 @@ PF_API int pf_abandon(struct pf_client *c)
 		return 0;
 	}
 	if (c->dead)
-		return fail_dead(c);
+		return pfc_fail_dead(c);
 	if (!c->opened)
 		return pfc_set_err(c, -EINVAL, "pf_abandon: no session (call pf_open first)");
 	if (!c->epoch_live)
