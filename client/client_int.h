@@ -284,8 +284,17 @@ int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env);
 struct pf_client *pfc_client_new(const char *where);
 int pfc_hello(struct pf_client *c, int timeout_ms);
 
-/* ---- prefetch.c --------------------------------------------------------------- */
+/* ---- batch.c: arenas, pushes, taking and releasing batches ------------------ */
 
+void pfc_free_batch(struct pfc_batch *b);
+int pfc_send_release(struct pf_client *c, uint64_t epoch, uint64_t seq, int32_t slot);
+int pfc_flush_releases(struct pf_client *c, int wait_ms);
+int pfc_release_queue(struct pf_client *c);
+void pfc_unmap_arenas(struct pf_client *c, struct pfc_arena *arenas, uint32_t n);
 int pfc_handle_push(struct pf_client *c, Pf__Envelope *env);
+int pfc_send_probe(struct pf_client *c);
+int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream);
+int pfc_take(struct pf_client *c, struct pf_batch **batch);
+int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_t *blocked_since);
 
 #endif

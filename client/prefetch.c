@@ -3,17 +3,8 @@
  * (proto/PROTOCOL.md) and the consumer side of the depth governor.
  *
  * This file is the public API (prefetch.h).  The connection under it (the
- * socket, deadlines, frames, calls and hello) is conn.c.
- *
- * Taking a batch sends its Ack (the daemon may prepare another: the
- * governor's `consumed`), with the stall accounting of this client: time
- * blocked inside pf_next (wait) and time between calls (busy).  Releasing
- * sends Release; CUDA batches wait for the trainer's stream first through
- * the pending-release list (struct pfc_release): an event is recorded on
- * the stream, and the Release goes out from a later call once the event has
- * completed.  CUDA sessions also send the honest-depth Probe: free device
- * memory at each epoch's second batch (its first step has run), every
- * probe_interval_s the daemon asked for, and on pf_probe.
+ * socket, deadlines, frames, calls and hello) is conn.c; arenas, batches,
+ * the pushes that bring them and their releases are batch.c.
  *
  * A daemon that goes away is seen as EOF on the socket the moment the
  * kernel closes it, in whatever wait the caller is.  With reconnect_s the
@@ -50,393 +41,6 @@
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
-
-/* ---- slots, arenas, batches -------------------------------------------------- */
-
-static void free_batch(struct pfc_batch *b)
-{
-	if (!b)
-		return;
-	free(b->message);
-	free(b);
-}
-
-static int send_release(struct pf_client *c, uint64_t epoch, uint64_t seq, int32_t slot)
-{
-	Pf__Envelope env = PF__ENVELOPE__INIT;
-	Pf__Release msg = PF__RELEASE__INIT;
-
-	/* Unmark first: once the Release is out the daemon may announce the
-	 * slot again, possibly within the read that follows. */
-	if (slot >= 0 && (uint32_t)slot < c->slots)
-		c->slot_mine[slot] = 0;
-	msg.epoch = epoch;
-	msg.seq = seq;
-	msg.slot = slot;
-	env.msg_case = PF__ENVELOPE__MSG_RELEASE;
-	env.release = &msg;
-	return pfc_send(c, &env);
-}
-
-/* Sends every pending release whose GPU work has retired.  With wait_ms > 0
- * it keeps polling that long for the rest (pf_close). */
-static int flush_releases(struct pf_client *c, int wait_ms)
-{
-	int64_t deadline = pfc_deadline_after(wait_ms);
-	int rc = 0;
-
-	for (;;) {
-		struct pfc_release **pp = &c->releases;
-
-		while (*pp) {
-			struct pfc_release *r = *pp;
-			int done = r->done ? r->done(r->event) : 1;
-
-			if (done == 0) {
-				pp = &r->next;
-				continue;
-			}
-			*pp = r->next;
-			if (!c->dead) {
-				int src = send_release(c, r->epoch, r->seq, r->slot);
-
-				if (src && !rc)
-					rc = src;
-			}
-			if (r->free_event)
-				r->free_event(r->event);
-			free(r);
-		}
-		if (!c->releases || wait_ms <= 0 || pfc_ms_left(deadline) == 0)
-			return rc;
-		usleep(100);
-	}
-}
-
-/* Releases every batch received but not taken (an abandoned or replaced
- * epoch: the daemon expects them back). */
-static int release_queue(struct pf_client *c)
-{
-	struct fifo_node *n;
-	int rc = 0;
-
-	while ((n = fifo_pop(&c->queue))) {
-		struct pfc_batch *b = container_of(n, struct pfc_batch, queued);
-
-		c->nqueued--;
-		if (b->slot >= 0) {
-			if (!c->dead) {
-				int src = send_release(c, b->pub.epoch, b->pub.seq, b->slot);
-
-				if (src && !rc)
-					rc = src;
-			} else {
-				c->slot_mine[b->slot] = 0;
-			}
-		}
-		free_batch(b);
-	}
-	return rc;
-}
-
-/* A device arena: imported once (its fd arrived with the frame, or its
- * legacy handle is in it) and cached for the session.  A session that
- * cannot map its arenas cannot deliver, so a failure breaks it. */
-static int import_cuda_arena(struct pf_client *c, struct pfc_arena *a, const Pf__Arena *msg, int fd)
-{
-	char why[256];
-	int rc;
-
-	if (!c->cuda) {
-		if (fd >= 0)
-			close(fd);
-		return pfc_conn_fail(c, -EPROTO,
-				     "device arena %" PRIu32 " pushed to a host session", msg->id);
-	}
-	if (msg->bytes == 0) {
-		if (fd >= 0)
-			close(fd);
-		return pfc_conn_fail(c, -EPROTO, "device arena %" PRIu32 " has no bytes", msg->id);
-	}
-	if (msg->kind == PF__ARENA_KIND__ARENA_CUDA_FD) {
-		if (fd < 0)
-			return pfc_conn_fail(
-				c, -EPROTO,
-				"device arena %" PRIu32 " arrived without its descriptor", msg->id);
-		rc = pfcuda_import_fd(c->cuda, fd, msg->bytes, &a->garena, why, sizeof(why));
-	} else {
-		if (msg->legacy_handle.len != PFCUDA_IPC_HANDLE_BYTES)
-			return pfc_conn_fail(c, -EPROTO,
-					     "device arena %" PRIu32 " has a %zu-byte IPC handle",
-					     msg->id, msg->legacy_handle.len);
-		rc = pfcuda_import_legacy(c->cuda, msg->legacy_handle.data, msg->bytes, &a->garena,
-					  why, sizeof(why));
-	}
-	if (rc)
-		return pfc_conn_fail(c, rc,
-				     "cannot map device arena %" PRIu32 " (%.1f MiB) of %s: %s",
-				     msg->id, msg->bytes / 1048576.0, c->where, why);
-	a->base = (void *)(uintptr_t)a->garena.base;
-	a->bytes = msg->bytes;
-	a->kind = (int)msg->kind;
-	a->present = true;
-	return 0;
-}
-
-static int map_host_arena(struct pf_client *c, struct pfc_arena *a, const Pf__Arena *msg)
-{
-	int fd = wire_rx_take_fd(&c->rx);
-	struct stat st;
-	int seals;
-	void *base;
-	int rc = 0;
-
-	if (fd < 0)
-		return pfc_conn_fail(c, -EPROTO,
-				     "arena %" PRIu32 " arrived without its file descriptor",
-				     msg->id);
-	if (msg->bytes == 0 || msg->bytes > SIZE_MAX) {
-		rc = pfc_conn_fail(c, -EPROTO,
-				   "arena %" PRIu32 " has an impossible size of %" PRIu64 " bytes",
-				   msg->id, msg->bytes);
-		goto out;
-	}
-	/* Reading a mapping past the end of its file is SIGBUS, not an error
-	 * code: so the memfd must be as large as announced and sealed against
-	 * shrinking (the daemon seals it at creation). */
-	if (fstat(fd, &st) < 0 || (uint64_t)st.st_size < msg->bytes) {
-		rc = pfc_conn_fail(c, -EPROTO,
-				   "arena %" PRIu32 " is smaller than the %" PRIu64
-				   " bytes announced",
-				   msg->id, msg->bytes);
-		goto out;
-	}
-	seals = fcntl(fd, F_GET_SEALS);
-	if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
-		rc = pfc_conn_fail(c, -EPROTO, "arena %" PRIu32 " is not sealed against shrinking",
-				   msg->id);
-		goto out;
-	}
-	base = mmap(NULL, (size_t)msg->bytes, PROT_READ, MAP_SHARED, fd, 0);
-	if (base == MAP_FAILED) {
-		rc = pfc_conn_fail(c, -errno,
-				   "cannot map arena %" PRIu32 " (%" PRIu64 " bytes): %s", msg->id,
-				   msg->bytes, strerror(errno));
-		goto out;
-	}
-	a->base = base;
-	a->bytes = msg->bytes;
-	a->kind = PF__ARENA_KIND__ARENA_HOST_MEMFD;
-	a->present = true;
-out:
-	close(fd);
-	return rc;
-}
-
-static int add_arena(struct pf_client *c, const Pf__Arena *msg)
-{
-	struct pfc_arena *a;
-
-	if (msg->id >= PFC_MAX_ARENAS)
-		return pfc_conn_fail(c, -EPROTO, "arena id %" PRIu32 " is beyond this client's %u",
-				     msg->id, PFC_MAX_ARENAS);
-	if (msg->id >= c->narenas) {
-		struct pfc_arena *t = realloc(c->arenas, (msg->id + 1) * sizeof(*t));
-
-		if (!t)
-			return pfc_conn_fail(c, -ENOMEM, "out of memory");
-		memset(t + c->narenas, 0, (msg->id + 1 - c->narenas) * sizeof(*t));
-		c->arenas = t;
-		c->narenas = msg->id + 1;
-	}
-	a = &c->arenas[msg->id];
-	if (a->present)
-		return pfc_conn_fail(c, -EPROTO, "arena %" PRIu32 " was announced twice", msg->id);
-	switch (msg->kind) {
-	case PF__ARENA_KIND__ARENA_HOST_MEMFD: return map_host_arena(c, a, msg);
-	case PF__ARENA_KIND__ARENA_CUDA_FD:
-		/* Take its fd even though it is refused, so that the fds of
-		 * later arenas still pair with their own frames. */
-		return import_cuda_arena(c, a, msg, wire_rx_take_fd(&c->rx));
-	case PF__ARENA_KIND__ARENA_CUDA_LEGACY: return import_cuda_arena(c, a, msg, -1);
-	default:
-		return pfc_conn_fail(c, -EPROTO, "arena %" PRIu32 " has unknown kind %d", msg->id,
-				     (int)msg->kind);
-	}
-}
-
-/* Checks a data batch against the session: its slot, its arena, and that
- * every field of `count` samples lies inside the slot, which lies inside the
- * arena.  The trainer dereferences these pointers, so nothing is trusted. */
-static int check_data_batch(struct pf_client *c, const Pf__BatchReady *b)
-{
-	const struct pfc_arena *a;
-	uint64_t end;
-
-	if (!c->opened)
-		return pfc_conn_fail(c, -EPROTO,
-				     "batch %" PRIu64 "/%" PRIu64
-				     " arrived before the session opened",
-				     b->epoch, b->seq);
-	if ((uint32_t)b->slot >= c->slots)
-		return pfc_conn_fail(c, -EPROTO,
-				     "batch %" PRIu64 "/%" PRIu64 " names slot %" PRId32
-				     " of a session with %" PRIu32,
-				     b->epoch, b->seq, b->slot, c->slots);
-	if (c->slot_mine[b->slot])
-		return pfc_conn_fail(c, -EPROTO,
-				     "batch %" PRIu64 "/%" PRIu64 " reuses slot %" PRId32
-				     " before its release",
-				     b->epoch, b->seq, b->slot);
-	if (b->arena >= c->narenas || !c->arenas[b->arena].present)
-		return pfc_conn_fail(c, -EPROTO,
-				     "batch %" PRIu64 "/%" PRIu64 " names arena %" PRIu32
-				     ", which was never announced",
-				     b->epoch, b->seq, b->arena);
-	a = &c->arenas[b->arena];
-	if (__builtin_add_overflow(b->offset, c->slot_bytes, &end) || end > a->bytes)
-		return pfc_conn_fail(c, -EPROTO,
-				     "batch %" PRIu64 "/%" PRIu64 " lies outside arena %" PRIu32,
-				     b->epoch, b->seq, b->arena);
-	if ((b->picks_le.len ? b->picks_le.len / sizeof(uint64_t) : b->n_picks) != b->count ||
-	    b->picks_le.len % sizeof(uint64_t))
-		return pfc_conn_fail(
-			c, -EPROTO,
-			"batch %" PRIu64 "/%" PRIu64 " carries %zu picks for %" PRIu32 " samples",
-			b->epoch, b->seq,
-			b->picks_le.len ? b->picks_le.len / sizeof(uint64_t) : b->n_picks,
-			b->count);
-	for (uint32_t f = 0; f < c->nfields; f++) {
-		uint64_t bytes;
-
-		if (__builtin_mul_overflow(c->fields[f].sample_bytes, (uint64_t)b->count, &bytes) ||
-		    __builtin_add_overflow(bytes, c->fields[f].offset, &end) || end > c->slot_bytes)
-			return pfc_conn_fail(c, -EPROTO,
-					     "batch %" PRIu64 "/%" PRIu64 ": %" PRIu32
-					     " samples of field %s do not fit a slot",
-					     b->epoch, b->seq, b->count, c->fields[f].name);
-	}
-	return 0;
-}
-
-/* The batch's picks, from whichever field carries them (picks_le holds
- * little-endian uint64; picks, packed varints). */
-static void copy_picks(uint64_t *out, const Pf__BatchReady *b)
-{
-	if (!b->picks_le.len) {
-		memcpy(out, b->picks, b->count * sizeof(uint64_t));
-		return;
-	}
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-	memcpy(out, b->picks_le.data, b->count * sizeof(uint64_t));
-#else
-	for (uint32_t i = 0; i < b->count; i++) {
-		uint64_t v = 0;
-
-		for (int k = 7; k >= 0; k--)
-			v = v << 8 | b->picks_le.data[i * 8 + k];
-		out[i] = v;
-	}
-#endif
-}
-
-static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
-{
-	bool data = b->slot >= 0;
-	struct pfc_batch *q;
-	size_t extra;
-	uint8_t *tail;
-	int rc;
-
-	if (b->error > 0 || (b->error == 0) != data)
-		return pfc_conn_fail(c, -EPROTO,
-				     "batch %" PRIu64 "/%" PRIu64 " has slot %" PRId32
-				     " and error %" PRId32 " (a batch has a slot or an error < 0)",
-				     b->epoch, b->seq, b->slot, b->error);
-	if (data) {
-		rc = check_data_batch(c, b);
-		if (rc)
-			return rc;
-	}
-	if (b->epoch != c->epoch || !c->epoch_live || c->epoch_ended)
-		return data ? send_release(c, b->epoch, b->seq, b->slot) : 0;
-	if (b->seq != c->next_seq)
-		return pfc_conn_fail(c, -EPROTO,
-				     "batch %" PRIu64 "/%" PRIu64
-				     " arrived out of order (expected batch %" PRIu64 ")",
-				     b->epoch, b->seq, c->next_seq);
-	if (c->nqueued >= PFC_MAX_QUEUED)
-		return pfc_conn_fail(c, -EPROTO, "%s sent more than %d batches that were not taken",
-				     c->where, PFC_MAX_QUEUED);
-
-	extra = data ? c->nfields * sizeof(void *) + b->count * sizeof(uint64_t) : 0;
-	q = calloc(1, sizeof(*q) + extra);
-	if (!q)
-		return pfc_conn_fail(c, -ENOMEM, "out of memory");
-	tail = (uint8_t *)(q + 1);
-	q->gen = c->gen;
-	q->pub.epoch = b->epoch;
-	q->pub.seq = b->seq;
-	q->slot = b->slot;
-	q->error = b->error;
-	if (data) {
-		const struct pfc_arena *a = &c->arenas[b->arena];
-		void **ptrs = (void **)tail;
-		uint64_t *picks = (uint64_t *)(tail + c->nfields * sizeof(void *));
-
-		for (uint32_t f = 0; f < c->nfields; f++) {
-			ptrs[f] = (uint8_t *)a->base + b->offset + c->fields[f].offset;
-			q->bytes += c->fields[f].sample_bytes * b->count;
-		}
-		copy_picks(picks, b);
-		q->pub.count = b->count;
-		q->pub.picks = picks;
-		q->pub.nfields = c->nfields;
-		q->pub.data = ptrs;
-		q->pub.on_device = a->kind != PF__ARENA_KIND__ARENA_HOST_MEMFD;
-		c->slot_mine[b->slot] = 1;
-	} else {
-		q->message = strdup(b->message ? b->message : "");
-		if (!q->message) {
-			free(q);
-			return pfc_conn_fail(c, -ENOMEM, "out of memory");
-		}
-	}
-	fifo_push(&c->queue, &q->queued);
-	c->nqueued++;
-	c->next_seq++;
-	return 0;
-}
-
-/* Handles one push (id 0); takes env. */
-int pfc_handle_push(struct pf_client *c, Pf__Envelope *env)
-{
-	int rc = 0;
-
-	switch (env->msg_case) {
-	case PF__ENVELOPE__MSG_ARENA: rc = add_arena(c, env->arena); break;
-	case PF__ENVELOPE__MSG_BATCH: rc = add_batch(c, env->batch); break;
-	case PF__ENVELOPE__MSG_END:
-		if (env->end->epoch == c->epoch && c->epoch_live)
-			c->epoch_ended = true;
-		break;
-	case PF__ENVELOPE__MSG_ERROR:
-		/* A refused Ack or Release.  The first one is kept: it is the
-		 * cause, later ones are usually its consequences. */
-		if (!c->pending_err) {
-			c->pending_err = pfc_sane_code(env->error->code);
-			snprintf(c->pending_msg, sizeof(c->pending_msg), "prefetchd: %s",
-				 env->error->message ? env->error->message : "");
-		}
-		break;
-	default:
-		rc = pfc_conn_fail(c, -EPROTO, "%s pushed an unexpected %s message", c->where,
-				   wire_msg_name(env->msg_case));
-		break;
-	}
-	pf__envelope__free_unpacked(env, NULL);
-	return rc;
-}
 
 /* ---- connecting -------------------------------------------------------------- */
 
@@ -719,7 +323,7 @@ PF_API int pf_field_info(const struct pf_client *c, uint32_t i, struct pf_field 
  * StartEpoch for the epoch on record (c->epoch and how it was started) at
  * start_batch.  Batches that arrive meanwhile for it are queued; if it is
  * refused (or gets no answer) no epoch runs here, and whatever arrived for
- * it goes back.  The daemon's error stays in pf_errmsg: release_queue only
+ * it goes back.  The daemon's error stays in pf_errmsg: pfc_release_queue only
  * sets a message if it fails.
  */
 static int send_start(struct pf_client *c, uint64_t start_batch, const uint64_t *indices,
@@ -746,7 +350,7 @@ static int send_start(struct pf_client *c, uint64_t start_batch, const uint64_t 
 	rc = pfc_call(c, &env, PF__ENVELOPE__MSG_STARTED, &reply);
 	if (rc) {
 		c->epoch_live = false;
-		release_queue(c);
+		pfc_release_queue(c);
 		return rc;
 	}
 	if (reply->started->epoch != c->epoch)
@@ -757,26 +361,6 @@ static int send_start(struct pf_client *c, uint64_t start_batch, const uint64_t 
 		*batches = reply->started->batches;
 	pf__envelope__free_unpacked(reply, NULL);
 	return rc;
-}
-
-/* The honest-depth probe: free device memory now, as the trainer sees it. */
-static int send_probe(struct pf_client *c)
-{
-	Pf__Envelope env = PF__ENVELOPE__INIT;
-	Pf__Probe msg = PF__PROBE__INIT;
-	uint64_t free_b, total_b;
-	char err[200];
-	int rc;
-
-	c->last_probe_ns = mono();
-	rc = pfcuda_mem_info(c->cuda, &free_b, &total_b, err, sizeof(err));
-	if (rc)
-		return pfc_set_err(c, rc, "probe: %s", err);
-	msg.free_bytes = free_b;
-	msg.total_bytes = total_b;
-	env.msg_case = PF__ENVELOPE__MSG_PROBE;
-	env.probe = &msg;
-	return pfc_send(c, &env);
 }
 
 /* ---- reconnecting ----------------------------------------------------------------- */
@@ -799,29 +383,6 @@ static bool reconnecting(const struct pf_client *c)
 	return c->open_opts.reconnect_s > 0 && c->path && c->opened && !c->given_up;
 }
 
-/* Unmaps an arena table and frees it.  Device arenas go after every queued
- * kernel has finished: the trainer's released work may still read them. */
-static void unmap_arenas(struct pf_client *c, struct pfc_arena *arenas, uint32_t n)
-{
-	bool synced = false;
-
-	for (uint32_t a = 0; a < n; a++) {
-		struct pfc_arena *ar = &arenas[a];
-
-		if (!ar->present)
-			continue;
-		if (ar->kind == PF__ARENA_KIND__ARENA_HOST_MEMFD) {
-			munmap(ar->base, (size_t)ar->bytes);
-			continue;
-		}
-		if (!synced)
-			pfcuda_sync(c->cuda, NULL, 0);
-		synced = true;
-		pfcuda_unmap(c->cuda, &ar->garena, NULL, 0);
-	}
-	free(arenas);
-}
-
 /* A held batch of a broken connection is gone: the last one unmaps its
  * generation's arenas. */
 static void retired_put(struct pf_client *c, uint64_t gen)
@@ -833,7 +394,7 @@ static void retired_put(struct pf_client *c, uint64_t gen)
 			continue;
 		if (--r->users == 0) {
 			*pp = r->next;
-			unmap_arenas(c, r->arenas, r->narenas);
+			pfc_unmap_arenas(c, r->arenas, r->narenas);
 			free(r);
 		}
 		return;
@@ -849,7 +410,7 @@ static void drop_connection(struct pf_client *c)
 	struct pfc_retired *r;
 	uint32_t users = 0;
 
-	release_queue(c);
+	pfc_release_queue(c);
 	while (c->releases) {
 		struct pfc_release *rel = c->releases;
 
@@ -874,7 +435,7 @@ static void drop_connection(struct pf_client *c)
 			c->retired = r;
 		}
 	} else {
-		unmap_arenas(c, c->arenas, c->narenas);
+		pfc_unmap_arenas(c, c->arenas, c->narenas);
 	}
 	c->arenas = NULL;
 	c->narenas = 0;
@@ -979,7 +540,7 @@ static int reconnect_once(struct pf_client *c, int64_t giveup, bool *final)
 		 * trainer is past its first step, so the figure is honest now.
 		 * Best effort, as every probe. */
 		if (c->cuda)
-			send_probe(c);
+			pfc_send_probe(c);
 		return 0;
 	}
 	/* The daemon's own refusal, a dataset of another shape or another
@@ -1092,7 +653,7 @@ static int start_epoch_once(struct pf_client *c, const struct pf_epoch_opts *opt
 	 * its queued batches go back, and any still on the way are released
 	 * on arrival because their epoch is no longer current. */
 	c->epoch_live = false;
-	rc = release_queue(c);
+	rc = pfc_release_queue(c);
 	if (rc)
 		return rc;
 	c->epoch = ++c->last_epoch;
@@ -1206,26 +767,6 @@ PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts,
 	}
 }
 
-/* Probes at every epoch's second batch (the trainer's first step of the
- * epoch has run: an evaluation pass or a grown model shows), and in between
- * every probe_interval_s.  Best effort: a failed read only skips this one. */
-static void maybe_probe(struct pf_client *c)
-{
-	int64_t now;
-
-	if (!c->cuda || c->epoch_batches < 2)
-		return;
-	if (c->epoch_batches == 2) {
-		send_probe(c);
-		return;
-	}
-	now = mono();
-	if (c->last_probe_ns &&
-	    (c->probe_interval_s <= 0 || now - c->last_probe_ns < c->probe_interval_s * 1e9))
-		return;
-	send_probe(c);
-}
-
 PF_API int pf_probe(struct pf_client *c)
 {
 	int revived = 0, rc;
@@ -1238,168 +779,8 @@ PF_API int pf_probe(struct pf_client *c)
 		rc = revive(c, -1);
 		if (rc)
 			return rc;
-		rc = send_probe(c);
+		rc = pfc_send_probe(c);
 		if (!rc || !c->dead || !reconnecting(c) || ++revived > RECONNECTS_PER_CALL)
-			return rc;
-	}
-}
-
-static int event_done(void *event)
-{
-	struct pfc_event *e = event;
-	int rc = pfcuda_event_query(e->c->cuda, e->ev, NULL, 0);
-
-	return rc == 0 ? 1 : rc == -EAGAIN ? 0 : rc;
-}
-
-static void event_put(void *event)
-{
-	struct pfc_event *e = event;
-
-	e->next = e->c->events;
-	e->c->events = e;
-}
-
-/* Queues the release of a device batch behind the work queued on stream so
- * far.  0, or -errno with the batch still held by the caller. */
-static int release_after(struct pf_client *c, struct pfc_batch *b, void *stream)
-{
-	struct pfc_release *r = calloc(1, sizeof(*r));
-	struct pfc_event *e = c->events;
-	char why[256];
-	int rc;
-
-	if (!r)
-		return pfc_set_err(c, -ENOMEM, "out of memory");
-	if (e) {
-		c->events = e->next;
-	} else {
-		e = calloc(1, sizeof(*e));
-		if (!e) {
-			free(r);
-			return pfc_set_err(c, -ENOMEM, "out of memory");
-		}
-		e->c = c;
-		rc = pfcuda_event_create(c->cuda, &e->ev, why, sizeof(why));
-		if (rc) {
-			free(e);
-			free(r);
-			return pfc_set_err(c, rc, "pf_release: %s", why);
-		}
-	}
-	rc = pfcuda_event_record(c->cuda, e->ev, stream, why, sizeof(why));
-	if (rc) {
-		event_put(e);
-		free(r);
-		return pfc_set_err(c, rc, "pf_release: cannot record on stream %p: %s", stream,
-				   why);
-	}
-	r->epoch = b->pub.epoch;
-	r->seq = b->pub.seq;
-	r->slot = b->slot;
-	r->event = e;
-	r->done = event_done;
-	r->free_event = event_put;
-	r->next = c->releases;
-	c->releases = r;
-	return 0;
-}
-
-/* Takes the head of the queue: acks it and hands it to the trainer. */
-static int take(struct pf_client *c, struct pf_batch **batch)
-{
-	struct pfc_batch *b = container_of(fifo_pop(&c->queue), struct pfc_batch, queued);
-	Pf__Envelope env = PF__ENVELOPE__INIT;
-	Pf__Ack ack = PF__ACK__INIT;
-	int rc;
-
-	c->nqueued--;
-
-	ack.epoch = b->pub.epoch;
-	ack.seq = b->pub.seq;
-	ack.wait_s = c->wait_s;
-	ack.busy_s = c->busy_s;
-	env.msg_case = PF__ENVELOPE__MSG_ACK;
-	env.ack = &ack;
-	rc = pfc_send(c, &env);
-	if (rc) {
-		/* Not taken: a restarted epoch delivers it again. */
-		if (b->slot >= 0)
-			c->slot_mine[b->slot] = 0;
-		free_batch(b);
-		return rc;
-	}
-	c->resume_seq = b->pub.seq + 1;
-	if (b->error) {
-		c->epoch_batches++; /* taken, as far as paced requests go */
-		rc = pfc_set_err(c, b->error, "batch %" PRIu64 "/%" PRIu64 ": %s", b->pub.epoch,
-				 b->pub.seq, b->message);
-		free_batch(b);
-		return rc;
-	}
-	b->next = c->held;
-	c->held = b;
-	c->nheld++;
-	c->batches++;
-	c->epoch_batches++;
-	c->bytes += b->bytes;
-	*batch = &b->pub;
-	maybe_probe(c);
-	return 0;
-}
-
-/* Waits until deadline for the queue to have a batch or the epoch to end
- * (0 either way), or for an error. */
-static int wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_t *blocked_since)
-{
-	int rc;
-
-	if (c->dead)
-		return pfc_fail_dead(c);
-	rc = flush_releases(c, 0);
-	if (rc)
-		return rc;
-	for (;;) {
-		Pf__Envelope *env;
-
-		if (c->pending_err) {
-			rc = pfc_set_err(c, c->pending_err, "%s", c->pending_msg);
-			c->pending_err = 0;
-			return rc;
-		}
-		if (c->queue.head || !c->epoch_live || c->epoch_ended)
-			return 0;
-		if (!*blocked_since)
-			*blocked_since = mono();
-		/* Releases waiting for the GPU may be what the daemon needs to
-		 * send the next batch (every slot can be held by them): wait in
-		 * short slices and send each one as its work retires. */
-		if (c->releases) {
-			int64_t slice = mono() + PFC_RELEASE_POLL_NS;
-
-			rc = pfc_read_env(c, deadline >= 0 && deadline < slice ? deadline : slice,
-					  &env);
-			if (rc == -ETIMEDOUT && (deadline < 0 || mono() < deadline)) {
-				rc = flush_releases(c, 0);
-				if (rc)
-					return rc;
-				continue;
-			}
-		} else {
-			rc = pfc_read_env(c, deadline, &env);
-		}
-		if (rc == -ETIMEDOUT)
-			return pfc_set_err(c, rc, "no batch from %s within %d ms", c->where,
-					   timeout_ms);
-		if (rc)
-			return rc;
-		if (env->id != 0) {
-			/* The reply to a request that timed out earlier. */
-			pf__envelope__free_unpacked(env, NULL);
-			continue;
-		}
-		rc = pfc_handle_push(c, env);
-		if (rc)
 			return rc;
 	}
 }
@@ -1417,12 +798,12 @@ static int next_batch(struct pf_client *c, int timeout_ms, struct pf_batch **bat
 	for (;;) {
 		int64_t blocked_since = 0;
 
-		rc = wait_batch(c, deadline, timeout_ms, &blocked_since);
+		rc = pfc_wait_batch(c, deadline, timeout_ms, &blocked_since);
 		/* Counted before the Ack, which carries the total. */
 		if (blocked_since)
 			c->wait_s += (mono() - blocked_since) / 1e9;
 		if (!rc && c->queue.head)
-			rc = take(c, batch);
+			rc = pfc_take(c, batch);
 		if (!rc || !c->dead || !reconnecting(c) || revived++ == RECONNECTS_PER_CALL)
 			return rc;
 		/* The daemon went away: get the session back, then wait on for
@@ -1478,34 +859,34 @@ PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream)
 		*pp = b->next;
 		c->nheld--;
 		retired_put(c, b->gen);
-		free_batch(b);
+		pfc_free_batch(b);
 		return 0;
 	}
 	if (c->dead) {
 		*pp = b->next;
 		c->nheld--;
 		c->slot_mine[b->slot] = 0;
-		free_batch(b);
+		pfc_free_batch(b);
 		return pfc_fail_dead(c);
 	}
 	/* Device batches wait for the work queued on the trainer's stream;
 	 * host memory is read synchronously by the trainer, so its release is
 	 * immediate. */
 	if (b->pub.on_device) {
-		rc = release_after(c, b, stream);
+		rc = pfc_release_after(c, b, stream);
 		if (rc)
 			return rc; /* still held: the caller may retry */
 		*pp = b->next;
 		c->nheld--;
-		free_batch(b);
+		pfc_free_batch(b);
 	} else {
 		*pp = b->next;
 		c->nheld--;
-		rc = send_release(c, b->pub.epoch, b->pub.seq, b->slot);
-		free_batch(b);
+		rc = pfc_send_release(c, b->pub.epoch, b->pub.seq, b->slot);
+		pfc_free_batch(b);
 	}
 	if (!rc)
-		rc = flush_releases(c, 0);
+		rc = pfc_flush_releases(c, 0);
 	if (rc && c->dead && reconnecting(c)) {
 		/* The daemon died before this release could reach it: the slot
 		 * went with it, as for a batch of an older connection. */
@@ -1583,13 +964,13 @@ PF_API int pf_abandon(struct pf_client *c)
 	}
 	/* Released after the daemon has stopped filling, so that a freed slot
 	 * is not filled again for the epoch being abandoned. */
-	qrc = release_queue(c);
+	qrc = pfc_release_queue(c);
 	/* Batches the trainer released behind its stream go back too once
 	 * that work retires; a short wait covers the usual case (the work
 	 * is microseconds from done), and longer work keeps its slot until
 	 * the next call, as in pf_next, rather than blocking the trainer. */
 	if (!qrc)
-		qrc = flush_releases(c, ABANDON_FLUSH_MS);
+		qrc = pfc_flush_releases(c, ABANDON_FLUSH_MS);
 	if ((rc || qrc) && c->dead && reconnecting(c)) {
 		/* It broke on the way: the epoch is not live, so it is not
 		 * started again, and there is nothing left to stop. */
@@ -1627,7 +1008,7 @@ PF_API void pf_close(struct pf_client *c)
 	 * keep the daemon's accounting exact until then.  Pending device
 	 * releases get a bounded wait so that the daemon does not rewrite a
 	 * slot the trainer's GPU work still reads. */
-	release_queue(c);
+	pfc_release_queue(c);
 	while (c->held) {
 		struct pfc_batch *b = c->held;
 
@@ -1635,25 +1016,25 @@ PF_API void pf_close(struct pf_client *c)
 		/* A batch of a broken connection has no slot to give back; its
 		 * arenas are unmapped below with the rest. */
 		if (b->gen != c->gen) {
-			free_batch(b);
+			pfc_free_batch(b);
 			continue;
 		}
 		/* A device batch still held may be read by queued work on a
 		 * stream we do not know: wait for the legacy default stream,
 		 * which waits for every blocking stream. */
-		if (b->pub.on_device && !c->dead && release_after(c, b, NULL) == 0) {
-			free_batch(b);
+		if (b->pub.on_device && !c->dead && pfc_release_after(c, b, NULL) == 0) {
+			pfc_free_batch(b);
 			continue;
 		}
 		if (!c->dead)
-			send_release(c, b->pub.epoch, b->pub.seq, b->slot);
-		free_batch(b);
+			pfc_send_release(c, b->pub.epoch, b->pub.seq, b->slot);
+		pfc_free_batch(b);
 	}
-	flush_releases(c, c->timeout_ms);
+	pfc_flush_releases(c, c->timeout_ms);
 	/* Work that has not retired by now still gets its release dropped
 	 * (the socket is closing, which returns every slot), but its events
 	 * are disposed of, and the arenas are unmapped only after the device
-	 * has finished with them (unmap_arenas): a queued kernel must not
+	 * has finished with them (pfc_unmap_arenas): a queued kernel must not
 	 * fault. */
 	while (c->releases) {
 		struct pfc_release *r = c->releases;
@@ -1663,12 +1044,12 @@ PF_API void pf_close(struct pf_client *c)
 			r->free_event(r->event);
 		free(r);
 	}
-	unmap_arenas(c, c->arenas, c->narenas);
+	pfc_unmap_arenas(c, c->arenas, c->narenas);
 	while (c->retired) {
 		struct pfc_retired *r = c->retired;
 
 		c->retired = r->next;
-		unmap_arenas(c, r->arenas, r->narenas);
+		pfc_unmap_arenas(c, r->arenas, r->narenas);
 		free(r);
 	}
 	while (c->events) {
