@@ -297,4 +297,17 @@ int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream);
 int pfc_take(struct pf_client *c, struct pf_batch **batch);
 int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_t *blocked_since);
 
+/* ---- reconnect.c: the session across daemon restarts --------------------- */
+
+bool pfc_reconnecting(const struct pf_client *c);
+void pfc_retired_put(struct pf_client *c, uint64_t gen);
+void pfc_note_outage(struct pf_client *c);
+int pfc_revive(struct pf_client *c, int64_t deadline);
+
+/* ---- prefetch.c: the session's requests, sent again on a new connection --- */
+
+int pfc_send_open(struct pf_client *c, Pf__Envelope **reply);
+int pfc_send_start(struct pf_client *c, uint64_t start_batch, const uint64_t *indices,
+		   size_t nindices, uint64_t *batches);
+
 #endif

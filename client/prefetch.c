@@ -2,21 +2,13 @@
  * prefetch.c — libprefetch: the trainer's end of the prefetchd protocol
  * (proto/PROTOCOL.md) and the consumer side of the depth governor.
  *
- * This file is the public API (prefetch.h).  The connection under it (the
- * socket, deadlines, frames, calls and hello) is conn.c; arenas, batches,
- * the pushes that bring them and their releases are batch.c.
- *
- * A daemon that goes away is seen as EOF on the socket the moment the
- * kernel closes it, in whatever wait the caller is.  With reconnect_s the
- * session outlives its connection (prefetch.h, "Daemon restart"): the
- * connection's state (receive buffer, queue, pending releases, arenas, slot
- * marks) is dropped at once, but the arenas of batches the trainer still
- * holds are kept mapped in a retired generation (struct pfc_retired) until
- * the last of them is released; then the next call that needs the daemon
- * connects again with back-off, re-opens the session and restarts the
- * epoch at the first batch not taken, under the same epoch number.  Every
- * batch carries the generation of the connection it came on, so a release
- * never crosses from an old connection to a new one.
+ * This file is the public API (prefetch.h), each call built from the
+ * library's other three files:
+ *   conn.c       the connection: socket, deadlines, frames, calls, hello;
+ *   batch.c      arenas, batches, the pushes that bring them, taking and
+ *                releasing them;
+ *   reconnect.c  the session across daemon restarts (reconnect_s).
+ * client_int.h holds the struct they share and what they call across.
  *
  * DESIGN: no threads, no locks.  A struct pf_client belongs to the thread
  * that calls it, one at a time (prefetch.h says so); its lists, arena
@@ -24,23 +16,21 @@
  */
 #include "client_int.h"
 #include "pfcuda.h"
-#include "util.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
+
+/* One call reconnects at most this often before it returns the error: a
+ * daemon that dies on the same request every time must not keep a call
+ * spinning for ever (the next call tries again). */
+#define RECONNECTS_PER_CALL 3
 
 /* ---- connecting -------------------------------------------------------------- */
 
@@ -141,57 +131,6 @@ static int keep_session(struct pf_client *c, const Pf__SessionOpened *so)
 	return 0;
 }
 
-/* A session opened again after a restart.  The trainer has read the shape
- * and the epoch goes on with the same picks, so the dataset must be the
- * same; slots, offsets and the session id may differ. */
-static int refresh_session(struct pf_client *c, const Pf__SessionOpened *so)
-{
-	bool same = so->num_samples == c->num_samples && so->n_fields == c->nfields;
-	char *device;
-	uint8_t *marks;
-
-	for (size_t f = 0; same && f < so->n_fields; f++) {
-		const Pf__Field *in = so->fields[f];
-		const struct pfc_field *had = &c->fields[f];
-
-		same = !strcmp(in->name ? in->name : "", had->name) &&
-		       !strcmp(in->dtype ? in->dtype : "", had->dtype) &&
-		       in->n_shape == (size_t)had->ndim &&
-		       (!had->ndim ||
-			!memcmp(in->shape, had->shape, had->ndim * sizeof(uint64_t))) &&
-		       in->sample_bytes == had->sample_bytes;
-	}
-	if (!same)
-		return pfc_set_err(c, -ESTALE,
-				   "%s now serves dataset %s with another shape (%" PRIu64
-				   " samples, %zu fields; the session had %" PRIu64 " and %" PRIu32
-				   "): its epoch cannot go on",
-				   c->where, c->open_opts.dataset, so->num_samples, so->n_fields,
-				   c->num_samples, c->nfields);
-	if (so->slots > PFC_MAX_SLOTS)
-		return pfc_conn_fail(c, -EPROTO,
-				     "session with %" PRIu32 " slots is over this client's %u",
-				     so->slots, PFC_MAX_SLOTS);
-	marks = calloc(so->slots ? so->slots : 1, 1);
-	device = strdup(so->device && *so->device ? so->device : "host");
-	if (!marks || !device) {
-		free(marks);
-		free(device);
-		return pfc_conn_fail(c, -ENOMEM, "out of memory");
-	}
-	free(c->slot_mine);
-	c->slot_mine = marks;
-	free(c->device);
-	c->device = device;
-	for (size_t f = 0; f < so->n_fields; f++)
-		c->fields[f].offset = so->fields[f]->offset;
-	c->session = so->session;
-	c->slot_bytes = so->slot_bytes;
-	c->slots = so->slots;
-	c->probe_interval_s = so->probe_interval_s;
-	return 0;
-}
-
 static void free_open_opts(struct pf_client *c)
 {
 	free((char *)c->open_opts.dataset);
@@ -217,7 +156,7 @@ static int keep_open_opts(struct pf_client *c, const struct pf_open_opts *opts)
 }
 
 /* OpenSession with the kept options. */
-static int send_open(struct pf_client *c, Pf__Envelope **reply)
+int pfc_send_open(struct pf_client *c, Pf__Envelope **reply)
 {
 	const struct pf_open_opts *o = &c->open_opts;
 	Pf__Envelope env = PF__ENVELOPE__INIT;
@@ -284,7 +223,7 @@ PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
 	}
 	rc = keep_open_opts(c, opts);
 	if (!rc)
-		rc = send_open(c, &reply);
+		rc = pfc_send_open(c, &reply);
 	if (rc) {
 		free_open_opts(c);
 		pfcuda_close(c->cuda);
@@ -326,8 +265,8 @@ PF_API int pf_field_info(const struct pf_client *c, uint32_t i, struct pf_field 
  * it goes back.  The daemon's error stays in pf_errmsg: pfc_release_queue only
  * sets a message if it fails.
  */
-static int send_start(struct pf_client *c, uint64_t start_batch, const uint64_t *indices,
-		      size_t nindices, uint64_t *batches)
+int pfc_send_start(struct pf_client *c, uint64_t start_batch, const uint64_t *indices,
+		   size_t nindices, uint64_t *batches)
 {
 	Pf__Envelope env = PF__ENVELOPE__INIT;
 	Pf__StartEpoch msg = PF__START_EPOCH__INIT;
@@ -363,285 +302,6 @@ static int send_start(struct pf_client *c, uint64_t start_batch, const uint64_t 
 	return rc;
 }
 
-/* ---- reconnecting ----------------------------------------------------------------- */
-
-/* Back-off between tries: the first at once, then 50 ms doubling to 1 s.
- * A daemon that comes back is found within a second of listening again,
- * and a node without one costs a try a second. */
-#define RECONNECT_FIRST_MS 50
-#define RECONNECT_MAX_MS   1000
-/* One call reconnects at most this often before it returns the error: a
- * daemon that dies on the same request every time must not keep a call
- * spinning for ever (the next call tries again). */
-#define RECONNECTS_PER_CALL 3
-
-/* Whether a broken connection is to be brought back (or already is being):
- * the trainer asked for it, there is a socket path and a session to
- * re-open, and neither reconnect_s nor a refusal has ended it. */
-static bool reconnecting(const struct pf_client *c)
-{
-	return c->open_opts.reconnect_s > 0 && c->path && c->opened && !c->given_up;
-}
-
-/* A held batch of a broken connection is gone: the last one unmaps its
- * generation's arenas. */
-static void retired_put(struct pf_client *c, uint64_t gen)
-{
-	for (struct pfc_retired **pp = &c->retired; *pp; pp = &(*pp)->next) {
-		struct pfc_retired *r = *pp;
-
-		if (r->gen != gen)
-			continue;
-		if (--r->users == 0) {
-			*pp = r->next;
-			pfc_unmap_arenas(c, r->arenas, r->narenas);
-			free(r);
-		}
-		return;
-	}
-}
-
-/* Drops what belongs to the current connection only: the queue (never
- * taken, so fetched again), pending releases (their slots die with the
- * daemon; the unmapping of their arenas waits for the device instead) and
- * the arenas, which are kept while the trainer holds batches in them. */
-static void drop_connection(struct pf_client *c)
-{
-	struct pfc_retired *r;
-	uint32_t users = 0;
-
-	pfc_release_queue(c);
-	while (c->releases) {
-		struct pfc_release *rel = c->releases;
-
-		c->releases = rel->next;
-		if (rel->free_event)
-			rel->free_event(rel->event);
-		free(rel);
-	}
-	for (struct pfc_batch *b = c->held; b; b = b->next)
-		users += b->gen == c->gen;
-	if (c->narenas && users) {
-		r = calloc(1, sizeof(*r));
-		/* Without memory to track them the arenas stay mapped until the
-		 * process ends: a leak, where unmapping them would fault the
-		 * trainer. */
-		if (r) {
-			r->gen = c->gen;
-			r->arenas = c->arenas;
-			r->narenas = c->narenas;
-			r->users = users;
-			r->next = c->retired;
-			c->retired = r;
-		}
-	} else {
-		pfc_unmap_arenas(c, c->arenas, c->narenas);
-	}
-	c->arenas = NULL;
-	c->narenas = 0;
-	if (c->slot_mine)
-		memset(c->slot_mine, 0, c->slots ? c->slots : 1);
-	c->gen++;
-}
-
-/* The connection has just been found broken: a reconnecting client
- * starts counting reconnect_s and lets go of the connection's state. */
-static void note_outage(struct pf_client *c)
-{
-	if (!c->dead || c->down || !reconnecting(c))
-		return;
-	c->down = true;
-	c->outage_rc = c->dead;
-	snprintf(c->outage_msg, sizeof(c->outage_msg), "%s", c->dead_msg);
-	c->down_since_ns = c->next_try_ns = mono();
-	c->backoff_ms = 0;
-	c->tries = 0;
-	snprintf(c->try_msg, sizeof(c->try_msg), "none yet");
-	/* An epoch whose end came and whose batches were all taken is over;
-	 * any other live epoch starts again at resume_seq.  Not live until
-	 * then: nothing can arrive for it in between anyway. */
-	c->resume_pending = c->epoch_live && (c->queue.head || !c->epoch_ended);
-	if (c->resume_pending)
-		c->epoch_live = false;
-	drop_connection(c);
-}
-
-/* One try: a new socket, hello, the session opened again with pf_open's
- * options, its depth if the trainer set one, and the interrupted epoch
- * started again.  0; or -errno, with *final when trying again cannot help
- * (the daemon refused, or now serves another shape). */
-static int reconnect_once(struct pf_client *c, int64_t giveup, bool *final)
-{
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	int sock, rc, left;
-
-	*final = false;
-	/* pf_connect checked that the path fits. */
-	memcpy(sa.sun_path, c->path, strlen(c->path) + 1);
-	sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (sock < 0)
-		return pfc_set_err(c, -errno, "cannot create a socket: %s", strerror(errno));
-	while (connect(sock, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		rc = -errno;
-		if (rc == -EINTR)
-			continue;
-		close(sock);
-		/* ENOENT and ECONNREFUSED while the daemon is down; EAGAIN
-		 * while its backlog is full; even EACCES for a moment between
-		 * its bind and its chmod.  All worth another try. */
-		return pfc_set_err(c, rc, "cannot connect to %s: %s", c->path, strerror(-rc));
-	}
-	/* A fresh connection: what the broken one left unread goes with it. */
-	wire_rx_free(&c->rx);
-	wire_rx_init(&c->rx, WIRE_MAX_FRAME_DEFAULT);
-	c->sock = sock;
-	c->dead = 0;
-	c->dead_msg[0] = '\0';
-	c->greeted = false;
-	c->pending_err = 0;
-	c->max_frame = WIRE_MAX_FRAME_DEFAULT;
-	left = pfc_ms_left(giveup);
-	rc = pfc_hello(c, left < 1 ? 1 : left < PFC_HELLO_TIMEOUT_MS ? left : PFC_HELLO_TIMEOUT_MS);
-	if (!rc) {
-		Pf__Envelope *reply;
-
-		rc = send_open(c, &reply);
-		if (!rc) {
-			rc = refresh_session(c, reply->opened);
-			pf__envelope__free_unpacked(reply, NULL);
-		}
-	}
-	if (!rc && c->own_target_set) {
-		Pf__Envelope env = PF__ENVELOPE__INIT;
-		Pf__SetDepth msg = PF__SET_DEPTH__INIT;
-
-		msg.target = c->own_target;
-		msg.automatic = c->own_target == 0;
-		env.msg_case = PF__ENVELOPE__MSG_SET_DEPTH;
-		env.set_depth = &msg;
-		rc = pfc_call(c, &env, PF__ENVELOPE__MSG_OK, NULL);
-	}
-	if (!rc && c->resume_pending && c->epoch_order == PF_ORDER_PACED) {
-		/* The requests not yet delivered lived in the old daemon. */
-		c->resume_pending = false;
-		c->refused = true;
-		rc = pfc_set_err(c, -ECONNRESET,
-				 "prefetchd at %s restarted: a paced epoch's requests went with it "
-				 "(start a new epoch)",
-				 c->path);
-	}
-	if (!rc && c->resume_pending) {
-		rc = send_start(c, c->resume_seq, c->epoch_indices, c->epoch_nindices, NULL);
-		if (!rc)
-			c->resume_pending = false;
-	}
-	if (!rc) {
-		/* The new daemon knows nothing of this trainer's memory yet; the
-		 * trainer is past its first step, so the figure is honest now.
-		 * Best effort, as every probe. */
-		if (c->cuda)
-			pfc_send_probe(c);
-		return 0;
-	}
-	/* The daemon's own refusal, a dataset of another shape or another
-	 * protocol will be the same next time; a connection that broke or
-	 * timed out may not. */
-	*final = c->refused ||
-		 !(rc == -ECONNRESET || rc == -EPIPE || rc == -ETIMEDOUT || rc == -ENOMEM);
-	if (!c->dead)
-		pfc_conn_fail(c, rc, "%s", c->err);
-	drop_connection(c);
-	return rc;
-}
-
-static void sleep_until(int64_t t)
-{
-	int64_t left = t - mono();
-	struct timespec ts;
-
-	if (left <= 0)
-		return;
-	ts.tv_sec = left / 1000000000;
-	ts.tv_nsec = left % 1000000000;
-	nanosleep(&ts, NULL); /* EINTR: the caller's loop looks at the clock again */
-}
-
-/* reconnect_s has run out, or the daemon refused: the error is final. */
-static int give_up(struct pf_client *c, bool refused)
-{
-	char msg[PFC_ERRMSG_LEN];
-	int rc = refused && c->dead ? c->dead : c->outage_rc;
-
-	if (refused)
-		snprintf(msg, sizeof(msg),
-			 "%.200s; the daemon there now refuses the session: %.250s", c->outage_msg,
-			 c->try_msg);
-	else
-		snprintf(msg, sizeof(msg),
-			 "%.200s; no daemon took the session back within %g s (%u tries, the "
-			 "last: %.200s)",
-			 c->outage_msg, c->open_opts.reconnect_s, c->tries, c->try_msg);
-	c->given_up = true;
-	c->dead = rc;
-	snprintf(c->dead_msg, sizeof(c->dead_msg), "%s", msg);
-	snprintf(c->err, sizeof(c->err), "%s", msg);
-	return rc;
-}
-
-/*
- * Brings a broken connection back, trying until deadline (-1: none) at the
- * latest; 0 once the session is open again (and its epoch restarted).  A
- * client that does not reconnect gets the connection's error; one whose
- * deadline comes first gets -ETIMEDOUT and stays down, to go on with the
- * next call, until reconnect_s has passed since the connection broke.
- */
-static int revive(struct pf_client *c, int64_t deadline)
-{
-	int64_t giveup;
-
-	if (!c->dead)
-		return 0;
-	if (!reconnecting(c))
-		return pfc_fail_dead(c);
-	note_outage(c);
-	giveup = c->down_since_ns + (int64_t)(c->open_opts.reconnect_s * 1e9);
-	for (;;) {
-		int64_t now = mono(), wake;
-		bool final;
-		int rc;
-
-		if (now >= giveup)
-			return give_up(c, false);
-		if (now >= c->next_try_ns) {
-			rc = reconnect_once(c, giveup, &final);
-			if (!rc) {
-				c->down = false;
-				c->reconnects++;
-				return 0;
-			}
-			c->tries++;
-			snprintf(c->try_msg, sizeof(c->try_msg), "%s", c->err);
-			if (final)
-				return give_up(c, true);
-			c->backoff_ms = c->backoff_ms ? c->backoff_ms * 2 : RECONNECT_FIRST_MS;
-			if (c->backoff_ms > RECONNECT_MAX_MS)
-				c->backoff_ms = RECONNECT_MAX_MS;
-			c->next_try_ns = mono() + (int64_t)c->backoff_ms * 1000000;
-			continue;
-		}
-		wake = c->next_try_ns < giveup ? c->next_try_ns : giveup;
-		if (deadline >= 0 && deadline < wake) {
-			sleep_until(deadline);
-			return pfc_set_err(c, -ETIMEDOUT,
-					   "%.200s; reconnecting for %.1f s (%u tries, the last: "
-					   "%.200s)",
-					   c->outage_msg, (mono() - c->down_since_ns) / 1e9,
-					   c->tries, c->try_msg);
-		}
-		sleep_until(wake);
-	}
-}
-
 /* ---- epochs ------------------------------------------------------------------- */
 
 static int start_epoch_once(struct pf_client *c, const struct pf_epoch_opts *opts,
@@ -670,7 +330,7 @@ static int start_epoch_once(struct pf_client *c, const struct pf_epoch_opts *opt
 	c->epoch_nindices = 0;
 	/* An explicit order is the caller's memory, valid only for this call;
 	 * a restart needs it again. */
-	if (opts->nindices && reconnecting(c)) {
+	if (opts->nindices && pfc_reconnecting(c)) {
 		c->epoch_indices = malloc(opts->nindices * sizeof(uint64_t));
 		if (!c->epoch_indices)
 			return pfc_set_err(c, -ENOMEM, "out of memory for %zu indices",
@@ -678,7 +338,7 @@ static int start_epoch_once(struct pf_client *c, const struct pf_epoch_opts *opt
 		memcpy(c->epoch_indices, opts->indices, opts->nindices * sizeof(uint64_t));
 		c->epoch_nindices = opts->nindices;
 	}
-	return send_start(c, opts->start_batch, opts->indices, opts->nindices, batches);
+	return pfc_send_start(c, opts->start_batch, opts->indices, opts->nindices, batches);
 }
 
 static int send_load(struct pf_client *c, const uint64_t *picks, size_t n, bool end)
@@ -736,7 +396,7 @@ PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts,
 
 	if (!c)
 		return -EINVAL;
-	if (c->dead && !reconnecting(c))
+	if (c->dead && !pfc_reconnecting(c))
 		return pfc_fail_dead(c);
 	if (!c->opened)
 		return pfc_set_err(c, -EINVAL, "pf_start_epoch: no session (call pf_open first)");
@@ -755,14 +415,14 @@ PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts,
 		if (c->dead) {
 			/* This epoch replaces the interrupted one, which is
 			 * therefore not started again. */
-			note_outage(c);
+			pfc_note_outage(c);
 			c->resume_pending = false;
-			rc = revive(c, -1);
+			rc = pfc_revive(c, -1);
 			if (rc)
 				return rc;
 		}
 		rc = start_epoch_once(c, opts, batches);
-		if (!rc || !c->dead || !reconnecting(c) || ++revived > RECONNECTS_PER_CALL)
+		if (!rc || !c->dead || !pfc_reconnecting(c) || ++revived > RECONNECTS_PER_CALL)
 			return rc;
 	}
 }
@@ -776,11 +436,11 @@ PF_API int pf_probe(struct pf_client *c)
 	if (!c->cuda)
 		return pfc_set_err(c, -EINVAL, "pf_probe: not a CUDA session");
 	for (;;) {
-		rc = revive(c, -1);
+		rc = pfc_revive(c, -1);
 		if (rc)
 			return rc;
 		rc = pfc_send_probe(c);
-		if (!rc || !c->dead || !reconnecting(c) || ++revived > RECONNECTS_PER_CALL)
+		if (!rc || !c->dead || !pfc_reconnecting(c) || ++revived > RECONNECTS_PER_CALL)
 			return rc;
 	}
 }
@@ -791,7 +451,7 @@ static int next_batch(struct pf_client *c, int timeout_ms, struct pf_batch **bat
 	int revived = 0;
 	int rc;
 
-	if (c->dead && !reconnecting(c))
+	if (c->dead && !pfc_reconnecting(c))
 		return pfc_fail_dead(c);
 	if (!c->opened)
 		return pfc_set_err(c, -EINVAL, "pf_next: no session (call pf_open first)");
@@ -804,13 +464,13 @@ static int next_batch(struct pf_client *c, int timeout_ms, struct pf_batch **bat
 			c->wait_s += (mono() - blocked_since) / 1e9;
 		if (!rc && c->queue.head)
 			rc = pfc_take(c, batch);
-		if (!rc || !c->dead || !reconnecting(c) || revived++ == RECONNECTS_PER_CALL)
+		if (!rc || !c->dead || !pfc_reconnecting(c) || revived++ == RECONNECTS_PER_CALL)
 			return rc;
 		/* The daemon went away: get the session back, then wait on for
 		 * the batch the trainer asked for.  The trainer waits for data
 		 * meanwhile, so that is wait time too. */
 		blocked_since = mono();
-		rc = revive(c, deadline);
+		rc = pfc_revive(c, deadline);
 		c->wait_s += (mono() - blocked_since) / 1e9;
 		if (rc)
 			return rc;
@@ -854,11 +514,11 @@ PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream)
 	/* A batch of a connection that broke, on a client that reconnects:
 	 * its slot died with that daemon, so there is nothing to send, only
 	 * its arenas to let go of once no batch points into them. */
-	note_outage(c);
+	pfc_note_outage(c);
 	if (b->gen != c->gen) {
 		*pp = b->next;
 		c->nheld--;
-		retired_put(c, b->gen);
+		pfc_retired_put(c, b->gen);
 		pfc_free_batch(b);
 		return 0;
 	}
@@ -887,10 +547,10 @@ PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream)
 	}
 	if (!rc)
 		rc = pfc_flush_releases(c, 0);
-	if (rc && c->dead && reconnecting(c)) {
+	if (rc && c->dead && pfc_reconnecting(c)) {
 		/* The daemon died before this release could reach it: the slot
 		 * went with it, as for a batch of an older connection. */
-		note_outage(c);
+		pfc_note_outage(c);
 		return 0;
 	}
 	return rc;
@@ -910,11 +570,11 @@ PF_API int pf_set_depth(struct pf_client *c, uint64_t session, uint32_t target)
 	env.msg_case = PF__ENVELOPE__MSG_SET_DEPTH;
 	env.set_depth = &msg;
 	for (;;) {
-		rc = revive(c, -1);
+		rc = pfc_revive(c, -1);
 		if (rc)
 			return rc;
 		rc = pfc_call(c, &env, PF__ENVELOPE__MSG_OK, NULL);
-		if (!rc || !c->dead || !reconnecting(c) || ++revived > RECONNECTS_PER_CALL)
+		if (!rc || !c->dead || !pfc_reconnecting(c) || ++revived > RECONNECTS_PER_CALL)
 			break;
 	}
 	/* The session's own depth is set again on a restarted daemon. */
@@ -937,10 +597,10 @@ PF_API int pf_abandon(struct pf_client *c)
 
 	if (!c)
 		return -EINVAL;
-	if (c->dead && reconnecting(c)) {
+	if (c->dead && pfc_reconnecting(c)) {
 		/* The daemon that was filling the epoch is gone: forget the
 		 * epoch, so that the next connection does not start it again. */
-		note_outage(c);
+		pfc_note_outage(c);
 		c->resume_pending = false;
 		c->epoch_live = false;
 		return 0;
@@ -971,10 +631,10 @@ PF_API int pf_abandon(struct pf_client *c)
 	 * the next call, as in pf_next, rather than blocking the trainer. */
 	if (!qrc)
 		qrc = pfc_flush_releases(c, ABANDON_FLUSH_MS);
-	if ((rc || qrc) && c->dead && reconnecting(c)) {
+	if ((rc || qrc) && c->dead && pfc_reconnecting(c)) {
 		/* It broke on the way: the epoch is not live, so it is not
 		 * started again, and there is nothing left to stop. */
-		note_outage(c);
+		pfc_note_outage(c);
 		return 0;
 	}
 	return rc ? rc : qrc;
