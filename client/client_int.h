@@ -1,7 +1,9 @@
 /*
- * client_int.h — libprefetch internals shared by the library's own files,
- * prefetchctl and the unit tests.  Not installed: prefetch.h is the only
- * public header.
+ * client_int.h — libprefetch internals.  First the calls that prefetchctl
+ * and the unit tests build on; then, for the library's own files only
+ * (conn.c, batch.c, reconnect.c, prefetch.c), struct pf_client and what
+ * those files call across each other.  Not installed: prefetch.h is the
+ * only public header.
  *
  * Everything declared here has hidden visibility (the library is compiled
  * with -fvisibility=hidden), so it links from libprefetch.a but is not
@@ -102,9 +104,10 @@ struct pfc_release {
 	struct pfc_release *next;
 };
 
-/* ---- the library's own state ----------------------------------------------
+/* ---- the library's own ------------------------------------------------------
  * What follows is for libprefetch's files only: prefetchctl and the tests
- * use the calls above and never look inside a struct pf_client. */
+ * use the calls above and never look inside a struct pf_client.  Each
+ * function below is described at its definition. */
 
 /* Error texts: pf_errmsg and what a broken connection or an outage said. */
 #define PFC_ERRMSG_LEN 512
@@ -271,8 +274,7 @@ static inline int64_t mono(void)
 	return (int64_t)now_ns();
 }
 
-/* ---- conn.c: deadlines, errors, frames, hello -------------------------------
- * Each definition says what it does. */
+/* ---- conn.c: deadlines, errors, frames, hello ------------------------------ */
 
 int64_t pfc_deadline_after(int timeout_ms);
 int pfc_ms_left(int64_t deadline);
@@ -284,7 +286,7 @@ int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env);
 struct pf_client *pfc_client_new(const char *where);
 int pfc_hello(struct pf_client *c, int timeout_ms);
 
-/* ---- batch.c: arenas, pushes, taking and releasing batches ------------------ */
+/* ---- batch.c: arenas, pushes, taking and releasing batches ----------------- */
 
 void pfc_free_batch(struct pfc_batch *b);
 int pfc_send_release(struct pf_client *c, uint64_t epoch, uint64_t seq, int32_t slot);
@@ -297,14 +299,14 @@ int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream);
 int pfc_take(struct pf_client *c, struct pf_batch **batch);
 int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_t *blocked_since);
 
-/* ---- reconnect.c: the session across daemon restarts --------------------- */
+/* ---- reconnect.c: the session across daemon restarts ---------------------- */
 
 bool pfc_reconnecting(const struct pf_client *c);
 void pfc_retired_put(struct pf_client *c, uint64_t gen);
 void pfc_note_outage(struct pf_client *c);
 int pfc_revive(struct pf_client *c, int64_t deadline);
 
-/* ---- prefetch.c: the session's requests, sent again on a new connection --- */
+/* ---- prefetch.c: the session's requests, sent again after a restart ------- */
 
 int pfc_send_open(struct pf_client *c, Pf__Envelope **reply);
 int pfc_send_start(struct pf_client *c, uint64_t start_batch, const uint64_t *indices,
