@@ -12,6 +12,7 @@
  * 1 an error (one "prefetchctl: ..." line on stderr), 2 bad usage.
  */
 #include "client_int.h"
+#include "util.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -21,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #ifndef PF_VERSION
@@ -104,10 +104,7 @@ static int parse_u64(const char *s, uint64_t *out)
 
 static double mono_s(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+	return now_ns() / 1e9;
 }
 
 static void human_bytes(char *buf, size_t len, uint64_t bytes)
