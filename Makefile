@@ -83,8 +83,11 @@ WIRE_OBJ    := $(B)/gen/prefetch.pb-c.o $(B)/proto/wire.o
 DAEMON_CORE := $(filter-out daemon/main.c daemon/gpu.c daemon/gpu_none.c,$(wildcard daemon/*.c))
 DAEMON_OBJ  := $(DAEMON_CORE:%.c=$(B)/%.o)
 GPU_OBJ     := $(GPU_SRC:%.c=$(B)/%.o) $(GATHER_OBJ)
-CLIENT_SRC  := $(filter-out client/prefetchctl.c,$(wildcard client/*.c))
+# prefetchctl is its main file and client/ctl_*.c, linked with the library
+# but not part of it.
+CLIENT_SRC  := $(filter-out client/prefetchctl.c client/ctl_%.c,$(wildcard client/*.c))
 CLIENT_OBJ  := $(CLIENT_SRC:%.c=$(B)/%.o)
+CTL_OBJ     := $(patsubst %.c,$(B)/%.o,client/prefetchctl.c $(wildcard client/ctl_*.c))
 
 # Tests by kind, each binary at build/tests/NAME:
 #   tests/unit/         one module (or a few) linked with the fake GPU
@@ -114,7 +117,7 @@ $(B)/gen/%.pb-c.c $(B)/gen/%.pb-c.h: proto/%.proto
 	$(call say,PROTOC,$<)mkdir -p $(B)/gen && protoc-c --proto_path=proto --c_out=$(B)/gen $<
 
 # Everything that includes the generated header must wait for it.
-$(DAEMON_OBJ) $(filter-out $(GATHER_OBJ),$(GPU_OBJ)) $(CLIENT_OBJ) $(B)/daemon/main.o $(B)/client/prefetchctl.o \
+$(DAEMON_OBJ) $(filter-out $(GATHER_OBJ),$(GPU_OBJ)) $(CLIENT_OBJ) $(B)/daemon/main.o $(CTL_OBJ) \
 $(B)/proto/wire.o $(TEST_UTIL): $(GEN_H)
 $(B)/tests/%.o $(B)/bench/%.o $(B)/tools/%.o: $(GEN_H)
 # Tests and benches share tests/lib and tools/npygen.h.
@@ -141,7 +144,7 @@ $(B)/libprefetch.so: $(CLIENT_OBJ) $(WIRE_OBJ)
 	  $(shell pkg-config --libs libprotobuf-c) -ldl $(LDLIBS)
 $(B)/libprefetch.a: $(CLIENT_OBJ) $(WIRE_OBJ)
 	$(call say,AR,$@)rm -f $@ && ar rcs $@ $^
-$(B)/prefetchctl: $(B)/client/prefetchctl.o $(B)/libprefetch.a
+$(B)/prefetchctl: $(CTL_OBJ) $(B)/libprefetch.a
 	$(call say,LD,$@)$(CC) -o $@ $^ $(shell pkg-config --libs libprotobuf-c) -ldl $(LDLIBS)
 # pforder prints the daemon's own orders (daemon/order.c), for checking
 # other implementations against it.

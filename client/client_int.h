@@ -1,7 +1,9 @@
 /*
- * client_int.h — libprefetch internals shared by the library's own files,
- * prefetchctl and the unit tests.  Not installed: prefetch.h is the only
- * public header.
+ * client_int.h — libprefetch internals.  First the calls that prefetchctl
+ * and the unit tests build on; then, for the library's own files only
+ * (conn.c, batch.c, reconnect.c, prefetch.c), struct pf_client and what
+ * those files call across each other.  Not installed: prefetch.h is the
+ * only public header.
  *
  * Everything declared here has hidden visibility (the library is compiled
  * with -fvisibility=hidden), so it links from libprefetch.a but is not
@@ -17,8 +19,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "pfcuda.h"
 #include "prefetch.h"
 #include "prefetch.pb-c.h"
+#include "util.h"
 #include "wire.h"
 
 /* Replies to requests: how long a reply may take before the call gives up
@@ -100,5 +104,213 @@ struct pfc_release {
 	void (*free_event)(void *event);
 	struct pfc_release *next;
 };
+
+/* ---- the library's own ------------------------------------------------------
+ * What follows is for libprefetch's files only: prefetchctl and the tests
+ * use the calls above and never look inside a struct pf_client.  Each
+ * function below is described at its definition. */
+
+/* Error texts: pf_errmsg and what a broken connection or an outage said. */
+#define PFC_ERRMSG_LEN 512
+
+struct pfc_field {
+	char *name;	 /* owned */
+	char *dtype;	 /* owned */
+	uint64_t *shape; /* owned, ndim entries */
+	int ndim;
+	uint64_t sample_bytes;
+	uint64_t offset; /* inside a slot */
+};
+
+struct pfc_arena {
+	bool present;
+	int kind; /* Pf__ArenaKind */
+	uint64_t bytes;
+	void *base;		    /* host: owned mapping, munmap'd by pf_close;
+				     * CUDA: the device address of garena */
+	struct pfcuda_arena garena; /* CUDA: owned import, unmapped by pf_close */
+};
+
+/* A release event of a CUDA batch: recorded on the trainer's stream, kept
+ * for reuse once done. */
+struct pfc_event {
+	struct pf_client *c; /* borrowed: its owner */
+	void *ev;	     /* owned CUevent */
+	struct pfc_event *next;
+};
+
+/*
+ * A batch from the moment its BatchReady arrives until it is released (data
+ * batches) or taken (error batches).  One allocation: the struct, then the
+ * nfields data pointers, then the count picks.
+ */
+struct pfc_batch {
+	struct pf_batch pub;	 /* first: pf_release is handed &pub */
+	int32_t slot;		 /* -1: error batch */
+	int32_t error;		 /* 0, or the -errno of an error batch */
+	char *message;		 /* owned: an error batch's text */
+	uint64_t bytes;		 /* sample bytes of all fields */
+	uint64_t gen;		 /* the connection it came on (pf_client.gen) */
+	struct fifo_node queued; /* in pf_client.queue until taken */
+	struct pfc_batch *next;	 /* in pf_client.held once taken */
+};
+
+/* The arenas of a connection that broke while the trainer held batches in
+ * them (reconnect_s): kept mapped until the last such batch is released. */
+struct pfc_retired {
+	uint64_t gen;
+	struct pfc_arena *arenas; /* owned: mappings, unmapped when users is 0 */
+	uint32_t narenas;
+	uint32_t users; /* held batches of gen */
+	struct pfc_retired *next;
+};
+
+struct pf_client {
+	int sock;    /* owned; -1 once the connection is broken */
+	char *where; /* owned: "prefetchd at PATH", for messages */
+	struct wire_rx rx;
+	uint64_t last_id;   /* ids of requests: last_id + 1 is the next */
+	int timeout_ms;	    /* for replies to requests, > 0 */
+	char daemon[64];    /* HelloReply.daemon */
+	uint32_t max_frame; /* largest frame the daemon accepts */
+	int dead;	    /* 0, or the error that broke the connection */
+	char dead_msg[PFC_ERRMSG_LEN];
+	char err[PFC_ERRMSG_LEN];
+	char hello_name[64]; /* "prog[pid]" */
+	bool greeted;	     /* HelloReply received */
+	bool refused;	     /* the last request got the daemon's Error */
+	char *path;	     /* owned: the socket (pf_connect), NULL otherwise */
+	uint64_t gen;	     /* connections so far, this one included */
+
+	/* Session: set once by pf_open. */
+	bool opened;
+	uint64_t session;
+	uint64_t num_samples;
+	struct pfc_field *fields; /* owned, nfields */
+	uint32_t nfields;
+	uint64_t slot_bytes;
+	uint32_t slots;
+	/* owned, slots entries: 1 while the slot is queued, held or waiting
+	 * for its release here.  The daemon may announce a slot again only
+	 * after its release, so an announcement of a marked slot is a protocol
+	 * error rather than two batches aliasing one buffer. */
+	uint8_t *slot_mine;
+	char *device;		  /* owned: what the daemon granted */
+	struct pfcuda_dev *cuda;  /* owned: CUDA sessions' device, else NULL */
+	struct pfc_event *events; /* owned: idle release events */
+	double probe_interval_s;  /* CUDA: 0 = only the first probe */
+	int64_t last_probe_ns;	  /* 0: not probed yet */
+	struct pfc_arena *arenas; /* owned, indexed by arena id */
+	uint32_t narenas;
+	struct pfc_retired *retired; /* owned: arenas of broken connections */
+
+	/* What re-opening the session after a restart needs: pf_open's
+	 * options (strings owned) and the device's PCI bus id. */
+	struct pf_open_opts open_opts;
+	char pci_bus_id[32];
+	bool own_target_set; /* pf_set_depth on this session: sent again */
+	uint32_t own_target;
+
+	/* Reconnection (open_opts.reconnect_s > 0).  down: the connection
+	 * broke and the session waits to be re-opened; outage_rc/msg: how it
+	 * broke; given_up: reconnect_s ran out or the daemon refused, so the
+	 * error is final. */
+	bool down;
+	bool given_up;
+	int outage_rc;
+	char outage_msg[PFC_ERRMSG_LEN];
+	int64_t down_since_ns;
+	int64_t next_try_ns;
+	int backoff_ms;
+	unsigned tries;
+	char try_msg[PFC_ERRMSG_LEN]; /* why the last try failed */
+	uint64_t reconnects;
+	/* The interrupted epoch is started again on the next connection. */
+	bool resume_pending;
+
+	/* Epoch.  Batches are accepted only while epoch_live and !epoch_ended
+	 * and only for `epoch`; anything else is stale and released at once. */
+	uint64_t epoch;	     /* current epoch, 0 before the first */
+	uint64_t last_epoch; /* epoch ids only grow, even past a failed start */
+	bool epoch_live;
+	bool epoch_ended;  /* its EpochEnd arrived */
+	uint64_t next_seq; /* seq the next accepted batch must carry */
+	/* How the current epoch was started, for its restart at resume_seq,
+	 * the seq after the last batch taken.  epoch_indices: owned copy of
+	 * an explicit order, kept only when the client reconnects. */
+	enum pf_order epoch_order;
+	uint64_t epoch_seed;
+	uint32_t epoch_rank, epoch_world;
+	uint64_t *epoch_indices;
+	size_t epoch_nindices;
+	uint64_t resume_seq;
+
+	struct fifo queue; /* owned: struct pfc_batch (queued), received, not taken */
+	uint32_t nqueued;
+	struct pfc_batch *held; /* owned: taken, not released */
+	uint32_t nheld;
+	struct pfc_release *releases; /* owned: waiting for the GPU */
+
+	/* An Error pushed with id 0 (a refused Ack or Release); pf_next
+	 * returns it once. */
+	int pending_err;
+	char pending_msg[PFC_ERRMSG_LEN];
+
+	/* Stall accounting and totals (pf_stats). */
+	uint64_t batches;
+	uint64_t epoch_batches;	  /* taken in the current epoch */
+	uint64_t paced_requested; /* paced epochs: pf_load calls this epoch */
+	bool paced_ended;	  /* paced epochs: pf_load_end was called */
+	uint64_t bytes;
+	double wait_s;
+	double busy_s;
+	bool have_last_return;
+	int64_t last_return_ns;
+};
+
+/* util.h's clock, signed: deadlines here are int64_t with -1 for none, and
+ * differences of two readings may be taken either way round. */
+static inline int64_t mono(void)
+{
+	return (int64_t)now_ns();
+}
+
+/* ---- conn.c: deadlines, errors, frames, hello ------------------------------ */
+
+int64_t pfc_deadline_after(int timeout_ms);
+int pfc_ms_left(int64_t deadline);
+int pfc_conn_fail(struct pf_client *c, int rc, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+int pfc_fail_dead(struct pf_client *c);
+int pfc_sane_code(int32_t code);
+int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env);
+struct pf_client *pfc_client_new(const char *where);
+int pfc_hello(struct pf_client *c, int timeout_ms);
+
+/* ---- batch.c: arenas, pushes, taking and releasing batches ----------------- */
+
+void pfc_free_batch(struct pfc_batch *b);
+int pfc_send_release(struct pf_client *c, uint64_t epoch, uint64_t seq, int32_t slot);
+int pfc_flush_releases(struct pf_client *c, int wait_ms);
+int pfc_release_queue(struct pf_client *c);
+void pfc_unmap_arenas(struct pf_client *c, struct pfc_arena *arenas, uint32_t n);
+int pfc_handle_push(struct pf_client *c, Pf__Envelope *env);
+int pfc_send_probe(struct pf_client *c);
+int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream);
+int pfc_take(struct pf_client *c, struct pf_batch **batch);
+int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_t *blocked_since);
+
+/* ---- reconnect.c: the session across daemon restarts ---------------------- */
+
+bool pfc_reconnecting(const struct pf_client *c);
+void pfc_retired_put(struct pf_client *c, uint64_t gen);
+void pfc_note_outage(struct pf_client *c);
+int pfc_revive(struct pf_client *c, int64_t deadline);
+
+/* ---- prefetch.c: the session's requests, sent again after a restart ------- */
+
+int pfc_send_open(struct pf_client *c, Pf__Envelope **reply);
+int pfc_send_start(struct pf_client *c, uint64_t start_batch, const uint64_t *indices,
+		   size_t nindices, uint64_t *batches);
 
 #endif

@@ -2,39 +2,13 @@
  * prefetch.c — libprefetch: the trainer's end of the prefetchd protocol
  * (proto/PROTOCOL.md) and the consumer side of the depth governor.
  *
- * A client is one socket.  Every wait is a poll() with a deadline, so a
- * wedged daemon costs a caller at most its timeout and a dead one (EOF) is
- * noticed at once; nothing here waits on anything the daemon owns.  Pushes
- * (Arena, BatchReady, EpochEnd, unsolicited Error) may arrive between a
- * request and its reply, so whichever call is reading handles them: arenas
- * are mapped when they arrive, batches of the current epoch are queued for
- * pf_next, and batches of any other epoch are released at once and never
- * reach the trainer.  A frame that does not decode, or a push that breaks
- * the protocol (a slot out of range, a batch out of order), breaks the
- * connection: the socket is closed, so the daemon takes every slot back,
- * and every later call returns the same error.
- *
- * Taking a batch sends its Ack (the daemon may prepare another: the
- * governor's `consumed`), with the stall accounting of this client: time
- * blocked inside pf_next (wait) and time between calls (busy).  Releasing
- * sends Release; CUDA batches wait for the trainer's stream first through
- * the pending-release list (struct pfc_release): an event is recorded on
- * the stream, and the Release goes out from a later call once the event has
- * completed.  CUDA sessions also send the honest-depth Probe: free device
- * memory at each epoch's second batch (its first step has run), every
- * probe_interval_s the daemon asked for, and on pf_probe.
- *
- * A daemon that goes away is seen as EOF on the socket the moment the
- * kernel closes it, in whatever wait the caller is.  With reconnect_s the
- * session outlives its connection (prefetch.h, "Daemon restart"): the
- * connection's state (receive buffer, queue, pending releases, arenas, slot
- * marks) is dropped at once, but the arenas of batches the trainer still
- * holds are kept mapped in a retired generation (struct pfc_retired) until
- * the last of them is released; then the next call that needs the daemon
- * connects again with back-off, re-opens the session and restarts the
- * epoch at the first batch not taken, under the same epoch number.  Every
- * batch carries the generation of the connection it came on, so a release
- * never crosses from an old connection to a new one.
+ * This file is the public API (prefetch.h), each call built from the
+ * library's other three files:
+ *   conn.c       the connection: socket, deadlines, frames, calls, hello;
+ *   batch.c      arenas, batches, the pushes that bring them, taking and
+ *                releasing them;
+ *   reconnect.c  the session across daemon restarts (reconnect_s).
+ * client_int.h holds the struct they share and what they call across.
  *
  * DESIGN: no threads, no locks.  A struct pf_client belongs to the thread
  * that calls it, one at a time (prefetch.h says so); its lists, arena
@@ -44,976 +18,26 @@
 #include "pfcuda.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 
-#define ERRMSG_LEN 512
-
-struct pfc_field {
-	char *name;	 /* owned */
-	char *dtype;	 /* owned */
-	uint64_t *shape; /* owned, ndim entries */
-	int ndim;
-	uint64_t sample_bytes;
-	uint64_t offset; /* inside a slot */
-};
-
-struct pfc_arena {
-	bool present;
-	int kind; /* Pf__ArenaKind */
-	uint64_t bytes;
-	void *base;		    /* host: owned mapping, munmap'd by pf_close;
-				     * CUDA: the device address of garena */
-	struct pfcuda_arena garena; /* CUDA: owned import, unmapped by pf_close */
-};
-
-/* A release event of a CUDA batch: recorded on the trainer's stream, kept
- * for reuse once done. */
-struct pfc_event {
-	struct pf_client *c; /* borrowed: its owner */
-	void *ev;	     /* owned CUevent */
-	struct pfc_event *next;
-};
-
-/*
- * A batch from the moment its BatchReady arrives until it is released (data
- * batches) or taken (error batches).  One allocation: the struct, then the
- * nfields data pointers, then the count picks.
- */
-struct pfc_batch {
-	struct pf_batch pub; /* first: pf_release is handed &pub */
-	int32_t slot;	     /* -1: error batch */
-	int32_t error;	     /* 0, or the -errno of an error batch */
-	char *message;	     /* owned: an error batch's text */
-	uint64_t bytes;	     /* sample bytes of all fields */
-	uint64_t gen;	     /* the connection it came on (pf_client.gen) */
-	struct pfc_batch *next;
-};
-
-/* The arenas of a connection that broke while the trainer held batches in
- * them (reconnect_s): kept mapped until the last such batch is released. */
-struct pfc_retired {
-	uint64_t gen;
-	struct pfc_arena *arenas; /* owned: mappings, unmapped when users is 0 */
-	uint32_t narenas;
-	uint32_t users; /* held batches of gen */
-	struct pfc_retired *next;
-};
-
-struct pf_client {
-	int sock;    /* owned; -1 once the connection is broken */
-	char *where; /* owned: "prefetchd at PATH", for messages */
-	struct wire_rx rx;
-	uint64_t last_id;   /* ids of requests: last_id + 1 is the next */
-	int timeout_ms;	    /* for replies to requests, > 0 */
-	char daemon[64];    /* HelloReply.daemon */
-	uint32_t max_frame; /* largest frame the daemon accepts */
-	int dead;	    /* 0, or the error that broke the connection */
-	char dead_msg[ERRMSG_LEN];
-	char err[ERRMSG_LEN];
-	char hello_name[64]; /* "prog[pid]" */
-	bool greeted;	     /* HelloReply received */
-	bool refused;	     /* the last request got the daemon's Error */
-	char *path;	     /* owned: the socket (pf_connect), NULL otherwise */
-	uint64_t gen;	     /* connections so far, this one included */
-
-	/* Session: set once by pf_open. */
-	bool opened;
-	uint64_t session;
-	uint64_t num_samples;
-	struct pfc_field *fields; /* owned, nfields */
-	uint32_t nfields;
-	uint64_t slot_bytes;
-	uint32_t slots;
-	/* owned, slots entries: 1 while the slot is queued, held or waiting
-	 * for its release here.  The daemon may announce a slot again only
-	 * after its release, so an announcement of a marked slot is a protocol
-	 * error rather than two batches aliasing one buffer. */
-	uint8_t *slot_mine;
-	char *device;		  /* owned: what the daemon granted */
-	struct pfcuda_dev *cuda;  /* owned: CUDA sessions' device, else NULL */
-	struct pfc_event *events; /* owned: idle release events */
-	double probe_interval_s;  /* CUDA: 0 = only the first probe */
-	int64_t last_probe_ns;	  /* 0: not probed yet */
-	struct pfc_arena *arenas; /* owned, indexed by arena id */
-	uint32_t narenas;
-	struct pfc_retired *retired; /* owned: arenas of broken connections */
-
-	/* What re-opening the session after a restart needs: pf_open's
-	 * options (strings owned) and the device's PCI bus id. */
-	struct pf_open_opts open_opts;
-	char pci_bus_id[32];
-	bool own_target_set; /* pf_set_depth on this session: sent again */
-	uint32_t own_target;
-
-	/* Reconnection (open_opts.reconnect_s > 0).  down: the connection
-	 * broke and the session waits to be re-opened; outage_rc/msg: how it
-	 * broke; given_up: reconnect_s ran out or the daemon refused, so the
-	 * error is final. */
-	bool down;
-	bool given_up;
-	int outage_rc;
-	char outage_msg[ERRMSG_LEN];
-	int64_t down_since_ns;
-	int64_t next_try_ns;
-	int backoff_ms;
-	unsigned tries;
-	char try_msg[ERRMSG_LEN]; /* why the last try failed */
-	uint64_t reconnects;
-	/* The interrupted epoch is started again on the next connection. */
-	bool resume_pending;
-
-	/* Epoch.  Batches are accepted only while epoch_live and !epoch_ended
-	 * and only for `epoch`; anything else is stale and released at once. */
-	uint64_t epoch;	     /* current epoch, 0 before the first */
-	uint64_t last_epoch; /* epoch ids only grow, even past a failed start */
-	bool epoch_live;
-	bool epoch_ended;  /* its EpochEnd arrived */
-	uint64_t next_seq; /* seq the next accepted batch must carry */
-	/* How the current epoch was started, for its restart at resume_seq,
-	 * the seq after the last batch taken.  epoch_indices: owned copy of
-	 * an explicit order, kept only when the client reconnects. */
-	enum pf_order epoch_order;
-	uint64_t epoch_seed;
-	uint32_t epoch_rank, epoch_world;
-	uint64_t *epoch_indices;
-	size_t epoch_nindices;
-	uint64_t resume_seq;
-
-	struct pfc_batch *queue_head; /* owned: received, not taken, FIFO */
-	struct pfc_batch *queue_tail;
-	uint32_t nqueued;
-	struct pfc_batch *held; /* owned: taken, not released */
-	uint32_t nheld;
-	struct pfc_release *releases; /* owned: waiting for the GPU */
-
-	/* An Error pushed with id 0 (a refused Ack or Release); pf_next
-	 * returns it once. */
-	int pending_err;
-	char pending_msg[ERRMSG_LEN];
-
-	/* Stall accounting and totals (pf_stats). */
-	uint64_t batches;
-	uint64_t epoch_batches;	  /* taken in the current epoch */
-	uint64_t paced_requested; /* paced epochs: pf_load calls this epoch */
-	bool paced_ended;	  /* paced epochs: pf_load_end was called */
-	uint64_t bytes;
-	double wait_s;
-	double busy_s;
-	bool have_last_return;
-	int64_t last_return_ns;
-};
-
-/* ---- time and errors ------------------------------------------------------ */
-
-static int64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-/* -1: no deadline. */
-static int64_t deadline_after(int timeout_ms)
-{
-	return timeout_ms < 0 ? -1 : now_ns() + (int64_t)timeout_ms * 1000000;
-}
-
-/* Milliseconds left for poll(), rounded up so that a deadline 0.3 ms away
- * is not polled with 0 and spun on; -1 without a deadline. */
-static int ms_left(int64_t deadline)
-{
-	int64_t left;
-
-	if (deadline < 0)
-		return -1;
-	left = deadline - now_ns();
-	if (left <= 0)
-		return 0;
-	left = (left + 999999) / 1000000;
-	return left > INT_MAX ? INT_MAX : (int)left;
-}
-
-static int vset_err(struct pf_client *c, int rc, const char *fmt, va_list ap)
-{
-	vsnprintf(c->err, sizeof(c->err), fmt, ap);
-	return rc;
-}
-
-int pfc_set_err(struct pf_client *c, int rc, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vset_err(c, rc, fmt, ap);
-	va_end(ap);
-	return rc;
-}
-
-/* Breaks the connection: closes the socket (the daemon then takes back
- * every slot and frees the session) and makes every later call return rc
- * with this message.  The first failure wins. */
-static int __attribute__((format(printf, 3, 4)))
-conn_fail(struct pf_client *c, int rc, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (c->dead) {
-		snprintf(c->err, sizeof(c->err), "%s", c->dead_msg);
-		return c->dead;
-	}
-	va_start(ap, fmt);
-	vsnprintf(c->dead_msg, sizeof(c->dead_msg), fmt, ap);
-	va_end(ap);
-	snprintf(c->err, sizeof(c->err), "%s", c->dead_msg);
-	c->dead = rc;
-	if (c->sock >= 0)
-		close(c->sock);
-	c->sock = -1;
-	return rc;
-}
-
-static int fail_dead(struct pf_client *c)
-{
-	snprintf(c->err, sizeof(c->err), "%s", c->dead_msg);
-	return c->dead;
-}
-
-/* A daemon's error code must be a -errno; anything else is its bug. */
-static int sane_code(int32_t code)
-{
-	return code < 0 && code > -4096 ? code : -EPROTO;
-}
-
-/* ---- frames ---------------------------------------------------------------- */
-
-/* The daemon closed the connection.  A daemon that refuses a peer
- * (SO_PEERCRED) pushes an Error and closes before hello, possibly before our
- * hello is even sent: so read what it left, and prefer its reason to a bare
- * "closed". */
-static int peer_closed(struct pf_client *c)
-{
-	Pf__Envelope *env;
-
-	for (;;) {
-		int rc = wire_rx_next(&c->rx, &env);
-
-		if (rc == 1) {
-			if (env->id == 0 && env->msg_case == PF__ENVELOPE__MSG_ERROR &&
-			    !c->pending_err) {
-				c->pending_err = sane_code(env->error->code);
-				snprintf(c->pending_msg, sizeof(c->pending_msg), "prefetchd: %s",
-					 env->error->message ? env->error->message : "");
-			}
-			pf__envelope__free_unpacked(env, NULL);
-			continue;
-		}
-		if (rc < 0 || wire_rx_fill(&c->rx, c->sock) <= 0)
-			break;
-	}
-	if (c->pending_err && !c->greeted)
-		return conn_fail(c, c->pending_err, "%s", c->pending_msg);
-	/* The daemon's end closed: it exited, crashed or was killed (a daemon
-	 * that drops one client on purpose pushes an Error first, caught
-	 * above before hello and by pending_err after it). */
-	return conn_fail(c, -ECONNRESET, "%s went away (the connection closed)", c->where);
-}
-
-static int send_env(struct pf_client *c, Pf__Envelope *env, int64_t deadline)
-{
-	uint8_t *frame = NULL;
-	size_t len, off = 0;
-	int rc;
-
-	if (c->dead)
-		return fail_dead(c);
-	rc = wire_encode(env, &frame, &len);
-	if (rc)
-		return pfc_set_err(c, rc, "cannot encode %s: %s", wire_msg_name(env->msg_case),
-				   strerror(-rc));
-	if (len - WIRE_HDR > c->max_frame) {
-		rc = pfc_set_err(
-			c, -EMSGSIZE,
-			"%s message of %zu bytes is over the %" PRIu32 "-byte frame limit of %s",
-			wire_msg_name(env->msg_case), len - WIRE_HDR, c->max_frame, c->where);
-		goto out;
-	}
-	while (off < len) {
-		long n = wire_send_some(c->sock, frame + off, len - off, -1);
-		struct pollfd pfd = {.fd = c->sock, .events = POLLOUT};
-		int ready;
-
-		if (n > 0) {
-			off += (size_t)n;
-			continue;
-		}
-		if (n == -EPIPE || n == -ECONNRESET) {
-			rc = peer_closed(c);
-			goto out;
-		}
-		if (n != -EAGAIN) {
-			rc = conn_fail(c, (int)n, "cannot send to %s: %s", c->where,
-				       strerror((int)-n));
-			goto out;
-		}
-		ready = poll(&pfd, 1, ms_left(deadline));
-		if (ready < 0 && errno == EINTR)
-			continue;
-		if (ready == 0) {
-			/* Part of a frame may be on the wire: the stream cannot
-			 * be resynchronised, so the connection is over. */
-			rc = conn_fail(c, -ETIMEDOUT, "%s did not take a %s message in time",
-				       c->where, wire_msg_name(env->msg_case));
-			goto out;
-		}
-		if (ready < 0) {
-			rc = conn_fail(c, -errno, "poll: %s", strerror(errno));
-			goto out;
-		}
-	}
-out:
-	free(frame);
-	return rc;
-}
-
-int pfc_send(struct pf_client *c, Pf__Envelope *msg)
-{
-	msg->id = 0;
-	return send_env(c, msg, deadline_after(c->timeout_ms));
-}
-
-/*
- * Reads one frame, waiting until deadline.  Returns 0 with *env, -ETIMEDOUT
- * (the connection stays usable; no message set), or the error that broke the
- * connection.
- */
-static int read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
-{
-	for (;;) {
-		struct pollfd pfd;
-		long n;
-		int rc;
-
-		if (c->dead)
-			return fail_dead(c);
-		rc = wire_rx_next(&c->rx, env);
-		if (rc == 1)
-			return 0;
-		if (rc == -EMSGSIZE)
-			return conn_fail(c, -EPROTO,
-					 "%s sent a frame longer than %zu bytes; connection closed",
-					 c->where, c->rx.max_frame);
-		if (rc < 0)
-			return conn_fail(c, -EPROTO,
-					 "%s sent a frame that does not decode; connection closed",
-					 c->where);
-		pfd.fd = c->sock;
-		pfd.events = POLLIN;
-		pfd.revents = 0;
-		rc = poll(&pfd, 1, ms_left(deadline));
-		if (rc < 0 && errno == EINTR)
-			continue;
-		if (rc < 0)
-			return conn_fail(c, -errno, "poll: %s", strerror(errno));
-		if (rc == 0)
-			return -ETIMEDOUT;
-		n = wire_rx_fill(&c->rx, c->sock);
-		if (n == 0 || n == -ECONNRESET)
-			return peer_closed(c);
-		if (n == -EMFILE || n == -EPROTO)
-			return conn_fail(c, -EPROTO,
-					 "%s sent more file descriptors than this client keeps",
-					 c->where);
-		if (n < 0 && n != -EAGAIN)
-			return conn_fail(c, (int)n, "cannot receive from %s: %s", c->where,
-					 strerror((int)-n));
-	}
-}
-
-/* ---- slots, arenas, batches -------------------------------------------------- */
-
-static void free_batch(struct pfc_batch *b)
-{
-	if (!b)
-		return;
-	free(b->message);
-	free(b);
-}
-
-static int send_release(struct pf_client *c, uint64_t epoch, uint64_t seq, int32_t slot)
-{
-	Pf__Envelope env = PF__ENVELOPE__INIT;
-	Pf__Release msg = PF__RELEASE__INIT;
-
-	/* Unmark first: once the Release is out the daemon may announce the
-	 * slot again, possibly within the read that follows. */
-	if (slot >= 0 && (uint32_t)slot < c->slots)
-		c->slot_mine[slot] = 0;
-	msg.epoch = epoch;
-	msg.seq = seq;
-	msg.slot = slot;
-	env.msg_case = PF__ENVELOPE__MSG_RELEASE;
-	env.release = &msg;
-	return pfc_send(c, &env);
-}
-
-/* Sends every pending release whose GPU work has retired.  With wait_ms > 0
- * it keeps polling that long for the rest (pf_close). */
-static int flush_releases(struct pf_client *c, int wait_ms)
-{
-	int64_t deadline = deadline_after(wait_ms);
-	int rc = 0;
-
-	for (;;) {
-		struct pfc_release **pp = &c->releases;
-
-		while (*pp) {
-			struct pfc_release *r = *pp;
-			int done = r->done ? r->done(r->event) : 1;
-
-			if (done == 0) {
-				pp = &r->next;
-				continue;
-			}
-			*pp = r->next;
-			if (!c->dead) {
-				int src = send_release(c, r->epoch, r->seq, r->slot);
-
-				if (src && !rc)
-					rc = src;
-			}
-			if (r->free_event)
-				r->free_event(r->event);
-			free(r);
-		}
-		if (!c->releases || wait_ms <= 0 || ms_left(deadline) == 0)
-			return rc;
-		usleep(100);
-	}
-}
-
-/* Releases every batch received but not taken (an abandoned or replaced
- * epoch: the daemon expects them back). */
-static int release_queue(struct pf_client *c)
-{
-	int rc = 0;
-
-	while (c->queue_head) {
-		struct pfc_batch *b = c->queue_head;
-
-		c->queue_head = b->next;
-		c->nqueued--;
-		if (b->slot >= 0) {
-			if (!c->dead) {
-				int src = send_release(c, b->pub.epoch, b->pub.seq, b->slot);
-
-				if (src && !rc)
-					rc = src;
-			} else {
-				c->slot_mine[b->slot] = 0;
-			}
-		}
-		free_batch(b);
-	}
-	c->queue_tail = NULL;
-	return rc;
-}
-
-/* A device arena: imported once (its fd arrived with the frame, or its
- * legacy handle is in it) and cached for the session.  A session that
- * cannot map its arenas cannot deliver, so a failure breaks it. */
-static int import_cuda_arena(struct pf_client *c, struct pfc_arena *a, const Pf__Arena *msg, int fd)
-{
-	char why[256];
-	int rc;
-
-	if (!c->cuda) {
-		if (fd >= 0)
-			close(fd);
-		return conn_fail(c, -EPROTO, "device arena %" PRIu32 " pushed to a host session",
-				 msg->id);
-	}
-	if (msg->bytes == 0) {
-		if (fd >= 0)
-			close(fd);
-		return conn_fail(c, -EPROTO, "device arena %" PRIu32 " has no bytes", msg->id);
-	}
-	if (msg->kind == PF__ARENA_KIND__ARENA_CUDA_FD) {
-		if (fd < 0)
-			return conn_fail(c, -EPROTO,
-					 "device arena %" PRIu32 " arrived without its descriptor",
-					 msg->id);
-		rc = pfcuda_import_fd(c->cuda, fd, msg->bytes, &a->garena, why, sizeof(why));
-	} else {
-		if (msg->legacy_handle.len != PFCUDA_IPC_HANDLE_BYTES)
-			return conn_fail(c, -EPROTO,
-					 "device arena %" PRIu32 " has a %zu-byte IPC handle",
-					 msg->id, msg->legacy_handle.len);
-		rc = pfcuda_import_legacy(c->cuda, msg->legacy_handle.data, msg->bytes, &a->garena,
-					  why, sizeof(why));
-	}
-	if (rc)
-		return conn_fail(c, rc, "cannot map device arena %" PRIu32 " (%.1f MiB) of %s: %s",
-				 msg->id, msg->bytes / 1048576.0, c->where, why);
-	a->base = (void *)(uintptr_t)a->garena.base;
-	a->bytes = msg->bytes;
-	a->kind = (int)msg->kind;
-	a->present = true;
-	return 0;
-}
-
-static int map_host_arena(struct pf_client *c, struct pfc_arena *a, const Pf__Arena *msg)
-{
-	int fd = wire_rx_take_fd(&c->rx);
-	struct stat st;
-	int seals;
-	void *base;
-	int rc = 0;
-
-	if (fd < 0)
-		return conn_fail(c, -EPROTO,
-				 "arena %" PRIu32 " arrived without its file descriptor", msg->id);
-	if (msg->bytes == 0 || msg->bytes > SIZE_MAX) {
-		rc = conn_fail(c, -EPROTO,
-			       "arena %" PRIu32 " has an impossible size of %" PRIu64 " bytes",
-			       msg->id, msg->bytes);
-		goto out;
-	}
-	/* Reading a mapping past the end of its file is SIGBUS, not an error
-	 * code: so the memfd must be as large as announced and sealed against
-	 * shrinking (the daemon seals it at creation). */
-	if (fstat(fd, &st) < 0 || (uint64_t)st.st_size < msg->bytes) {
-		rc = conn_fail(c, -EPROTO,
-			       "arena %" PRIu32 " is smaller than the %" PRIu64 " bytes announced",
-			       msg->id, msg->bytes);
-		goto out;
-	}
-	seals = fcntl(fd, F_GET_SEALS);
-	if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
-		rc = conn_fail(c, -EPROTO, "arena %" PRIu32 " is not sealed against shrinking",
-			       msg->id);
-		goto out;
-	}
-	base = mmap(NULL, (size_t)msg->bytes, PROT_READ, MAP_SHARED, fd, 0);
-	if (base == MAP_FAILED) {
-		rc = conn_fail(c, -errno, "cannot map arena %" PRIu32 " (%" PRIu64 " bytes): %s",
-			       msg->id, msg->bytes, strerror(errno));
-		goto out;
-	}
-	a->base = base;
-	a->bytes = msg->bytes;
-	a->kind = PF__ARENA_KIND__ARENA_HOST_MEMFD;
-	a->present = true;
-out:
-	close(fd);
-	return rc;
-}
-
-static int add_arena(struct pf_client *c, const Pf__Arena *msg)
-{
-	struct pfc_arena *a;
-
-	if (msg->id >= PFC_MAX_ARENAS)
-		return conn_fail(c, -EPROTO, "arena id %" PRIu32 " is beyond this client's %u",
-				 msg->id, PFC_MAX_ARENAS);
-	if (msg->id >= c->narenas) {
-		struct pfc_arena *t = realloc(c->arenas, (msg->id + 1) * sizeof(*t));
-
-		if (!t)
-			return conn_fail(c, -ENOMEM, "out of memory");
-		memset(t + c->narenas, 0, (msg->id + 1 - c->narenas) * sizeof(*t));
-		c->arenas = t;
-		c->narenas = msg->id + 1;
-	}
-	a = &c->arenas[msg->id];
-	if (a->present)
-		return conn_fail(c, -EPROTO, "arena %" PRIu32 " was announced twice", msg->id);
-	switch (msg->kind) {
-	case PF__ARENA_KIND__ARENA_HOST_MEMFD: return map_host_arena(c, a, msg);
-	case PF__ARENA_KIND__ARENA_CUDA_FD:
-		/* Take its fd even though it is refused, so that the fds of
-		 * later arenas still pair with their own frames. */
-		return import_cuda_arena(c, a, msg, wire_rx_take_fd(&c->rx));
-	case PF__ARENA_KIND__ARENA_CUDA_LEGACY: return import_cuda_arena(c, a, msg, -1);
-	default:
-		return conn_fail(c, -EPROTO, "arena %" PRIu32 " has unknown kind %d", msg->id,
-				 (int)msg->kind);
-	}
-}
-
-/* Checks a data batch against the session: its slot, its arena, and that
- * every field of `count` samples lies inside the slot, which lies inside the
- * arena.  The trainer dereferences these pointers, so nothing is trusted. */
-static int check_data_batch(struct pf_client *c, const Pf__BatchReady *b)
-{
-	const struct pfc_arena *a;
-	uint64_t end;
-
-	if (!c->opened)
-		return conn_fail(c, -EPROTO,
-				 "batch %" PRIu64 "/%" PRIu64 " arrived before the session opened",
-				 b->epoch, b->seq);
-	if ((uint32_t)b->slot >= c->slots)
-		return conn_fail(c, -EPROTO,
-				 "batch %" PRIu64 "/%" PRIu64 " names slot %" PRId32
-				 " of a session with %" PRIu32,
-				 b->epoch, b->seq, b->slot, c->slots);
-	if (c->slot_mine[b->slot])
-		return conn_fail(c, -EPROTO,
-				 "batch %" PRIu64 "/%" PRIu64 " reuses slot %" PRId32
-				 " before its release",
-				 b->epoch, b->seq, b->slot);
-	if (b->arena >= c->narenas || !c->arenas[b->arena].present)
-		return conn_fail(c, -EPROTO,
-				 "batch %" PRIu64 "/%" PRIu64 " names arena %" PRIu32
-				 ", which was never announced",
-				 b->epoch, b->seq, b->arena);
-	a = &c->arenas[b->arena];
-	if (__builtin_add_overflow(b->offset, c->slot_bytes, &end) || end > a->bytes)
-		return conn_fail(c, -EPROTO,
-				 "batch %" PRIu64 "/%" PRIu64 " lies outside arena %" PRIu32,
-				 b->epoch, b->seq, b->arena);
-	if ((b->picks_le.len ? b->picks_le.len / sizeof(uint64_t) : b->n_picks) != b->count ||
-	    b->picks_le.len % sizeof(uint64_t))
-		return conn_fail(c, -EPROTO,
-				 "batch %" PRIu64 "/%" PRIu64 " carries %zu picks for %" PRIu32
-				 " samples",
-				 b->epoch, b->seq,
-				 b->picks_le.len ? b->picks_le.len / sizeof(uint64_t) : b->n_picks,
-				 b->count);
-	for (uint32_t f = 0; f < c->nfields; f++) {
-		uint64_t bytes;
-
-		if (__builtin_mul_overflow(c->fields[f].sample_bytes, (uint64_t)b->count, &bytes) ||
-		    __builtin_add_overflow(bytes, c->fields[f].offset, &end) || end > c->slot_bytes)
-			return conn_fail(c, -EPROTO,
-					 "batch %" PRIu64 "/%" PRIu64 ": %" PRIu32
-					 " samples of field %s do not fit a slot",
-					 b->epoch, b->seq, b->count, c->fields[f].name);
-	}
-	return 0;
-}
-
-/* The batch's picks, from whichever field carries them (picks_le holds
- * little-endian uint64; picks, packed varints). */
-static void copy_picks(uint64_t *out, const Pf__BatchReady *b)
-{
-	if (!b->picks_le.len) {
-		memcpy(out, b->picks, b->count * sizeof(uint64_t));
-		return;
-	}
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-	memcpy(out, b->picks_le.data, b->count * sizeof(uint64_t));
-#else
-	for (uint32_t i = 0; i < b->count; i++) {
-		uint64_t v = 0;
-
-		for (int k = 7; k >= 0; k--)
-			v = v << 8 | b->picks_le.data[i * 8 + k];
-		out[i] = v;
-	}
-#endif
-}
-
-static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
-{
-	bool data = b->slot >= 0;
-	struct pfc_batch *q;
-	size_t extra;
-	uint8_t *tail;
-	int rc;
-
-	if (b->error > 0 || (b->error == 0) != data)
-		return conn_fail(c, -EPROTO,
-				 "batch %" PRIu64 "/%" PRIu64 " has slot %" PRId32
-				 " and error %" PRId32 " (a batch has a slot or an error < 0)",
-				 b->epoch, b->seq, b->slot, b->error);
-	if (data) {
-		rc = check_data_batch(c, b);
-		if (rc)
-			return rc;
-	}
-	if (b->epoch != c->epoch || !c->epoch_live || c->epoch_ended)
-		return data ? send_release(c, b->epoch, b->seq, b->slot) : 0;
-	if (b->seq != c->next_seq)
-		return conn_fail(c, -EPROTO,
-				 "batch %" PRIu64 "/%" PRIu64
-				 " arrived out of order (expected batch %" PRIu64 ")",
-				 b->epoch, b->seq, c->next_seq);
-	if (c->nqueued >= PFC_MAX_QUEUED)
-		return conn_fail(c, -EPROTO, "%s sent more than %d batches that were not taken",
-				 c->where, PFC_MAX_QUEUED);
-
-	extra = data ? c->nfields * sizeof(void *) + b->count * sizeof(uint64_t) : 0;
-	q = calloc(1, sizeof(*q) + extra);
-	if (!q)
-		return conn_fail(c, -ENOMEM, "out of memory");
-	tail = (uint8_t *)(q + 1);
-	q->gen = c->gen;
-	q->pub.epoch = b->epoch;
-	q->pub.seq = b->seq;
-	q->slot = b->slot;
-	q->error = b->error;
-	if (data) {
-		const struct pfc_arena *a = &c->arenas[b->arena];
-		void **ptrs = (void **)tail;
-		uint64_t *picks = (uint64_t *)(tail + c->nfields * sizeof(void *));
-
-		for (uint32_t f = 0; f < c->nfields; f++) {
-			ptrs[f] = (uint8_t *)a->base + b->offset + c->fields[f].offset;
-			q->bytes += c->fields[f].sample_bytes * b->count;
-		}
-		copy_picks(picks, b);
-		q->pub.count = b->count;
-		q->pub.picks = picks;
-		q->pub.nfields = c->nfields;
-		q->pub.data = ptrs;
-		q->pub.on_device = a->kind != PF__ARENA_KIND__ARENA_HOST_MEMFD;
-		c->slot_mine[b->slot] = 1;
-	} else {
-		q->message = strdup(b->message ? b->message : "");
-		if (!q->message) {
-			free(q);
-			return conn_fail(c, -ENOMEM, "out of memory");
-		}
-	}
-	if (c->queue_tail)
-		c->queue_tail->next = q;
-	else
-		c->queue_head = q;
-	c->queue_tail = q;
-	c->nqueued++;
-	c->next_seq++;
-	return 0;
-}
-
-/* Handles one push (id 0); takes env. */
-static int handle_push(struct pf_client *c, Pf__Envelope *env)
-{
-	int rc = 0;
-
-	switch (env->msg_case) {
-	case PF__ENVELOPE__MSG_ARENA: rc = add_arena(c, env->arena); break;
-	case PF__ENVELOPE__MSG_BATCH: rc = add_batch(c, env->batch); break;
-	case PF__ENVELOPE__MSG_END:
-		if (env->end->epoch == c->epoch && c->epoch_live)
-			c->epoch_ended = true;
-		break;
-	case PF__ENVELOPE__MSG_ERROR:
-		/* A refused Ack or Release.  The first one is kept: it is the
-		 * cause, later ones are usually its consequences. */
-		if (!c->pending_err) {
-			c->pending_err = sane_code(env->error->code);
-			snprintf(c->pending_msg, sizeof(c->pending_msg), "prefetchd: %s",
-				 env->error->message ? env->error->message : "");
-		}
-		break;
-	default:
-		rc = conn_fail(c, -EPROTO, "%s pushed an unexpected %s message", c->where,
-			       wire_msg_name(env->msg_case));
-		break;
-	}
-	pf__envelope__free_unpacked(env, NULL);
-	return rc;
-}
-
-/* ---- requests -------------------------------------------------------------- */
-
-static int call_within(struct pf_client *c, Pf__Envelope *req, int reply_case, Pf__Envelope **reply,
-		       int timeout_ms)
-{
-	int64_t deadline = deadline_after(timeout_ms);
-	uint64_t id;
-	int rc;
-
-	if (reply)
-		*reply = NULL;
-	c->refused = false;
-	if (c->dead)
-		return fail_dead(c);
-	id = ++c->last_id;
-	req->id = id;
-	rc = send_env(c, req, deadline);
-	if (rc)
-		return rc;
-	for (;;) {
-		Pf__Envelope *env;
-
-		rc = read_env(c, deadline, &env);
-		if (rc == -ETIMEDOUT)
-			return pfc_set_err(c, rc, "%s did not answer %s within %d ms", c->where,
-					   wire_msg_name(req->msg_case), timeout_ms);
-		if (rc)
-			return rc;
-		if (env->id == 0) {
-			rc = handle_push(c, env);
-			if (rc)
-				return rc;
-			continue;
-		}
-		if (env->id != id) {
-			/* The reply to an earlier request that timed out. */
-			pf__envelope__free_unpacked(env, NULL);
-			continue;
-		}
-		if (env->msg_case == PF__ENVELOPE__MSG_ERROR) {
-			rc = sane_code(env->error->code);
-			c->refused = true;
-			pfc_set_err(c, rc, "%s",
-				    env->error->message && *env->error->message
-					    ? env->error->message
-					    : strerror(-rc));
-			pf__envelope__free_unpacked(env, NULL);
-			return rc;
-		}
-		if ((int)env->msg_case != reply_case) {
-			rc = conn_fail(c, -EPROTO, "%s answered %s with %s", c->where,
-				       wire_msg_name(req->msg_case), wire_msg_name(env->msg_case));
-			pf__envelope__free_unpacked(env, NULL);
-			return rc;
-		}
-		if (reply)
-			*reply = env;
-		else
-			pf__envelope__free_unpacked(env, NULL);
-		return 0;
-	}
-}
-
-int pfc_call(struct pf_client *c, Pf__Envelope *req, int reply_case, Pf__Envelope **reply)
-{
-	return call_within(c, req, reply_case, reply, c->timeout_ms);
-}
-
-void pfc_set_timeout(struct pf_client *c, int timeout_ms)
-{
-	c->timeout_ms = timeout_ms > 0 ? timeout_ms : PFC_TIMEOUT_MS_DEFAULT;
-}
-
-bool pfc_broken(const struct pf_client *c)
-{
-	return c->dead != 0;
-}
-
-const char *pfc_daemon_version(const struct pf_client *c)
-{
-	return c->daemon;
-}
-
-uint32_t pfc_daemon_max_frame(const struct pf_client *c)
-{
-	return c->max_frame;
-}
+/* One call reconnects at most this often before it returns the error: a
+ * daemon that dies on the same request every time must not keep a call
+ * spinning for ever (the next call tries again). */
+#define RECONNECTS_PER_CALL 3
 
 /* ---- connecting -------------------------------------------------------------- */
-
-static struct pf_client *client_new(const char *where)
-{
-	struct pf_client *c = calloc(1, sizeof(*c));
-	const char *env = getenv(PFC_TIMEOUT_ENV);
-	char *end;
-	long ms;
-
-	if (!c)
-		return NULL;
-	c->sock = -1;
-	c->where = strdup(where);
-	if (!c->where) {
-		free(c);
-		return NULL;
-	}
-	wire_rx_init(&c->rx, WIRE_MAX_FRAME_DEFAULT);
-	c->max_frame = WIRE_MAX_FRAME_DEFAULT;
-	c->timeout_ms = PFC_TIMEOUT_MS_DEFAULT;
-	c->gen = 1;
-	if (env && *env) {
-		errno = 0;
-		ms = strtol(env, &end, 10);
-		if (!errno && !*end && ms > 0 && ms <= INT_MAX)
-			c->timeout_ms = (int)ms;
-	}
-	snprintf(c->hello_name, sizeof(c->hello_name), "%s[%d]", program_invocation_short_name,
-		 (int)getpid());
-	return c;
-}
-
-static int hello(struct pf_client *c, int timeout_ms)
-{
-	Pf__Envelope env = PF__ENVELOPE__INIT;
-	Pf__Hello msg = PF__HELLO__INIT;
-	Pf__Envelope *reply;
-	Pf__HelloReply *hr;
-	int rc;
-
-	msg.version = WIRE_VERSION;
-	msg.client = c->hello_name;
-	env.msg_case = PF__ENVELOPE__MSG_HELLO;
-	env.hello = &msg;
-	rc = call_within(c, &env, PF__ENVELOPE__MSG_HELLO_REPLY, &reply, timeout_ms);
-	if (rc == -ETIMEDOUT)
-		return conn_fail(c, rc, "%s did not answer hello within %g s", c->where,
-				 timeout_ms / 1000.0);
-	if (rc)
-		return conn_fail(c, rc, "%s", c->err);
-	hr = reply->hello_reply;
-	if (hr->version != WIRE_VERSION) {
-		rc = conn_fail(c, -EPROTO,
-			       "%s speaks protocol version %" PRIu32 "; this library speaks %d",
-			       c->where, hr->version, WIRE_VERSION);
-		goto out;
-	}
-	snprintf(c->daemon, sizeof(c->daemon), "%s", hr->daemon ? hr->daemon : "");
-	c->greeted = true;
-	if (hr->max_frame >= 64)
-		c->max_frame = hr->max_frame;
-out:
-	pf__envelope__free_unpacked(reply, NULL);
-	return rc;
-}
-
-static int set_nonblocking(int fd)
-{
-	int fl = fcntl(fd, F_GETFL);
-
-	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
-		return -errno;
-	return 0;
-}
-
-int pfc_connect_fd(int sock, const char *where, int hello_timeout_ms, struct pf_client **out)
-{
-	struct pf_client *c = client_new(where ? where : "prefetchd");
-	int rc;
-
-	*out = c;
-	if (!c) {
-		close(sock);
-		return -ENOMEM;
-	}
-	c->sock = sock;
-	rc = set_nonblocking(sock);
-	if (rc)
-		return conn_fail(c, rc, "cannot set up the socket: %s", strerror(-rc));
-	return hello(c, hello_timeout_ms);
-}
 
 PF_API int pf_connect(const char *path, struct pf_client **out)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	int64_t deadline = deadline_after(PFC_HELLO_TIMEOUT_MS);
+	int64_t deadline = pfc_deadline_after(PFC_HELLO_TIMEOUT_MS);
 	struct pf_client *c;
 	char where[sizeof(sa.sun_path) + 32];
 	int sock;
@@ -1025,21 +49,22 @@ PF_API int pf_connect(const char *path, struct pf_client **out)
 	if (!path || !*path)
 		path = PF_DEFAULT_SOCKET;
 	snprintf(where, sizeof(where), "prefetchd at %.*s", (int)sizeof(sa.sun_path), path);
-	c = client_new(where);
+	c = pfc_client_new(where);
 	*out = c;
 	if (!c)
 		return -ENOMEM;
 	if (strlen(path) >= sizeof(sa.sun_path))
-		return conn_fail(c, -ENAMETOOLONG, "socket path %s is too long (at most %zu bytes)",
-				 path, sizeof(sa.sun_path) - 1);
+		return pfc_conn_fail(c, -ENAMETOOLONG,
+				     "socket path %s is too long (at most %zu bytes)", path,
+				     sizeof(sa.sun_path) - 1);
 	memcpy(sa.sun_path, path, strlen(path) + 1);
 	/* Kept for reconnection: the restarted daemon listens on the same path. */
 	c->path = strdup(path);
 	if (!c->path)
-		return conn_fail(c, -ENOMEM, "out of memory");
+		return pfc_conn_fail(c, -ENOMEM, "out of memory");
 	sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (sock < 0)
-		return conn_fail(c, -errno, "cannot create a socket: %s", strerror(errno));
+		return pfc_conn_fail(c, -errno, "cannot create a socket: %s", strerror(errno));
 	c->sock = sock;
 	/* A non-blocking connect on a Unix socket fails with EAGAIN while the
 	 * daemon's listen backlog is full; retry until the hello deadline
@@ -1049,17 +74,17 @@ PF_API int pf_connect(const char *path, struct pf_client **out)
 
 		if (e == EINTR)
 			continue;
-		if (e == EAGAIN && ms_left(deadline) > 0) {
+		if (e == EAGAIN && pfc_ms_left(deadline) > 0) {
 			usleep(10000);
 			continue;
 		}
-		return conn_fail(c, -e, "cannot connect to prefetchd at %s: %s%s", path,
-				 strerror(e),
-				 e == ENOENT || e == ECONNREFUSED ? " (is the daemon running?)"
-				 : e == EACCES ? " (is this user allowed to use the socket?)"
-					       : "");
+		return pfc_conn_fail(c, -e, "cannot connect to prefetchd at %s: %s%s", path,
+				     strerror(e),
+				     e == ENOENT || e == ECONNREFUSED ? " (is the daemon running?)"
+				     : e == EACCES ? " (is this user allowed to use the socket?)"
+						   : "");
 	}
-	return hello(c, PFC_HELLO_TIMEOUT_MS);
+	return pfc_hello(c, PFC_HELLO_TIMEOUT_MS);
 }
 
 /* ---- session ------------------------------------------------------------------ */
@@ -1067,16 +92,16 @@ PF_API int pf_connect(const char *path, struct pf_client **out)
 static int keep_session(struct pf_client *c, const Pf__SessionOpened *so)
 {
 	if (so->slots > PFC_MAX_SLOTS)
-		return conn_fail(c, -EPROTO,
-				 "session with %" PRIu32 " slots is over this client's %u",
-				 so->slots, PFC_MAX_SLOTS);
+		return pfc_conn_fail(c, -EPROTO,
+				     "session with %" PRIu32 " slots is over this client's %u",
+				     so->slots, PFC_MAX_SLOTS);
 	if (so->n_fields > 4096)
-		return conn_fail(c, -EPROTO, "session with %zu fields", so->n_fields);
+		return pfc_conn_fail(c, -EPROTO, "session with %zu fields", so->n_fields);
 	c->fields = calloc(so->n_fields ? so->n_fields : 1, sizeof(*c->fields));
 	c->slot_mine = calloc(so->slots ? so->slots : 1, 1);
 	c->device = strdup(so->device && *so->device ? so->device : "host");
 	if (!c->fields || !c->slot_mine || !c->device)
-		return conn_fail(c, -ENOMEM, "out of memory");
+		return pfc_conn_fail(c, -ENOMEM, "out of memory");
 	c->nfields = (uint32_t)so->n_fields;
 	for (size_t f = 0; f < so->n_fields; f++) {
 		const Pf__Field *in = so->fields[f];
@@ -1086,10 +111,10 @@ static int keep_session(struct pf_client *c, const Pf__SessionOpened *so)
 		out->dtype = strdup(in->dtype ? in->dtype : "");
 		out->shape = calloc(in->n_shape ? in->n_shape : 1, sizeof(uint64_t));
 		if (!out->name || !out->dtype || !out->shape)
-			return conn_fail(c, -ENOMEM, "out of memory");
+			return pfc_conn_fail(c, -ENOMEM, "out of memory");
 		if (in->n_shape > 32)
-			return conn_fail(c, -EPROTO, "field %s has %zu dimensions", out->name,
-					 in->n_shape);
+			return pfc_conn_fail(c, -EPROTO, "field %s has %zu dimensions", out->name,
+					     in->n_shape);
 		/* A scalar field has no shape, and in->shape is NULL then. */
 		if (in->n_shape)
 			memcpy(out->shape, in->shape, in->n_shape * sizeof(uint64_t));
@@ -1103,57 +128,6 @@ static int keep_session(struct pf_client *c, const Pf__SessionOpened *so)
 	c->slots = so->slots;
 	c->probe_interval_s = so->probe_interval_s;
 	c->opened = true;
-	return 0;
-}
-
-/* A session opened again after a restart.  The trainer has read the shape
- * and the epoch goes on with the same picks, so the dataset must be the
- * same; slots, offsets and the session id may differ. */
-static int refresh_session(struct pf_client *c, const Pf__SessionOpened *so)
-{
-	bool same = so->num_samples == c->num_samples && so->n_fields == c->nfields;
-	char *device;
-	uint8_t *marks;
-
-	for (size_t f = 0; same && f < so->n_fields; f++) {
-		const Pf__Field *in = so->fields[f];
-		const struct pfc_field *had = &c->fields[f];
-
-		same = !strcmp(in->name ? in->name : "", had->name) &&
-		       !strcmp(in->dtype ? in->dtype : "", had->dtype) &&
-		       in->n_shape == (size_t)had->ndim &&
-		       (!had->ndim ||
-			!memcmp(in->shape, had->shape, had->ndim * sizeof(uint64_t))) &&
-		       in->sample_bytes == had->sample_bytes;
-	}
-	if (!same)
-		return pfc_set_err(c, -ESTALE,
-				   "%s now serves dataset %s with another shape (%" PRIu64
-				   " samples, %zu fields; the session had %" PRIu64 " and %" PRIu32
-				   "): its epoch cannot go on",
-				   c->where, c->open_opts.dataset, so->num_samples, so->n_fields,
-				   c->num_samples, c->nfields);
-	if (so->slots > PFC_MAX_SLOTS)
-		return conn_fail(c, -EPROTO,
-				 "session with %" PRIu32 " slots is over this client's %u",
-				 so->slots, PFC_MAX_SLOTS);
-	marks = calloc(so->slots ? so->slots : 1, 1);
-	device = strdup(so->device && *so->device ? so->device : "host");
-	if (!marks || !device) {
-		free(marks);
-		free(device);
-		return conn_fail(c, -ENOMEM, "out of memory");
-	}
-	free(c->slot_mine);
-	c->slot_mine = marks;
-	free(c->device);
-	c->device = device;
-	for (size_t f = 0; f < so->n_fields; f++)
-		c->fields[f].offset = so->fields[f]->offset;
-	c->session = so->session;
-	c->slot_bytes = so->slot_bytes;
-	c->slots = so->slots;
-	c->probe_interval_s = so->probe_interval_s;
 	return 0;
 }
 
@@ -1182,7 +156,7 @@ static int keep_open_opts(struct pf_client *c, const struct pf_open_opts *opts)
 }
 
 /* OpenSession with the kept options. */
-static int send_open(struct pf_client *c, Pf__Envelope **reply)
+int pfc_send_open(struct pf_client *c, Pf__Envelope **reply)
 {
 	const struct pf_open_opts *o = &c->open_opts;
 	Pf__Envelope env = PF__ENVELOPE__INIT;
@@ -1214,7 +188,7 @@ PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
 	if (!c)
 		return -EINVAL;
 	if (c->dead)
-		return fail_dead(c);
+		return pfc_fail_dead(c);
 	if (!opts || !opts->dataset || !*opts->dataset)
 		return pfc_set_err(c, -EINVAL, "pf_open: no dataset named");
 	if (c->opened)
@@ -1249,7 +223,7 @@ PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
 	}
 	rc = keep_open_opts(c, opts);
 	if (!rc)
-		rc = send_open(c, &reply);
+		rc = pfc_send_open(c, &reply);
 	if (rc) {
 		free_open_opts(c);
 		pfcuda_close(c->cuda);
@@ -1288,11 +262,11 @@ PF_API int pf_field_info(const struct pf_client *c, uint32_t i, struct pf_field 
  * StartEpoch for the epoch on record (c->epoch and how it was started) at
  * start_batch.  Batches that arrive meanwhile for it are queued; if it is
  * refused (or gets no answer) no epoch runs here, and whatever arrived for
- * it goes back.  The daemon's error stays in pf_errmsg: release_queue only
+ * it goes back.  The daemon's error stays in pf_errmsg: pfc_release_queue only
  * sets a message if it fails.
  */
-static int send_start(struct pf_client *c, uint64_t start_batch, const uint64_t *indices,
-		      size_t nindices, uint64_t *batches)
+int pfc_send_start(struct pf_client *c, uint64_t start_batch, const uint64_t *indices,
+		   size_t nindices, uint64_t *batches)
 {
 	Pf__Envelope env = PF__ENVELOPE__INIT;
 	Pf__StartEpoch msg = PF__START_EPOCH__INIT;
@@ -1315,338 +289,17 @@ static int send_start(struct pf_client *c, uint64_t start_batch, const uint64_t 
 	rc = pfc_call(c, &env, PF__ENVELOPE__MSG_STARTED, &reply);
 	if (rc) {
 		c->epoch_live = false;
-		release_queue(c);
+		pfc_release_queue(c);
 		return rc;
 	}
 	if (reply->started->epoch != c->epoch)
-		rc = conn_fail(c, -EPROTO, "%s started epoch %" PRIu64 " when asked for %" PRIu64,
-			       c->where, reply->started->epoch, c->epoch);
+		rc = pfc_conn_fail(c, -EPROTO,
+				   "%s started epoch %" PRIu64 " when asked for %" PRIu64, c->where,
+				   reply->started->epoch, c->epoch);
 	else if (batches)
 		*batches = reply->started->batches;
 	pf__envelope__free_unpacked(reply, NULL);
 	return rc;
-}
-
-/* The honest-depth probe: free device memory now, as the trainer sees it. */
-static int send_probe(struct pf_client *c)
-{
-	Pf__Envelope env = PF__ENVELOPE__INIT;
-	Pf__Probe msg = PF__PROBE__INIT;
-	uint64_t free_b, total_b;
-	char err[200];
-	int rc;
-
-	c->last_probe_ns = now_ns();
-	rc = pfcuda_mem_info(c->cuda, &free_b, &total_b, err, sizeof(err));
-	if (rc)
-		return pfc_set_err(c, rc, "probe: %s", err);
-	msg.free_bytes = free_b;
-	msg.total_bytes = total_b;
-	env.msg_case = PF__ENVELOPE__MSG_PROBE;
-	env.probe = &msg;
-	return pfc_send(c, &env);
-}
-
-/* ---- reconnecting ----------------------------------------------------------------- */
-
-/* Back-off between tries: the first at once, then 50 ms doubling to 1 s.
- * A daemon that comes back is found within a second of listening again,
- * and a node without one costs a try a second. */
-#define RECONNECT_FIRST_MS 50
-#define RECONNECT_MAX_MS   1000
-/* One call reconnects at most this often before it returns the error: a
- * daemon that dies on the same request every time must not keep a call
- * spinning for ever (the next call tries again). */
-#define RECONNECTS_PER_CALL 3
-
-/* Whether a broken connection is to be brought back (or already is being):
- * the trainer asked for it, there is a socket path and a session to
- * re-open, and neither reconnect_s nor a refusal has ended it. */
-static bool reconnecting(const struct pf_client *c)
-{
-	return c->open_opts.reconnect_s > 0 && c->path && c->opened && !c->given_up;
-}
-
-/* Unmaps an arena table and frees it.  Device arenas go after every queued
- * kernel has finished: the trainer's released work may still read them. */
-static void unmap_arenas(struct pf_client *c, struct pfc_arena *arenas, uint32_t n)
-{
-	bool synced = false;
-
-	for (uint32_t a = 0; a < n; a++) {
-		struct pfc_arena *ar = &arenas[a];
-
-		if (!ar->present)
-			continue;
-		if (ar->kind == PF__ARENA_KIND__ARENA_HOST_MEMFD) {
-			munmap(ar->base, (size_t)ar->bytes);
-			continue;
-		}
-		if (!synced)
-			pfcuda_sync(c->cuda, NULL, 0);
-		synced = true;
-		pfcuda_unmap(c->cuda, &ar->garena, NULL, 0);
-	}
-	free(arenas);
-}
-
-/* A held batch of a broken connection is gone: the last one unmaps its
- * generation's arenas. */
-static void retired_put(struct pf_client *c, uint64_t gen)
-{
-	for (struct pfc_retired **pp = &c->retired; *pp; pp = &(*pp)->next) {
-		struct pfc_retired *r = *pp;
-
-		if (r->gen != gen)
-			continue;
-		if (--r->users == 0) {
-			*pp = r->next;
-			unmap_arenas(c, r->arenas, r->narenas);
-			free(r);
-		}
-		return;
-	}
-}
-
-/* Drops what belongs to the current connection only: the queue (never
- * taken, so fetched again), pending releases (their slots die with the
- * daemon; the unmapping of their arenas waits for the device instead) and
- * the arenas, which are kept while the trainer holds batches in them. */
-static void drop_connection(struct pf_client *c)
-{
-	struct pfc_retired *r;
-	uint32_t users = 0;
-
-	release_queue(c);
-	while (c->releases) {
-		struct pfc_release *rel = c->releases;
-
-		c->releases = rel->next;
-		if (rel->free_event)
-			rel->free_event(rel->event);
-		free(rel);
-	}
-	for (struct pfc_batch *b = c->held; b; b = b->next)
-		users += b->gen == c->gen;
-	if (c->narenas && users) {
-		r = calloc(1, sizeof(*r));
-		/* Without memory to track them the arenas stay mapped until the
-		 * process ends: a leak, where unmapping them would fault the
-		 * trainer. */
-		if (r) {
-			r->gen = c->gen;
-			r->arenas = c->arenas;
-			r->narenas = c->narenas;
-			r->users = users;
-			r->next = c->retired;
-			c->retired = r;
-		}
-	} else {
-		unmap_arenas(c, c->arenas, c->narenas);
-	}
-	c->arenas = NULL;
-	c->narenas = 0;
-	if (c->slot_mine)
-		memset(c->slot_mine, 0, c->slots ? c->slots : 1);
-	c->gen++;
-}
-
-/* The connection has just been found broken: a reconnecting client
- * starts counting reconnect_s and lets go of the connection's state. */
-static void note_outage(struct pf_client *c)
-{
-	if (!c->dead || c->down || !reconnecting(c))
-		return;
-	c->down = true;
-	c->outage_rc = c->dead;
-	snprintf(c->outage_msg, sizeof(c->outage_msg), "%s", c->dead_msg);
-	c->down_since_ns = c->next_try_ns = now_ns();
-	c->backoff_ms = 0;
-	c->tries = 0;
-	snprintf(c->try_msg, sizeof(c->try_msg), "none yet");
-	/* An epoch whose end came and whose batches were all taken is over;
-	 * any other live epoch starts again at resume_seq.  Not live until
-	 * then: nothing can arrive for it in between anyway. */
-	c->resume_pending = c->epoch_live && (c->queue_head || !c->epoch_ended);
-	if (c->resume_pending)
-		c->epoch_live = false;
-	drop_connection(c);
-}
-
-/* One try: a new socket, hello, the session opened again with pf_open's
- * options, its depth if the trainer set one, and the interrupted epoch
- * started again.  0; or -errno, with *final when trying again cannot help
- * (the daemon refused, or now serves another shape). */
-static int reconnect_once(struct pf_client *c, int64_t giveup, bool *final)
-{
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	int sock, rc, left;
-
-	*final = false;
-	/* pf_connect checked that the path fits. */
-	memcpy(sa.sun_path, c->path, strlen(c->path) + 1);
-	sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (sock < 0)
-		return pfc_set_err(c, -errno, "cannot create a socket: %s", strerror(errno));
-	while (connect(sock, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		rc = -errno;
-		if (rc == -EINTR)
-			continue;
-		close(sock);
-		/* ENOENT and ECONNREFUSED while the daemon is down; EAGAIN
-		 * while its backlog is full; even EACCES for a moment between
-		 * its bind and its chmod.  All worth another try. */
-		return pfc_set_err(c, rc, "cannot connect to %s: %s", c->path, strerror(-rc));
-	}
-	/* A fresh connection: what the broken one left unread goes with it. */
-	wire_rx_free(&c->rx);
-	wire_rx_init(&c->rx, WIRE_MAX_FRAME_DEFAULT);
-	c->sock = sock;
-	c->dead = 0;
-	c->dead_msg[0] = '\0';
-	c->greeted = false;
-	c->pending_err = 0;
-	c->max_frame = WIRE_MAX_FRAME_DEFAULT;
-	left = ms_left(giveup);
-	rc = hello(c, left < 1 ? 1 : left < PFC_HELLO_TIMEOUT_MS ? left : PFC_HELLO_TIMEOUT_MS);
-	if (!rc) {
-		Pf__Envelope *reply;
-
-		rc = send_open(c, &reply);
-		if (!rc) {
-			rc = refresh_session(c, reply->opened);
-			pf__envelope__free_unpacked(reply, NULL);
-		}
-	}
-	if (!rc && c->own_target_set) {
-		Pf__Envelope env = PF__ENVELOPE__INIT;
-		Pf__SetDepth msg = PF__SET_DEPTH__INIT;
-
-		msg.target = c->own_target;
-		msg.automatic = c->own_target == 0;
-		env.msg_case = PF__ENVELOPE__MSG_SET_DEPTH;
-		env.set_depth = &msg;
-		rc = pfc_call(c, &env, PF__ENVELOPE__MSG_OK, NULL);
-	}
-	if (!rc && c->resume_pending && c->epoch_order == PF_ORDER_PACED) {
-		/* The requests not yet delivered lived in the old daemon. */
-		c->resume_pending = false;
-		c->refused = true;
-		rc = pfc_set_err(c, -ECONNRESET,
-				 "prefetchd at %s restarted: a paced epoch's requests went with it "
-				 "(start a new epoch)",
-				 c->path);
-	}
-	if (!rc && c->resume_pending) {
-		rc = send_start(c, c->resume_seq, c->epoch_indices, c->epoch_nindices, NULL);
-		if (!rc)
-			c->resume_pending = false;
-	}
-	if (!rc) {
-		/* The new daemon knows nothing of this trainer's memory yet; the
-		 * trainer is past its first step, so the figure is honest now.
-		 * Best effort, as every probe. */
-		if (c->cuda)
-			send_probe(c);
-		return 0;
-	}
-	/* The daemon's own refusal, a dataset of another shape or another
-	 * protocol will be the same next time; a connection that broke or
-	 * timed out may not. */
-	*final = c->refused ||
-		 !(rc == -ECONNRESET || rc == -EPIPE || rc == -ETIMEDOUT || rc == -ENOMEM);
-	if (!c->dead)
-		conn_fail(c, rc, "%s", c->err);
-	drop_connection(c);
-	return rc;
-}
-
-static void sleep_until(int64_t t)
-{
-	int64_t left = t - now_ns();
-	struct timespec ts;
-
-	if (left <= 0)
-		return;
-	ts.tv_sec = left / 1000000000;
-	ts.tv_nsec = left % 1000000000;
-	nanosleep(&ts, NULL); /* EINTR: the caller's loop looks at the clock again */
-}
-
-/* reconnect_s has run out, or the daemon refused: the error is final. */
-static int give_up(struct pf_client *c, bool refused)
-{
-	char msg[ERRMSG_LEN];
-	int rc = refused && c->dead ? c->dead : c->outage_rc;
-
-	if (refused)
-		snprintf(msg, sizeof(msg),
-			 "%.200s; the daemon there now refuses the session: %.250s", c->outage_msg,
-			 c->try_msg);
-	else
-		snprintf(msg, sizeof(msg),
-			 "%.200s; no daemon took the session back within %g s (%u tries, the "
-			 "last: %.200s)",
-			 c->outage_msg, c->open_opts.reconnect_s, c->tries, c->try_msg);
-	c->given_up = true;
-	c->dead = rc;
-	snprintf(c->dead_msg, sizeof(c->dead_msg), "%s", msg);
-	snprintf(c->err, sizeof(c->err), "%s", msg);
-	return rc;
-}
-
-/*
- * Brings a broken connection back, trying until deadline (-1: none) at the
- * latest; 0 once the session is open again (and its epoch restarted).  A
- * client that does not reconnect gets the connection's error; one whose
- * deadline comes first gets -ETIMEDOUT and stays down, to go on with the
- * next call, until reconnect_s has passed since the connection broke.
- */
-static int revive(struct pf_client *c, int64_t deadline)
-{
-	int64_t giveup;
-
-	if (!c->dead)
-		return 0;
-	if (!reconnecting(c))
-		return fail_dead(c);
-	note_outage(c);
-	giveup = c->down_since_ns + (int64_t)(c->open_opts.reconnect_s * 1e9);
-	for (;;) {
-		int64_t now = now_ns(), wake;
-		bool final;
-		int rc;
-
-		if (now >= giveup)
-			return give_up(c, false);
-		if (now >= c->next_try_ns) {
-			rc = reconnect_once(c, giveup, &final);
-			if (!rc) {
-				c->down = false;
-				c->reconnects++;
-				return 0;
-			}
-			c->tries++;
-			snprintf(c->try_msg, sizeof(c->try_msg), "%s", c->err);
-			if (final)
-				return give_up(c, true);
-			c->backoff_ms = c->backoff_ms ? c->backoff_ms * 2 : RECONNECT_FIRST_MS;
-			if (c->backoff_ms > RECONNECT_MAX_MS)
-				c->backoff_ms = RECONNECT_MAX_MS;
-			c->next_try_ns = now_ns() + (int64_t)c->backoff_ms * 1000000;
-			continue;
-		}
-		wake = c->next_try_ns < giveup ? c->next_try_ns : giveup;
-		if (deadline >= 0 && deadline < wake) {
-			sleep_until(deadline);
-			return pfc_set_err(c, -ETIMEDOUT,
-					   "%.200s; reconnecting for %.1f s (%u tries, the last: "
-					   "%.200s)",
-					   c->outage_msg, (now_ns() - c->down_since_ns) / 1e9,
-					   c->tries, c->try_msg);
-		}
-		sleep_until(wake);
-	}
 }
 
 /* ---- epochs ------------------------------------------------------------------- */
@@ -1660,7 +313,7 @@ static int start_epoch_once(struct pf_client *c, const struct pf_epoch_opts *opt
 	 * its queued batches go back, and any still on the way are released
 	 * on arrival because their epoch is no longer current. */
 	c->epoch_live = false;
-	rc = release_queue(c);
+	rc = pfc_release_queue(c);
 	if (rc)
 		return rc;
 	c->epoch = ++c->last_epoch;
@@ -1677,7 +330,7 @@ static int start_epoch_once(struct pf_client *c, const struct pf_epoch_opts *opt
 	c->epoch_nindices = 0;
 	/* An explicit order is the caller's memory, valid only for this call;
 	 * a restart needs it again. */
-	if (opts->nindices && reconnecting(c)) {
+	if (opts->nindices && pfc_reconnecting(c)) {
 		c->epoch_indices = malloc(opts->nindices * sizeof(uint64_t));
 		if (!c->epoch_indices)
 			return pfc_set_err(c, -ENOMEM, "out of memory for %zu indices",
@@ -1685,7 +338,7 @@ static int start_epoch_once(struct pf_client *c, const struct pf_epoch_opts *opt
 		memcpy(c->epoch_indices, opts->indices, opts->nindices * sizeof(uint64_t));
 		c->epoch_nindices = opts->nindices;
 	}
-	return send_start(c, opts->start_batch, opts->indices, opts->nindices, batches);
+	return pfc_send_start(c, opts->start_batch, opts->indices, opts->nindices, batches);
 }
 
 static int send_load(struct pf_client *c, const uint64_t *picks, size_t n, bool end)
@@ -1694,7 +347,7 @@ static int send_load(struct pf_client *c, const uint64_t *picks, size_t n, bool 
 	Pf__LoadBatch msg = PF__LOAD_BATCH__INIT;
 
 	if (c->dead)
-		return fail_dead(c);
+		return pfc_fail_dead(c);
 	if (!c->epoch_live || c->epoch_order != PF_ORDER_PACED || c->paced_ended)
 		return pfc_set_err(c, -EINVAL,
 				   "%s: no paced epoch is taking requests (pf_start_epoch with "
@@ -1743,8 +396,8 @@ PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts,
 
 	if (!c)
 		return -EINVAL;
-	if (c->dead && !reconnecting(c))
-		return fail_dead(c);
+	if (c->dead && !pfc_reconnecting(c))
+		return pfc_fail_dead(c);
 	if (!c->opened)
 		return pfc_set_err(c, -EINVAL, "pf_start_epoch: no session (call pf_open first)");
 	if (!opts || (opts->nindices && !opts->indices))
@@ -1762,36 +415,16 @@ PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts,
 		if (c->dead) {
 			/* This epoch replaces the interrupted one, which is
 			 * therefore not started again. */
-			note_outage(c);
+			pfc_note_outage(c);
 			c->resume_pending = false;
-			rc = revive(c, -1);
+			rc = pfc_revive(c, -1);
 			if (rc)
 				return rc;
 		}
 		rc = start_epoch_once(c, opts, batches);
-		if (!rc || !c->dead || !reconnecting(c) || ++revived > RECONNECTS_PER_CALL)
+		if (!rc || !c->dead || !pfc_reconnecting(c) || ++revived > RECONNECTS_PER_CALL)
 			return rc;
 	}
-}
-
-/* Probes at every epoch's second batch (the trainer's first step of the
- * epoch has run: an evaluation pass or a grown model shows), and in between
- * every probe_interval_s.  Best effort: a failed read only skips this one. */
-static void maybe_probe(struct pf_client *c)
-{
-	int64_t now;
-
-	if (!c->cuda || c->epoch_batches < 2)
-		return;
-	if (c->epoch_batches == 2) {
-		send_probe(c);
-		return;
-	}
-	now = now_ns();
-	if (c->last_probe_ns &&
-	    (c->probe_interval_s <= 0 || now - c->last_probe_ns < c->probe_interval_s * 1e9))
-		return;
-	send_probe(c);
 }
 
 PF_API int pf_probe(struct pf_client *c)
@@ -1803,206 +436,42 @@ PF_API int pf_probe(struct pf_client *c)
 	if (!c->cuda)
 		return pfc_set_err(c, -EINVAL, "pf_probe: not a CUDA session");
 	for (;;) {
-		rc = revive(c, -1);
+		rc = pfc_revive(c, -1);
 		if (rc)
 			return rc;
-		rc = send_probe(c);
-		if (!rc || !c->dead || !reconnecting(c) || ++revived > RECONNECTS_PER_CALL)
-			return rc;
-	}
-}
-
-static int event_done(void *event)
-{
-	struct pfc_event *e = event;
-	int rc = pfcuda_event_query(e->c->cuda, e->ev, NULL, 0);
-
-	return rc == 0 ? 1 : rc == -EAGAIN ? 0 : rc;
-}
-
-static void event_put(void *event)
-{
-	struct pfc_event *e = event;
-
-	e->next = e->c->events;
-	e->c->events = e;
-}
-
-/* Queues the release of a device batch behind the work queued on stream so
- * far.  0, or -errno with the batch still held by the caller. */
-static int release_after(struct pf_client *c, struct pfc_batch *b, void *stream)
-{
-	struct pfc_release *r = calloc(1, sizeof(*r));
-	struct pfc_event *e = c->events;
-	char why[256];
-	int rc;
-
-	if (!r)
-		return pfc_set_err(c, -ENOMEM, "out of memory");
-	if (e) {
-		c->events = e->next;
-	} else {
-		e = calloc(1, sizeof(*e));
-		if (!e) {
-			free(r);
-			return pfc_set_err(c, -ENOMEM, "out of memory");
-		}
-		e->c = c;
-		rc = pfcuda_event_create(c->cuda, &e->ev, why, sizeof(why));
-		if (rc) {
-			free(e);
-			free(r);
-			return pfc_set_err(c, rc, "pf_release: %s", why);
-		}
-	}
-	rc = pfcuda_event_record(c->cuda, e->ev, stream, why, sizeof(why));
-	if (rc) {
-		event_put(e);
-		free(r);
-		return pfc_set_err(c, rc, "pf_release: cannot record on stream %p: %s", stream,
-				   why);
-	}
-	r->epoch = b->pub.epoch;
-	r->seq = b->pub.seq;
-	r->slot = b->slot;
-	r->event = e;
-	r->done = event_done;
-	r->free_event = event_put;
-	r->next = c->releases;
-	c->releases = r;
-	return 0;
-}
-
-/* Takes the head of the queue: acks it and hands it to the trainer. */
-static int take(struct pf_client *c, struct pf_batch **batch)
-{
-	struct pfc_batch *b = c->queue_head;
-	Pf__Envelope env = PF__ENVELOPE__INIT;
-	Pf__Ack ack = PF__ACK__INIT;
-	int rc;
-
-	c->queue_head = b->next;
-	if (!c->queue_head)
-		c->queue_tail = NULL;
-	c->nqueued--;
-	b->next = NULL;
-
-	ack.epoch = b->pub.epoch;
-	ack.seq = b->pub.seq;
-	ack.wait_s = c->wait_s;
-	ack.busy_s = c->busy_s;
-	env.msg_case = PF__ENVELOPE__MSG_ACK;
-	env.ack = &ack;
-	rc = pfc_send(c, &env);
-	if (rc) {
-		/* Not taken: a restarted epoch delivers it again. */
-		if (b->slot >= 0)
-			c->slot_mine[b->slot] = 0;
-		free_batch(b);
-		return rc;
-	}
-	c->resume_seq = b->pub.seq + 1;
-	if (b->error) {
-		c->epoch_batches++; /* taken, as far as paced requests go */
-		rc = pfc_set_err(c, b->error, "batch %" PRIu64 "/%" PRIu64 ": %s", b->pub.epoch,
-				 b->pub.seq, b->message);
-		free_batch(b);
-		return rc;
-	}
-	b->next = c->held;
-	c->held = b;
-	c->nheld++;
-	c->batches++;
-	c->epoch_batches++;
-	c->bytes += b->bytes;
-	*batch = &b->pub;
-	maybe_probe(c);
-	return 0;
-}
-
-/* Waits until deadline for the queue to have a batch or the epoch to end
- * (0 either way), or for an error. */
-static int wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_t *blocked_since)
-{
-	int rc;
-
-	if (c->dead)
-		return fail_dead(c);
-	rc = flush_releases(c, 0);
-	if (rc)
-		return rc;
-	for (;;) {
-		Pf__Envelope *env;
-
-		if (c->pending_err) {
-			rc = pfc_set_err(c, c->pending_err, "%s", c->pending_msg);
-			c->pending_err = 0;
-			return rc;
-		}
-		if (c->queue_head || !c->epoch_live || c->epoch_ended)
-			return 0;
-		if (!*blocked_since)
-			*blocked_since = now_ns();
-		/* Releases waiting for the GPU may be what the daemon needs to
-		 * send the next batch (every slot can be held by them): wait in
-		 * short slices and send each one as its work retires. */
-		if (c->releases) {
-			int64_t slice = now_ns() + PFC_RELEASE_POLL_NS;
-
-			rc = read_env(c, deadline >= 0 && deadline < slice ? deadline : slice,
-				      &env);
-			if (rc == -ETIMEDOUT && (deadline < 0 || now_ns() < deadline)) {
-				rc = flush_releases(c, 0);
-				if (rc)
-					return rc;
-				continue;
-			}
-		} else {
-			rc = read_env(c, deadline, &env);
-		}
-		if (rc == -ETIMEDOUT)
-			return pfc_set_err(c, rc, "no batch from %s within %d ms", c->where,
-					   timeout_ms);
-		if (rc)
-			return rc;
-		if (env->id != 0) {
-			/* The reply to a request that timed out earlier. */
-			pf__envelope__free_unpacked(env, NULL);
-			continue;
-		}
-		rc = handle_push(c, env);
-		if (rc)
+		rc = pfc_send_probe(c);
+		if (!rc || !c->dead || !pfc_reconnecting(c) || ++revived > RECONNECTS_PER_CALL)
 			return rc;
 	}
 }
 
 static int next_batch(struct pf_client *c, int timeout_ms, struct pf_batch **batch)
 {
-	int64_t deadline = deadline_after(timeout_ms);
+	int64_t deadline = pfc_deadline_after(timeout_ms);
 	int revived = 0;
 	int rc;
 
-	if (c->dead && !reconnecting(c))
-		return fail_dead(c);
+	if (c->dead && !pfc_reconnecting(c))
+		return pfc_fail_dead(c);
 	if (!c->opened)
 		return pfc_set_err(c, -EINVAL, "pf_next: no session (call pf_open first)");
 	for (;;) {
 		int64_t blocked_since = 0;
 
-		rc = wait_batch(c, deadline, timeout_ms, &blocked_since);
+		rc = pfc_wait_batch(c, deadline, timeout_ms, &blocked_since);
 		/* Counted before the Ack, which carries the total. */
 		if (blocked_since)
-			c->wait_s += (now_ns() - blocked_since) / 1e9;
-		if (!rc && c->queue_head)
-			rc = take(c, batch);
-		if (!rc || !c->dead || !reconnecting(c) || revived++ == RECONNECTS_PER_CALL)
+			c->wait_s += (mono() - blocked_since) / 1e9;
+		if (!rc && c->queue.head)
+			rc = pfc_take(c, batch);
+		if (!rc || !c->dead || !pfc_reconnecting(c) || revived++ == RECONNECTS_PER_CALL)
 			return rc;
 		/* The daemon went away: get the session back, then wait on for
 		 * the batch the trainer asked for.  The trainer waits for data
 		 * meanwhile, so that is wait time too. */
-		blocked_since = now_ns();
-		rc = revive(c, deadline);
-		c->wait_s += (now_ns() - blocked_since) / 1e9;
+		blocked_since = mono();
+		rc = pfc_revive(c, deadline);
+		c->wait_s += (mono() - blocked_since) / 1e9;
 		if (rc)
 			return rc;
 	}
@@ -2010,7 +479,7 @@ static int next_batch(struct pf_client *c, int timeout_ms, struct pf_batch **bat
 
 PF_API int pf_next(struct pf_client *c, int timeout_ms, struct pf_batch **batch)
 {
-	int64_t entry = now_ns();
+	int64_t entry = mono();
 	int rc;
 
 	if (!c || !batch)
@@ -2022,7 +491,7 @@ PF_API int pf_next(struct pf_client *c, int timeout_ms, struct pf_batch **batch)
 	/* The time after an epoch's end (evaluation, checkpointing) is not
 	 * time spent consuming batches, so it does not count as busy. */
 	c->have_last_return = rc != 0 || *batch != NULL;
-	c->last_return_ns = now_ns();
+	c->last_return_ns = mono();
 	return rc;
 }
 
@@ -2045,43 +514,43 @@ PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream)
 	/* A batch of a connection that broke, on a client that reconnects:
 	 * its slot died with that daemon, so there is nothing to send, only
 	 * its arenas to let go of once no batch points into them. */
-	note_outage(c);
+	pfc_note_outage(c);
 	if (b->gen != c->gen) {
 		*pp = b->next;
 		c->nheld--;
-		retired_put(c, b->gen);
-		free_batch(b);
+		pfc_retired_put(c, b->gen);
+		pfc_free_batch(b);
 		return 0;
 	}
 	if (c->dead) {
 		*pp = b->next;
 		c->nheld--;
 		c->slot_mine[b->slot] = 0;
-		free_batch(b);
-		return fail_dead(c);
+		pfc_free_batch(b);
+		return pfc_fail_dead(c);
 	}
 	/* Device batches wait for the work queued on the trainer's stream;
 	 * host memory is read synchronously by the trainer, so its release is
 	 * immediate. */
 	if (b->pub.on_device) {
-		rc = release_after(c, b, stream);
+		rc = pfc_release_after(c, b, stream);
 		if (rc)
 			return rc; /* still held: the caller may retry */
 		*pp = b->next;
 		c->nheld--;
-		free_batch(b);
+		pfc_free_batch(b);
 	} else {
 		*pp = b->next;
 		c->nheld--;
-		rc = send_release(c, b->pub.epoch, b->pub.seq, b->slot);
-		free_batch(b);
+		rc = pfc_send_release(c, b->pub.epoch, b->pub.seq, b->slot);
+		pfc_free_batch(b);
 	}
 	if (!rc)
-		rc = flush_releases(c, 0);
-	if (rc && c->dead && reconnecting(c)) {
+		rc = pfc_flush_releases(c, 0);
+	if (rc && c->dead && pfc_reconnecting(c)) {
 		/* The daemon died before this release could reach it: the slot
 		 * went with it, as for a batch of an older connection. */
-		note_outage(c);
+		pfc_note_outage(c);
 		return 0;
 	}
 	return rc;
@@ -2101,11 +570,11 @@ PF_API int pf_set_depth(struct pf_client *c, uint64_t session, uint32_t target)
 	env.msg_case = PF__ENVELOPE__MSG_SET_DEPTH;
 	env.set_depth = &msg;
 	for (;;) {
-		rc = revive(c, -1);
+		rc = pfc_revive(c, -1);
 		if (rc)
 			return rc;
 		rc = pfc_call(c, &env, PF__ENVELOPE__MSG_OK, NULL);
-		if (!rc || !c->dead || !reconnecting(c) || ++revived > RECONNECTS_PER_CALL)
+		if (!rc || !c->dead || !pfc_reconnecting(c) || ++revived > RECONNECTS_PER_CALL)
 			break;
 	}
 	/* The session's own depth is set again on a restarted daemon. */
@@ -2128,16 +597,16 @@ PF_API int pf_abandon(struct pf_client *c)
 
 	if (!c)
 		return -EINVAL;
-	if (c->dead && reconnecting(c)) {
+	if (c->dead && pfc_reconnecting(c)) {
 		/* The daemon that was filling the epoch is gone: forget the
 		 * epoch, so that the next connection does not start it again. */
-		note_outage(c);
+		pfc_note_outage(c);
 		c->resume_pending = false;
 		c->epoch_live = false;
 		return 0;
 	}
 	if (c->dead)
-		return fail_dead(c);
+		return pfc_fail_dead(c);
 	if (!c->opened)
 		return pfc_set_err(c, -EINVAL, "pf_abandon: no session (call pf_open first)");
 	if (!c->epoch_live)
@@ -2155,17 +624,17 @@ PF_API int pf_abandon(struct pf_client *c)
 	}
 	/* Released after the daemon has stopped filling, so that a freed slot
 	 * is not filled again for the epoch being abandoned. */
-	qrc = release_queue(c);
+	qrc = pfc_release_queue(c);
 	/* Batches the trainer released behind its stream go back too once
 	 * that work retires; a short wait covers the usual case (the work
 	 * is microseconds from done), and longer work keeps its slot until
 	 * the next call, as in pf_next, rather than blocking the trainer. */
 	if (!qrc)
-		qrc = flush_releases(c, ABANDON_FLUSH_MS);
-	if ((rc || qrc) && c->dead && reconnecting(c)) {
+		qrc = pfc_flush_releases(c, ABANDON_FLUSH_MS);
+	if ((rc || qrc) && c->dead && pfc_reconnecting(c)) {
 		/* It broke on the way: the epoch is not live, so it is not
 		 * started again, and there is nothing left to stop. */
-		note_outage(c);
+		pfc_note_outage(c);
 		return 0;
 	}
 	return rc ? rc : qrc;
@@ -2199,7 +668,7 @@ PF_API void pf_close(struct pf_client *c)
 	 * keep the daemon's accounting exact until then.  Pending device
 	 * releases get a bounded wait so that the daemon does not rewrite a
 	 * slot the trainer's GPU work still reads. */
-	release_queue(c);
+	pfc_release_queue(c);
 	while (c->held) {
 		struct pfc_batch *b = c->held;
 
@@ -2207,25 +676,25 @@ PF_API void pf_close(struct pf_client *c)
 		/* A batch of a broken connection has no slot to give back; its
 		 * arenas are unmapped below with the rest. */
 		if (b->gen != c->gen) {
-			free_batch(b);
+			pfc_free_batch(b);
 			continue;
 		}
 		/* A device batch still held may be read by queued work on a
 		 * stream we do not know: wait for the legacy default stream,
 		 * which waits for every blocking stream. */
-		if (b->pub.on_device && !c->dead && release_after(c, b, NULL) == 0) {
-			free_batch(b);
+		if (b->pub.on_device && !c->dead && pfc_release_after(c, b, NULL) == 0) {
+			pfc_free_batch(b);
 			continue;
 		}
 		if (!c->dead)
-			send_release(c, b->pub.epoch, b->pub.seq, b->slot);
-		free_batch(b);
+			pfc_send_release(c, b->pub.epoch, b->pub.seq, b->slot);
+		pfc_free_batch(b);
 	}
-	flush_releases(c, c->timeout_ms);
+	pfc_flush_releases(c, c->timeout_ms);
 	/* Work that has not retired by now still gets its release dropped
 	 * (the socket is closing, which returns every slot), but its events
 	 * are disposed of, and the arenas are unmapped only after the device
-	 * has finished with them (unmap_arenas): a queued kernel must not
+	 * has finished with them (pfc_unmap_arenas): a queued kernel must not
 	 * fault. */
 	while (c->releases) {
 		struct pfc_release *r = c->releases;
@@ -2235,12 +704,12 @@ PF_API void pf_close(struct pf_client *c)
 			r->free_event(r->event);
 		free(r);
 	}
-	unmap_arenas(c, c->arenas, c->narenas);
+	pfc_unmap_arenas(c, c->arenas, c->narenas);
 	while (c->retired) {
 		struct pfc_retired *r = c->retired;
 
 		c->retired = r->next;
-		unmap_arenas(c, r->arenas, r->narenas);
+		pfc_unmap_arenas(c, r->arenas, r->narenas);
 		free(r);
 	}
 	while (c->events) {

@@ -1,0 +1,649 @@
+/*
+ * batch.c — libprefetch's batches: the arenas they live in (mapped or
+ * imported when the daemon pushes them, unmapped once the device is done
+ * with them), BatchReady and the other pushes, the queue of batches not
+ * taken, taking one, and giving it back.
+ *
+ * Taking a batch sends its Ack (the daemon may prepare another: the
+ * governor's `consumed`), with the stall accounting of this client: time
+ * blocked inside pf_next (wait) and time between calls (busy).  Releasing
+ * sends Release; CUDA batches wait for the trainer's stream first through
+ * the pending-release list (struct pfc_release): an event is recorded on
+ * the stream, and the Release goes out from a later call once the event has
+ * completed.  CUDA sessions also send the honest-depth Probe: free device
+ * memory at each epoch's second batch (its first step has run), every
+ * probe_interval_s the daemon asked for, and on pf_probe.
+ *
+ * DESIGN: no threads, no locks.  The arena table, the queue, the held list,
+ * the pending releases and the idle events are the struct pf_client's,
+ * used by one thread at a time (prefetch.h says so).  A batch belongs to
+ * the queue until it is taken, then to the held list until pf_release; a
+ * release of a device batch then waits in the release list.  Arena
+ * mappings belong to the arena table, or to a retired generation
+ * (reconnect.c) once their connection has broken.
+ */
+#include "client_int.h"
+#include "pfcuda.h"
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- slots, arenas, batches -------------------------------------------------- */
+
+void pfc_free_batch(struct pfc_batch *b)
+{
+	if (!b)
+		return;
+	free(b->message);
+	free(b);
+}
+
+int pfc_send_release(struct pf_client *c, uint64_t epoch, uint64_t seq, int32_t slot)
+{
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__Release msg = PF__RELEASE__INIT;
+
+	/* Unmark first: once the Release is out the daemon may announce the
+	 * slot again, possibly within the read that follows. */
+	if (slot >= 0 && (uint32_t)slot < c->slots)
+		c->slot_mine[slot] = 0;
+	msg.epoch = epoch;
+	msg.seq = seq;
+	msg.slot = slot;
+	env.msg_case = PF__ENVELOPE__MSG_RELEASE;
+	env.release = &msg;
+	return pfc_send(c, &env);
+}
+
+/* Sends every pending release whose GPU work has retired.  With wait_ms > 0
+ * it keeps polling that long for the rest (pf_close). */
+int pfc_flush_releases(struct pf_client *c, int wait_ms)
+{
+	int64_t deadline = pfc_deadline_after(wait_ms);
+	int rc = 0;
+
+	for (;;) {
+		struct pfc_release **pp = &c->releases;
+
+		while (*pp) {
+			struct pfc_release *r = *pp;
+			int done = r->done ? r->done(r->event) : 1;
+
+			if (done == 0) {
+				pp = &r->next;
+				continue;
+			}
+			*pp = r->next;
+			if (!c->dead) {
+				int src = pfc_send_release(c, r->epoch, r->seq, r->slot);
+
+				if (src && !rc)
+					rc = src;
+			}
+			if (r->free_event)
+				r->free_event(r->event);
+			free(r);
+		}
+		if (!c->releases || wait_ms <= 0 || pfc_ms_left(deadline) == 0)
+			return rc;
+		usleep(100);
+	}
+}
+
+/* Releases every batch received but not taken (an abandoned or replaced
+ * epoch: the daemon expects them back). */
+int pfc_release_queue(struct pf_client *c)
+{
+	struct fifo_node *n;
+	int rc = 0;
+
+	while ((n = fifo_pop(&c->queue))) {
+		struct pfc_batch *b = container_of(n, struct pfc_batch, queued);
+
+		c->nqueued--;
+		if (b->slot >= 0) {
+			if (!c->dead) {
+				int src = pfc_send_release(c, b->pub.epoch, b->pub.seq, b->slot);
+
+				if (src && !rc)
+					rc = src;
+			} else {
+				c->slot_mine[b->slot] = 0;
+			}
+		}
+		pfc_free_batch(b);
+	}
+	return rc;
+}
+
+/* A device arena: imported once (its fd arrived with the frame, or its
+ * legacy handle is in it) and cached for the session.  A session that
+ * cannot map its arenas cannot deliver, so a failure breaks it. */
+static int import_cuda_arena(struct pf_client *c, struct pfc_arena *a, const Pf__Arena *msg, int fd)
+{
+	char why[256];
+	int rc;
+
+	if (!c->cuda) {
+		if (fd >= 0)
+			close(fd);
+		return pfc_conn_fail(c, -EPROTO,
+				     "device arena %" PRIu32 " pushed to a host session", msg->id);
+	}
+	if (msg->bytes == 0) {
+		if (fd >= 0)
+			close(fd);
+		return pfc_conn_fail(c, -EPROTO, "device arena %" PRIu32 " has no bytes", msg->id);
+	}
+	if (msg->kind == PF__ARENA_KIND__ARENA_CUDA_FD) {
+		if (fd < 0)
+			return pfc_conn_fail(
+				c, -EPROTO,
+				"device arena %" PRIu32 " arrived without its descriptor", msg->id);
+		rc = pfcuda_import_fd(c->cuda, fd, msg->bytes, &a->garena, why, sizeof(why));
+	} else {
+		if (msg->legacy_handle.len != PFCUDA_IPC_HANDLE_BYTES)
+			return pfc_conn_fail(c, -EPROTO,
+					     "device arena %" PRIu32 " has a %zu-byte IPC handle",
+					     msg->id, msg->legacy_handle.len);
+		rc = pfcuda_import_legacy(c->cuda, msg->legacy_handle.data, msg->bytes, &a->garena,
+					  why, sizeof(why));
+	}
+	if (rc)
+		return pfc_conn_fail(c, rc,
+				     "cannot map device arena %" PRIu32 " (%.1f MiB) of %s: %s",
+				     msg->id, msg->bytes / 1048576.0, c->where, why);
+	a->base = (void *)(uintptr_t)a->garena.base;
+	a->bytes = msg->bytes;
+	a->kind = (int)msg->kind;
+	a->present = true;
+	return 0;
+}
+
+static int map_host_arena(struct pf_client *c, struct pfc_arena *a, const Pf__Arena *msg)
+{
+	int fd = wire_rx_take_fd(&c->rx);
+	struct stat st;
+	int seals;
+	void *base;
+	int rc = 0;
+
+	if (fd < 0)
+		return pfc_conn_fail(c, -EPROTO,
+				     "arena %" PRIu32 " arrived without its file descriptor",
+				     msg->id);
+	if (msg->bytes == 0 || msg->bytes > SIZE_MAX) {
+		rc = pfc_conn_fail(c, -EPROTO,
+				   "arena %" PRIu32 " has an impossible size of %" PRIu64 " bytes",
+				   msg->id, msg->bytes);
+		goto out;
+	}
+	/* Reading a mapping past the end of its file is SIGBUS, not an error
+	 * code: so the memfd must be as large as announced and sealed against
+	 * shrinking (the daemon seals it at creation). */
+	if (fstat(fd, &st) < 0 || (uint64_t)st.st_size < msg->bytes) {
+		rc = pfc_conn_fail(c, -EPROTO,
+				   "arena %" PRIu32 " is smaller than the %" PRIu64
+				   " bytes announced",
+				   msg->id, msg->bytes);
+		goto out;
+	}
+	seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+		rc = pfc_conn_fail(c, -EPROTO, "arena %" PRIu32 " is not sealed against shrinking",
+				   msg->id);
+		goto out;
+	}
+	base = mmap(NULL, (size_t)msg->bytes, PROT_READ, MAP_SHARED, fd, 0);
+	if (base == MAP_FAILED) {
+		rc = pfc_conn_fail(c, -errno,
+				   "cannot map arena %" PRIu32 " (%" PRIu64 " bytes): %s", msg->id,
+				   msg->bytes, strerror(errno));
+		goto out;
+	}
+	a->base = base;
+	a->bytes = msg->bytes;
+	a->kind = PF__ARENA_KIND__ARENA_HOST_MEMFD;
+	a->present = true;
+out:
+	close(fd);
+	return rc;
+}
+
+static int add_arena(struct pf_client *c, const Pf__Arena *msg)
+{
+	struct pfc_arena *a;
+
+	if (msg->id >= PFC_MAX_ARENAS)
+		return pfc_conn_fail(c, -EPROTO, "arena id %" PRIu32 " is beyond this client's %u",
+				     msg->id, PFC_MAX_ARENAS);
+	if (msg->id >= c->narenas) {
+		struct pfc_arena *t = realloc(c->arenas, (msg->id + 1) * sizeof(*t));
+
+		if (!t)
+			return pfc_conn_fail(c, -ENOMEM, "out of memory");
+		memset(t + c->narenas, 0, (msg->id + 1 - c->narenas) * sizeof(*t));
+		c->arenas = t;
+		c->narenas = msg->id + 1;
+	}
+	a = &c->arenas[msg->id];
+	if (a->present)
+		return pfc_conn_fail(c, -EPROTO, "arena %" PRIu32 " was announced twice", msg->id);
+	switch (msg->kind) {
+	case PF__ARENA_KIND__ARENA_HOST_MEMFD: return map_host_arena(c, a, msg);
+	case PF__ARENA_KIND__ARENA_CUDA_FD:
+		/* Take its fd even though it is refused, so that the fds of
+		 * later arenas still pair with their own frames. */
+		return import_cuda_arena(c, a, msg, wire_rx_take_fd(&c->rx));
+	case PF__ARENA_KIND__ARENA_CUDA_LEGACY: return import_cuda_arena(c, a, msg, -1);
+	default:
+		return pfc_conn_fail(c, -EPROTO, "arena %" PRIu32 " has unknown kind %d", msg->id,
+				     (int)msg->kind);
+	}
+}
+
+/* Unmaps an arena table and frees it.  Device arenas go after every queued
+ * kernel has finished: the trainer's released work may still read them. */
+void pfc_unmap_arenas(struct pf_client *c, struct pfc_arena *arenas, uint32_t n)
+{
+	bool synced = false;
+
+	for (uint32_t a = 0; a < n; a++) {
+		struct pfc_arena *ar = &arenas[a];
+
+		if (!ar->present)
+			continue;
+		if (ar->kind == PF__ARENA_KIND__ARENA_HOST_MEMFD) {
+			munmap(ar->base, (size_t)ar->bytes);
+			continue;
+		}
+		if (!synced)
+			pfcuda_sync(c->cuda, NULL, 0);
+		synced = true;
+		pfcuda_unmap(c->cuda, &ar->garena, NULL, 0);
+	}
+	free(arenas);
+}
+
+/* Checks a data batch against the session: its slot, its arena, and that
+ * every field of `count` samples lies inside the slot, which lies inside the
+ * arena.  The trainer dereferences these pointers, so nothing is trusted. */
+static int check_data_batch(struct pf_client *c, const Pf__BatchReady *b)
+{
+	const struct pfc_arena *a;
+	uint64_t end;
+
+	if (!c->opened)
+		return pfc_conn_fail(c, -EPROTO,
+				     "batch %" PRIu64 "/%" PRIu64
+				     " arrived before the session opened",
+				     b->epoch, b->seq);
+	if ((uint32_t)b->slot >= c->slots)
+		return pfc_conn_fail(c, -EPROTO,
+				     "batch %" PRIu64 "/%" PRIu64 " names slot %" PRId32
+				     " of a session with %" PRIu32,
+				     b->epoch, b->seq, b->slot, c->slots);
+	if (c->slot_mine[b->slot])
+		return pfc_conn_fail(c, -EPROTO,
+				     "batch %" PRIu64 "/%" PRIu64 " reuses slot %" PRId32
+				     " before its release",
+				     b->epoch, b->seq, b->slot);
+	if (b->arena >= c->narenas || !c->arenas[b->arena].present)
+		return pfc_conn_fail(c, -EPROTO,
+				     "batch %" PRIu64 "/%" PRIu64 " names arena %" PRIu32
+				     ", which was never announced",
+				     b->epoch, b->seq, b->arena);
+	a = &c->arenas[b->arena];
+	if (__builtin_add_overflow(b->offset, c->slot_bytes, &end) || end > a->bytes)
+		return pfc_conn_fail(c, -EPROTO,
+				     "batch %" PRIu64 "/%" PRIu64 " lies outside arena %" PRIu32,
+				     b->epoch, b->seq, b->arena);
+	if ((b->picks_le.len ? b->picks_le.len / sizeof(uint64_t) : b->n_picks) != b->count ||
+	    b->picks_le.len % sizeof(uint64_t))
+		return pfc_conn_fail(
+			c, -EPROTO,
+			"batch %" PRIu64 "/%" PRIu64 " carries %zu picks for %" PRIu32 " samples",
+			b->epoch, b->seq,
+			b->picks_le.len ? b->picks_le.len / sizeof(uint64_t) : b->n_picks,
+			b->count);
+	for (uint32_t f = 0; f < c->nfields; f++) {
+		uint64_t bytes;
+
+		if (__builtin_mul_overflow(c->fields[f].sample_bytes, (uint64_t)b->count, &bytes) ||
+		    __builtin_add_overflow(bytes, c->fields[f].offset, &end) || end > c->slot_bytes)
+			return pfc_conn_fail(c, -EPROTO,
+					     "batch %" PRIu64 "/%" PRIu64 ": %" PRIu32
+					     " samples of field %s do not fit a slot",
+					     b->epoch, b->seq, b->count, c->fields[f].name);
+	}
+	return 0;
+}
+
+/* The batch's picks, from whichever field carries them (picks_le holds
+ * little-endian uint64; picks, packed varints). */
+static void copy_picks(uint64_t *out, const Pf__BatchReady *b)
+{
+	if (!b->picks_le.len) {
+		memcpy(out, b->picks, b->count * sizeof(uint64_t));
+		return;
+	}
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	memcpy(out, b->picks_le.data, b->count * sizeof(uint64_t));
+#else
+	for (uint32_t i = 0; i < b->count; i++) {
+		uint64_t v = 0;
+
+		for (int k = 7; k >= 0; k--)
+			v = v << 8 | b->picks_le.data[i * 8 + k];
+		out[i] = v;
+	}
+#endif
+}
+
+static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
+{
+	bool data = b->slot >= 0;
+	struct pfc_batch *q;
+	size_t extra;
+	uint8_t *tail;
+	int rc;
+
+	if (b->error > 0 || (b->error == 0) != data)
+		return pfc_conn_fail(c, -EPROTO,
+				     "batch %" PRIu64 "/%" PRIu64 " has slot %" PRId32
+				     " and error %" PRId32 " (a batch has a slot or an error < 0)",
+				     b->epoch, b->seq, b->slot, b->error);
+	if (data) {
+		rc = check_data_batch(c, b);
+		if (rc)
+			return rc;
+	}
+	if (b->epoch != c->epoch || !c->epoch_live || c->epoch_ended)
+		return data ? pfc_send_release(c, b->epoch, b->seq, b->slot) : 0;
+	if (b->seq != c->next_seq)
+		return pfc_conn_fail(c, -EPROTO,
+				     "batch %" PRIu64 "/%" PRIu64
+				     " arrived out of order (expected batch %" PRIu64 ")",
+				     b->epoch, b->seq, c->next_seq);
+	if (c->nqueued >= PFC_MAX_QUEUED)
+		return pfc_conn_fail(c, -EPROTO, "%s sent more than %d batches that were not taken",
+				     c->where, PFC_MAX_QUEUED);
+
+	extra = data ? c->nfields * sizeof(void *) + b->count * sizeof(uint64_t) : 0;
+	q = calloc(1, sizeof(*q) + extra);
+	if (!q)
+		return pfc_conn_fail(c, -ENOMEM, "out of memory");
+	tail = (uint8_t *)(q + 1);
+	q->gen = c->gen;
+	q->pub.epoch = b->epoch;
+	q->pub.seq = b->seq;
+	q->slot = b->slot;
+	q->error = b->error;
+	if (data) {
+		const struct pfc_arena *a = &c->arenas[b->arena];
+		void **ptrs = (void **)tail;
+		uint64_t *picks = (uint64_t *)(tail + c->nfields * sizeof(void *));
+
+		for (uint32_t f = 0; f < c->nfields; f++) {
+			ptrs[f] = (uint8_t *)a->base + b->offset + c->fields[f].offset;
+			q->bytes += c->fields[f].sample_bytes * b->count;
+		}
+		copy_picks(picks, b);
+		q->pub.count = b->count;
+		q->pub.picks = picks;
+		q->pub.nfields = c->nfields;
+		q->pub.data = ptrs;
+		q->pub.on_device = a->kind != PF__ARENA_KIND__ARENA_HOST_MEMFD;
+		c->slot_mine[b->slot] = 1;
+	} else {
+		q->message = strdup(b->message ? b->message : "");
+		if (!q->message) {
+			free(q);
+			return pfc_conn_fail(c, -ENOMEM, "out of memory");
+		}
+	}
+	fifo_push(&c->queue, &q->queued);
+	c->nqueued++;
+	c->next_seq++;
+	return 0;
+}
+
+/* Handles one push (id 0); takes env. */
+int pfc_handle_push(struct pf_client *c, Pf__Envelope *env)
+{
+	int rc = 0;
+
+	switch (env->msg_case) {
+	case PF__ENVELOPE__MSG_ARENA: rc = add_arena(c, env->arena); break;
+	case PF__ENVELOPE__MSG_BATCH: rc = add_batch(c, env->batch); break;
+	case PF__ENVELOPE__MSG_END:
+		if (env->end->epoch == c->epoch && c->epoch_live)
+			c->epoch_ended = true;
+		break;
+	case PF__ENVELOPE__MSG_ERROR:
+		/* A refused Ack or Release.  The first one is kept: it is the
+		 * cause, later ones are usually its consequences. */
+		if (!c->pending_err) {
+			c->pending_err = pfc_sane_code(env->error->code);
+			snprintf(c->pending_msg, sizeof(c->pending_msg), "prefetchd: %s",
+				 env->error->message ? env->error->message : "");
+		}
+		break;
+	default:
+		rc = pfc_conn_fail(c, -EPROTO, "%s pushed an unexpected %s message", c->where,
+				   wire_msg_name(env->msg_case));
+		break;
+	}
+	pf__envelope__free_unpacked(env, NULL);
+	return rc;
+}
+
+/* ---- taking and releasing batches ------------------------------------------- */
+
+/* The honest-depth probe: free device memory now, as the trainer sees it. */
+int pfc_send_probe(struct pf_client *c)
+{
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__Probe msg = PF__PROBE__INIT;
+	uint64_t free_b, total_b;
+	char err[200];
+	int rc;
+
+	c->last_probe_ns = mono();
+	rc = pfcuda_mem_info(c->cuda, &free_b, &total_b, err, sizeof(err));
+	if (rc)
+		return pfc_set_err(c, rc, "probe: %s", err);
+	msg.free_bytes = free_b;
+	msg.total_bytes = total_b;
+	env.msg_case = PF__ENVELOPE__MSG_PROBE;
+	env.probe = &msg;
+	return pfc_send(c, &env);
+}
+
+/* Probes at every epoch's second batch (the trainer's first step of the
+ * epoch has run: an evaluation pass or a grown model shows), and in between
+ * every probe_interval_s.  Best effort: a failed read only skips this one. */
+static void maybe_probe(struct pf_client *c)
+{
+	int64_t now;
+
+	if (!c->cuda || c->epoch_batches < 2)
+		return;
+	if (c->epoch_batches == 2) {
+		pfc_send_probe(c);
+		return;
+	}
+	now = mono();
+	if (c->last_probe_ns &&
+	    (c->probe_interval_s <= 0 || now - c->last_probe_ns < c->probe_interval_s * 1e9))
+		return;
+	pfc_send_probe(c);
+}
+
+static int event_done(void *event)
+{
+	struct pfc_event *e = event;
+	int rc = pfcuda_event_query(e->c->cuda, e->ev, NULL, 0);
+
+	return rc == 0 ? 1 : rc == -EAGAIN ? 0 : rc;
+}
+
+static void event_put(void *event)
+{
+	struct pfc_event *e = event;
+
+	e->next = e->c->events;
+	e->c->events = e;
+}
+
+/* Queues the release of a device batch behind the work queued on stream so
+ * far.  0, or -errno with the batch still held by the caller. */
+int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream)
+{
+	struct pfc_release *r = calloc(1, sizeof(*r));
+	struct pfc_event *e = c->events;
+	char why[256];
+	int rc;
+
+	if (!r)
+		return pfc_set_err(c, -ENOMEM, "out of memory");
+	if (e) {
+		c->events = e->next;
+	} else {
+		e = calloc(1, sizeof(*e));
+		if (!e) {
+			free(r);
+			return pfc_set_err(c, -ENOMEM, "out of memory");
+		}
+		e->c = c;
+		rc = pfcuda_event_create(c->cuda, &e->ev, why, sizeof(why));
+		if (rc) {
+			free(e);
+			free(r);
+			return pfc_set_err(c, rc, "pf_release: %s", why);
+		}
+	}
+	rc = pfcuda_event_record(c->cuda, e->ev, stream, why, sizeof(why));
+	if (rc) {
+		event_put(e);
+		free(r);
+		return pfc_set_err(c, rc, "pf_release: cannot record on stream %p: %s", stream,
+				   why);
+	}
+	r->epoch = b->pub.epoch;
+	r->seq = b->pub.seq;
+	r->slot = b->slot;
+	r->event = e;
+	r->done = event_done;
+	r->free_event = event_put;
+	r->next = c->releases;
+	c->releases = r;
+	return 0;
+}
+
+/* Takes the head of the queue: acks it and hands it to the trainer. */
+int pfc_take(struct pf_client *c, struct pf_batch **batch)
+{
+	struct pfc_batch *b = container_of(fifo_pop(&c->queue), struct pfc_batch, queued);
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__Ack ack = PF__ACK__INIT;
+	int rc;
+
+	c->nqueued--;
+
+	ack.epoch = b->pub.epoch;
+	ack.seq = b->pub.seq;
+	ack.wait_s = c->wait_s;
+	ack.busy_s = c->busy_s;
+	env.msg_case = PF__ENVELOPE__MSG_ACK;
+	env.ack = &ack;
+	rc = pfc_send(c, &env);
+	if (rc) {
+		/* Not taken: a restarted epoch delivers it again. */
+		if (b->slot >= 0)
+			c->slot_mine[b->slot] = 0;
+		pfc_free_batch(b);
+		return rc;
+	}
+	c->resume_seq = b->pub.seq + 1;
+	if (b->error) {
+		c->epoch_batches++; /* taken, as far as paced requests go */
+		rc = pfc_set_err(c, b->error, "batch %" PRIu64 "/%" PRIu64 ": %s", b->pub.epoch,
+				 b->pub.seq, b->message);
+		pfc_free_batch(b);
+		return rc;
+	}
+	b->next = c->held;
+	c->held = b;
+	c->nheld++;
+	c->batches++;
+	c->epoch_batches++;
+	c->bytes += b->bytes;
+	*batch = &b->pub;
+	maybe_probe(c);
+	return 0;
+}
+
+/* Waits until deadline for the queue to have a batch or the epoch to end
+ * (0 either way), or for an error. */
+int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_t *blocked_since)
+{
+	int rc;
+
+	if (c->dead)
+		return pfc_fail_dead(c);
+	rc = pfc_flush_releases(c, 0);
+	if (rc)
+		return rc;
+	for (;;) {
+		Pf__Envelope *env;
+
+		if (c->pending_err) {
+			rc = pfc_set_err(c, c->pending_err, "%s", c->pending_msg);
+			c->pending_err = 0;
+			return rc;
+		}
+		if (c->queue.head || !c->epoch_live || c->epoch_ended)
+			return 0;
+		if (!*blocked_since)
+			*blocked_since = mono();
+		/* Releases waiting for the GPU may be what the daemon needs to
+		 * send the next batch (every slot can be held by them): wait in
+		 * short slices and send each one as its work retires. */
+		if (c->releases) {
+			int64_t slice = mono() + PFC_RELEASE_POLL_NS;
+
+			rc = pfc_read_env(c, deadline >= 0 && deadline < slice ? deadline : slice,
+					  &env);
+			if (rc == -ETIMEDOUT && (deadline < 0 || mono() < deadline)) {
+				rc = pfc_flush_releases(c, 0);
+				if (rc)
+					return rc;
+				continue;
+			}
+		} else {
+			rc = pfc_read_env(c, deadline, &env);
+		}
+		if (rc == -ETIMEDOUT)
+			return pfc_set_err(c, rc, "no batch from %s within %d ms", c->where,
+					   timeout_ms);
+		if (rc)
+			return rc;
+		if (env->id != 0) {
+			/* The reply to a request that timed out earlier. */
+			pf__envelope__free_unpacked(env, NULL);
+			continue;
+		}
+		rc = pfc_handle_push(c, env);
+		if (rc)
+			return rc;
+	}
+}

@@ -1,0 +1,436 @@
+/*
+ * conn.c — libprefetch's connection to the daemon: deadlines, error texts,
+ * frames out and in, the request/reply call, and connecting with hello.
+ *
+ * A client is one socket.  Every wait is a poll() with a deadline, so a
+ * wedged daemon costs a caller at most its timeout and a dead one (EOF) is
+ * noticed at once; nothing here waits on anything the daemon owns.  Pushes
+ * (Arena, BatchReady, EpochEnd, unsolicited Error) may arrive between a
+ * request and its reply, so whichever call is reading handles them
+ * (pfc_handle_push): arenas are mapped when they arrive, batches of the
+ * current epoch are queued for pf_next, and batches of any other epoch are
+ * released at once and never reach the trainer.  A frame that does not
+ * decode, or a push that breaks the protocol (a slot out of range, a batch
+ * out of order), breaks the connection: the socket is closed, so the daemon
+ * takes every slot back, and every later call returns the same error.
+ *
+ * DESIGN: no threads, no locks.  The socket, the receive buffer and the
+ * error texts are the struct pf_client's, used by one thread at a time
+ * (prefetch.h says so).  pfc_conn_fail is the one place that closes the
+ * socket; a new one is installed only by pfc_connect_fd, pf_connect and a
+ * reconnection.
+ */
+#include "client_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- time and errors ------------------------------------------------------ */
+
+/* -1: no deadline. */
+int64_t pfc_deadline_after(int timeout_ms)
+{
+	return timeout_ms < 0 ? -1 : mono() + (int64_t)timeout_ms * 1000000;
+}
+
+/* Milliseconds left for poll(), rounded up so that a deadline 0.3 ms away
+ * is not polled with 0 and spun on; -1 without a deadline. */
+int pfc_ms_left(int64_t deadline)
+{
+	int64_t left;
+
+	if (deadline < 0)
+		return -1;
+	left = deadline - mono();
+	if (left <= 0)
+		return 0;
+	left = (left + 999999) / 1000000;
+	return left > INT_MAX ? INT_MAX : (int)left;
+}
+
+static int vset_err(struct pf_client *c, int rc, const char *fmt, va_list ap)
+{
+	vsnprintf(c->err, sizeof(c->err), fmt, ap);
+	return rc;
+}
+
+int pfc_set_err(struct pf_client *c, int rc, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vset_err(c, rc, fmt, ap);
+	va_end(ap);
+	return rc;
+}
+
+/* Breaks the connection: closes the socket (the daemon then takes back
+ * every slot and frees the session) and makes every later call return rc
+ * with this message.  The first failure wins. */
+int __attribute__((format(printf, 3, 4)))
+pfc_conn_fail(struct pf_client *c, int rc, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (c->dead) {
+		snprintf(c->err, sizeof(c->err), "%s", c->dead_msg);
+		return c->dead;
+	}
+	va_start(ap, fmt);
+	vsnprintf(c->dead_msg, sizeof(c->dead_msg), fmt, ap);
+	va_end(ap);
+	snprintf(c->err, sizeof(c->err), "%s", c->dead_msg);
+	c->dead = rc;
+	if (c->sock >= 0)
+		close(c->sock);
+	c->sock = -1;
+	return rc;
+}
+
+int pfc_fail_dead(struct pf_client *c)
+{
+	snprintf(c->err, sizeof(c->err), "%s", c->dead_msg);
+	return c->dead;
+}
+
+/* A daemon's error code must be a -errno; anything else is its bug. */
+int pfc_sane_code(int32_t code)
+{
+	return code < 0 && code > -4096 ? code : -EPROTO;
+}
+
+/* ---- frames ---------------------------------------------------------------- */
+
+/* The daemon closed the connection.  A daemon that refuses a peer
+ * (SO_PEERCRED) pushes an Error and closes before hello, possibly before our
+ * hello is even sent: so read what it left, and prefer its reason to a bare
+ * "closed". */
+static int peer_closed(struct pf_client *c)
+{
+	Pf__Envelope *env;
+
+	for (;;) {
+		int rc = wire_rx_next(&c->rx, &env);
+
+		if (rc == 1) {
+			if (env->id == 0 && env->msg_case == PF__ENVELOPE__MSG_ERROR &&
+			    !c->pending_err) {
+				c->pending_err = pfc_sane_code(env->error->code);
+				snprintf(c->pending_msg, sizeof(c->pending_msg), "prefetchd: %s",
+					 env->error->message ? env->error->message : "");
+			}
+			pf__envelope__free_unpacked(env, NULL);
+			continue;
+		}
+		if (rc < 0 || wire_rx_fill(&c->rx, c->sock) <= 0)
+			break;
+	}
+	if (c->pending_err && !c->greeted)
+		return pfc_conn_fail(c, c->pending_err, "%s", c->pending_msg);
+	/* The daemon's end closed: it exited, crashed or was killed (a daemon
+	 * that drops one client on purpose pushes an Error first, caught
+	 * above before hello and by pending_err after it). */
+	return pfc_conn_fail(c, -ECONNRESET, "%s went away (the connection closed)", c->where);
+}
+
+static int send_env(struct pf_client *c, Pf__Envelope *env, int64_t deadline)
+{
+	uint8_t *frame = NULL;
+	size_t len, off = 0;
+	int rc;
+
+	if (c->dead)
+		return pfc_fail_dead(c);
+	rc = wire_encode(env, &frame, &len);
+	if (rc)
+		return pfc_set_err(c, rc, "cannot encode %s: %s", wire_msg_name(env->msg_case),
+				   strerror(-rc));
+	if (len - WIRE_HDR > c->max_frame) {
+		rc = pfc_set_err(
+			c, -EMSGSIZE,
+			"%s message of %zu bytes is over the %" PRIu32 "-byte frame limit of %s",
+			wire_msg_name(env->msg_case), len - WIRE_HDR, c->max_frame, c->where);
+		goto out;
+	}
+	while (off < len) {
+		long n = wire_send_some(c->sock, frame + off, len - off, -1);
+		struct pollfd pfd = {.fd = c->sock, .events = POLLOUT};
+		int ready;
+
+		if (n > 0) {
+			off += (size_t)n;
+			continue;
+		}
+		if (n == -EPIPE || n == -ECONNRESET) {
+			rc = peer_closed(c);
+			goto out;
+		}
+		if (n != -EAGAIN) {
+			rc = pfc_conn_fail(c, (int)n, "cannot send to %s: %s", c->where,
+					   strerror((int)-n));
+			goto out;
+		}
+		ready = poll(&pfd, 1, pfc_ms_left(deadline));
+		if (ready < 0 && errno == EINTR)
+			continue;
+		if (ready == 0) {
+			/* Part of a frame may be on the wire: the stream cannot
+			 * be resynchronised, so the connection is over. */
+			rc = pfc_conn_fail(c, -ETIMEDOUT, "%s did not take a %s message in time",
+					   c->where, wire_msg_name(env->msg_case));
+			goto out;
+		}
+		if (ready < 0) {
+			rc = pfc_conn_fail(c, -errno, "poll: %s", strerror(errno));
+			goto out;
+		}
+	}
+out:
+	free(frame);
+	return rc;
+}
+
+int pfc_send(struct pf_client *c, Pf__Envelope *msg)
+{
+	msg->id = 0;
+	return send_env(c, msg, pfc_deadline_after(c->timeout_ms));
+}
+
+/*
+ * Reads one frame, waiting until deadline.  Returns 0 with *env, -ETIMEDOUT
+ * (the connection stays usable; no message set), or the error that broke the
+ * connection.
+ */
+int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
+{
+	for (;;) {
+		struct pollfd pfd;
+		long n;
+		int rc;
+
+		if (c->dead)
+			return pfc_fail_dead(c);
+		rc = wire_rx_next(&c->rx, env);
+		if (rc == 1)
+			return 0;
+		if (rc == -EMSGSIZE)
+			return pfc_conn_fail(
+				c, -EPROTO,
+				"%s sent a frame longer than %zu bytes; connection closed",
+				c->where, c->rx.max_frame);
+		if (rc < 0)
+			return pfc_conn_fail(
+				c, -EPROTO,
+				"%s sent a frame that does not decode; connection closed",
+				c->where);
+		pfd.fd = c->sock;
+		pfd.events = POLLIN;
+		pfd.revents = 0;
+		rc = poll(&pfd, 1, pfc_ms_left(deadline));
+		if (rc < 0 && errno == EINTR)
+			continue;
+		if (rc < 0)
+			return pfc_conn_fail(c, -errno, "poll: %s", strerror(errno));
+		if (rc == 0)
+			return -ETIMEDOUT;
+		n = wire_rx_fill(&c->rx, c->sock);
+		if (n == 0 || n == -ECONNRESET)
+			return peer_closed(c);
+		if (n == -EMFILE || n == -EPROTO)
+			return pfc_conn_fail(c, -EPROTO,
+					     "%s sent more file descriptors than this client keeps",
+					     c->where);
+		if (n < 0 && n != -EAGAIN)
+			return pfc_conn_fail(c, (int)n, "cannot receive from %s: %s", c->where,
+					     strerror((int)-n));
+	}
+}
+
+/* ---- requests -------------------------------------------------------------- */
+
+static int call_within(struct pf_client *c, Pf__Envelope *req, int reply_case, Pf__Envelope **reply,
+		       int timeout_ms)
+{
+	int64_t deadline = pfc_deadline_after(timeout_ms);
+	uint64_t id;
+	int rc;
+
+	if (reply)
+		*reply = NULL;
+	c->refused = false;
+	if (c->dead)
+		return pfc_fail_dead(c);
+	id = ++c->last_id;
+	req->id = id;
+	rc = send_env(c, req, deadline);
+	if (rc)
+		return rc;
+	for (;;) {
+		Pf__Envelope *env;
+
+		rc = pfc_read_env(c, deadline, &env);
+		if (rc == -ETIMEDOUT)
+			return pfc_set_err(c, rc, "%s did not answer %s within %d ms", c->where,
+					   wire_msg_name(req->msg_case), timeout_ms);
+		if (rc)
+			return rc;
+		if (env->id == 0) {
+			rc = pfc_handle_push(c, env);
+			if (rc)
+				return rc;
+			continue;
+		}
+		if (env->id != id) {
+			/* The reply to an earlier request that timed out. */
+			pf__envelope__free_unpacked(env, NULL);
+			continue;
+		}
+		if (env->msg_case == PF__ENVELOPE__MSG_ERROR) {
+			rc = pfc_sane_code(env->error->code);
+			c->refused = true;
+			pfc_set_err(c, rc, "%s",
+				    env->error->message && *env->error->message
+					    ? env->error->message
+					    : strerror(-rc));
+			pf__envelope__free_unpacked(env, NULL);
+			return rc;
+		}
+		if ((int)env->msg_case != reply_case) {
+			rc = pfc_conn_fail(c, -EPROTO, "%s answered %s with %s", c->where,
+					   wire_msg_name(req->msg_case),
+					   wire_msg_name(env->msg_case));
+			pf__envelope__free_unpacked(env, NULL);
+			return rc;
+		}
+		if (reply)
+			*reply = env;
+		else
+			pf__envelope__free_unpacked(env, NULL);
+		return 0;
+	}
+}
+
+int pfc_call(struct pf_client *c, Pf__Envelope *req, int reply_case, Pf__Envelope **reply)
+{
+	return call_within(c, req, reply_case, reply, c->timeout_ms);
+}
+
+void pfc_set_timeout(struct pf_client *c, int timeout_ms)
+{
+	c->timeout_ms = timeout_ms > 0 ? timeout_ms : PFC_TIMEOUT_MS_DEFAULT;
+}
+
+bool pfc_broken(const struct pf_client *c)
+{
+	return c->dead != 0;
+}
+
+const char *pfc_daemon_version(const struct pf_client *c)
+{
+	return c->daemon;
+}
+
+uint32_t pfc_daemon_max_frame(const struct pf_client *c)
+{
+	return c->max_frame;
+}
+
+/* ---- connecting -------------------------------------------------------------- */
+
+struct pf_client *pfc_client_new(const char *where)
+{
+	struct pf_client *c = calloc(1, sizeof(*c));
+	const char *env = getenv(PFC_TIMEOUT_ENV);
+	char *end;
+	long ms;
+
+	if (!c)
+		return NULL;
+	c->sock = -1;
+	c->where = strdup(where);
+	if (!c->where) {
+		free(c);
+		return NULL;
+	}
+	wire_rx_init(&c->rx, WIRE_MAX_FRAME_DEFAULT);
+	c->max_frame = WIRE_MAX_FRAME_DEFAULT;
+	c->timeout_ms = PFC_TIMEOUT_MS_DEFAULT;
+	c->gen = 1;
+	if (env && *env) {
+		errno = 0;
+		ms = strtol(env, &end, 10);
+		if (!errno && !*end && ms > 0 && ms <= INT_MAX)
+			c->timeout_ms = (int)ms;
+	}
+	snprintf(c->hello_name, sizeof(c->hello_name), "%s[%d]", program_invocation_short_name,
+		 (int)getpid());
+	return c;
+}
+
+int pfc_hello(struct pf_client *c, int timeout_ms)
+{
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__Hello msg = PF__HELLO__INIT;
+	Pf__Envelope *reply;
+	Pf__HelloReply *hr;
+	int rc;
+
+	msg.version = WIRE_VERSION;
+	msg.client = c->hello_name;
+	env.msg_case = PF__ENVELOPE__MSG_HELLO;
+	env.hello = &msg;
+	rc = call_within(c, &env, PF__ENVELOPE__MSG_HELLO_REPLY, &reply, timeout_ms);
+	if (rc == -ETIMEDOUT)
+		return pfc_conn_fail(c, rc, "%s did not answer hello within %g s", c->where,
+				     timeout_ms / 1000.0);
+	if (rc)
+		return pfc_conn_fail(c, rc, "%s", c->err);
+	hr = reply->hello_reply;
+	if (hr->version != WIRE_VERSION) {
+		rc = pfc_conn_fail(c, -EPROTO,
+				   "%s speaks protocol version %" PRIu32 "; this library speaks %d",
+				   c->where, hr->version, WIRE_VERSION);
+		goto out;
+	}
+	snprintf(c->daemon, sizeof(c->daemon), "%s", hr->daemon ? hr->daemon : "");
+	c->greeted = true;
+	if (hr->max_frame >= 64)
+		c->max_frame = hr->max_frame;
+out:
+	pf__envelope__free_unpacked(reply, NULL);
+	return rc;
+}
+
+static int set_nonblocking(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+
+	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+		return -errno;
+	return 0;
+}
+
+int pfc_connect_fd(int sock, const char *where, int hello_timeout_ms, struct pf_client **out)
+{
+	struct pf_client *c = pfc_client_new(where ? where : "prefetchd");
+	int rc;
+
+	*out = c;
+	if (!c) {
+		close(sock);
+		return -ENOMEM;
+	}
+	c->sock = sock;
+	rc = set_nonblocking(sock);
+	if (rc)
+		return pfc_conn_fail(c, rc, "cannot set up the socket: %s", strerror(-rc));
+	return pfc_hello(c, hello_timeout_ms);
+}
