@@ -8,7 +8,8 @@
 #                   without a GPU)
 #   make check-cuda the CUDA tests, C and torch (needs a GPU)
 #   make bench-host / bench-cuda
-#   make install PREFIX=/usr/local DESTDIR=
+#   make install PREFIX=/usr/local DESTDIR=   (builds only what it installs)
+#   make uninstall PREFIX=/usr/local DESTDIR=
 #   make deps       install missing Debian packages with apt-get
 #   V=1             show the commands
 
@@ -109,7 +110,7 @@ PROGS := $(B)/prefetchd $(B)/prefetchctl $(B)/libprefetch.so $(B)/libprefetch.a 
 
 .SECONDARY:
 .PHONY: all run check check-unit check-integration check-cuda bench-host bench-cuda \
-        install clean deps format
+        install uninstall clean deps format
 all: $(PROGS) $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(BENCHES)
 
 # ---- generated protocol code ---------------------------------------------
@@ -237,7 +238,11 @@ bench-host: all
 bench-cuda: all
 	@$(B)/bench/cuda_throughput
 
-install: all
+# What `make install` puts in place, and all it builds.
+INSTALLED := $(B)/prefetchd $(B)/prefetchctl $(B)/libprefetch.so $(B)/libprefetch.a \
+             $(B)/libprefetch.pc
+
+install: $(INSTALLED)
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCDIR) $(DESTDIR)$(UNITDIR)
 	install -m 0755 $(B)/prefetchd $(B)/prefetchctl $(DESTDIR)$(BINDIR)/
 	install -m 0755 $(B)/libprefetch.so $(DESTDIR)$(LIBDIR)/libprefetch.so.0
@@ -247,6 +252,14 @@ install: all
 	install -m 0644 $(B)/libprefetch.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
 	sed -e 's|@BINDIR@|$(BINDIR)|g' systemd/prefetchd.service > $(DESTDIR)$(UNITDIR)/prefetchd.service
 	install -m 0644 systemd/prefetchd.socket $(DESTDIR)$(UNITDIR)/
+
+# Removes exactly what install put there (same PREFIX and DESTDIR).
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/prefetchd $(DESTDIR)$(BINDIR)/prefetchctl \
+	  $(DESTDIR)$(LIBDIR)/libprefetch.so.0 $(DESTDIR)$(LIBDIR)/libprefetch.so \
+	  $(DESTDIR)$(LIBDIR)/libprefetch.a $(DESTDIR)$(INCDIR)/prefetch.h \
+	  $(DESTDIR)$(LIBDIR)/pkgconfig/libprefetch.pc \
+	  $(DESTDIR)$(UNITDIR)/prefetchd.service $(DESTDIR)$(UNITDIR)/prefetchd.socket
 
 format:
 	clang-format -i $(wildcard daemon/*.[ch] daemon/*.cu client/*.[ch] proto/*.[ch] tests/*/*.[ch] bench/*.[ch] tools/*.[ch])

@@ -21,24 +21,13 @@
  * dlclose while it has contexts and threads.
  */
 #include "pfcuda.h"
+#include "util.h"
 
 #include <errno.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
-
-__attribute__((format(printf, 3, 4))) static void set_msg(char *msg, size_t len, const char *fmt,
-							  ...)
-{
-	va_list ap;
-
-	if (!msg || len == 0)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(msg, len, fmt, ap);
-	va_end(ap);
-}
 
 #if PF_CUDA
 
@@ -123,7 +112,7 @@ static int cu_fail(CUresult r, const char *what, char *msg, size_t len)
 		drv.get_error_string(r, &str);
 	if (drv.get_error_name)
 		drv.get_error_name(r, &name);
-	set_msg(msg, len, "%s: %s (%s)", what, str ? str : "unknown CUDA error", name ? name : "?");
+	set_err(msg, len, "%s: %s (%s)", what, str ? str : "unknown CUDA error", name ? name : "?");
 	return cu_errno(r);
 }
 
@@ -151,7 +140,7 @@ static void load(void)
 	lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (!lib) {
 		drv.rc = -ENODEV;
-		set_msg(drv.msg, sizeof(drv.msg), "no CUDA driver: %s", dlerror());
+		set_err(drv.msg, sizeof(drv.msg), "no CUDA driver: %s", dlerror());
 		return;
 	}
 	get_proc = (PFN_cuGetProcAddress_v12000)dlsym(lib, "cuGetProcAddress_v2");
@@ -160,7 +149,7 @@ static void load(void)
 	drv.get_error_name = (PFN_cuGetErrorName_v6000)dlsym(lib, "cuGetErrorName");
 	if (!get_proc || !drv.init) {
 		drv.rc = -ENODEV;
-		set_msg(drv.msg, sizeof(drv.msg),
+		set_err(drv.msg, sizeof(drv.msg),
 			"CUDA driver too old: libcuda.so.1 lacks cuGetProcAddress_v2 (need 12.0+)");
 		return;
 	}
@@ -189,7 +178,7 @@ static void load(void)
 	SYM(memcpy_dtoh, "cuMemcpyDtoH");
 	if (missing) {
 		drv.rc = -EOPNOTSUPP;
-		set_msg(drv.msg, sizeof(drv.msg), "CUDA driver lacks %s", missing);
+		set_err(drv.msg, sizeof(drv.msg), "CUDA driver lacks %s", missing);
 		return;
 	}
 	/* Only FD arenas need these; a driver without VMM can still open
@@ -238,7 +227,7 @@ int pfcuda_open(int ordinal, struct pfcuda_dev **out, char *msg, size_t msglen)
 	*out = NULL;
 	pthread_once(&load_once, load);
 	if (drv.rc < 0) {
-		set_msg(msg, msglen, "%s", drv.msg);
+		set_err(msg, msglen, "%s", drv.msg);
 		return drv.rc;
 	}
 	r = drv.device_get(&dev, ordinal);
@@ -246,7 +235,7 @@ int pfcuda_open(int ordinal, struct pfcuda_dev **out, char *msg, size_t msglen)
 		return cu_fail(r, "cuDeviceGet", msg, msglen);
 	d = calloc(1, sizeof(*d));
 	if (!d) {
-		set_msg(msg, msglen, "out of memory");
+		set_err(msg, msglen, "out of memory");
 		return -ENOMEM;
 	}
 	d->ordinal = ordinal;
@@ -307,11 +296,11 @@ int pfcuda_import_fd(struct pfcuda_dev *d, int fd, uint64_t bytes, struct pfcuda
 
 	memset(out, 0, sizeof(*out));
 	if (fd < 0) {
-		set_msg(msg, msglen, "no fd came with the arena");
+		set_err(msg, msglen, "no fd came with the arena");
 		return -EBADF;
 	}
 	if (!drv.vmm) {
-		set_msg(msg, msglen, "CUDA driver has no VMM entry points: use ipc legacy");
+		set_err(msg, msglen, "CUDA driver has no VMM entry points: use ipc legacy");
 		rc = -EOPNOTSUPP;
 		goto out;
 	}
@@ -333,7 +322,7 @@ int pfcuda_import_fd(struct pfcuda_dev *d, int fd, uint64_t bytes, struct pfcuda
 	/* The daemon rounded the arena to this granularity; a size that is
 	 * not a multiple cannot be mapped whole and means a protocol bug. */
 	if (bytes == 0 || gran == 0 || bytes % gran) {
-		set_msg(msg, msglen,
+		set_err(msg, msglen,
 			"arena of %llu bytes is not a multiple of the %zu-byte "
 			"allocation granularity",
 			(unsigned long long)bytes, gran);
@@ -554,7 +543,7 @@ int pfcuda_mem_alloc(struct pfcuda_dev *d, uint64_t bytes, uint64_t *devptr, cha
 
 	*devptr = 0;
 	if (!drv.mem_alloc || !drv.mem_free) {
-		set_msg(msg, msglen, "CUDA driver lacks cuMemAlloc/cuMemFree");
+		set_err(msg, msglen, "CUDA driver lacks cuMemAlloc/cuMemFree");
 		return -EOPNOTSUPP;
 	}
 	rc = push(d, msg, msglen);
@@ -589,7 +578,7 @@ int pfcuda_mem_free(struct pfcuda_dev *d, uint64_t devptr)
 
 #include <unistd.h>
 
-#define NO_CUDA(msg, len) (set_msg(msg, len, "libprefetch was built without CUDA support"), -ENOSYS)
+#define NO_CUDA(msg, len) (set_err(msg, len, "libprefetch was built without CUDA support"), -ENOSYS)
 
 int pfcuda_open(int ordinal, struct pfcuda_dev **out, char *msg, size_t msglen)
 {
