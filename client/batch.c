@@ -250,6 +250,20 @@ static int add_arena(struct pf_client *c, const Pf__Arena *msg)
 	}
 }
 
+/* Pending releases go unsent (the connection is going), their events
+ * disposed of. */
+void pfc_drop_releases(struct pf_client *c)
+{
+	while (c->releases) {
+		struct pfc_release *r = c->releases;
+
+		c->releases = r->next;
+		if (r->free_event)
+			r->free_event(r->event);
+		free(r);
+	}
+}
+
 /* Unmaps an arena table and frees it.  Device arenas go after every queued
  * kernel has finished: the trainer's released work may still read them. */
 void pfc_unmap_arenas(struct pf_client *c, struct pfc_arena *arenas, uint32_t n)

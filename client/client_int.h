@@ -293,6 +293,7 @@ void pfc_free_batch(struct pfc_batch *b);
 int pfc_send_release(struct pf_client *c, uint64_t epoch, uint64_t seq, int32_t slot);
 int pfc_flush_releases(struct pf_client *c, int wait_ms);
 int pfc_release_queue(struct pf_client *c);
+void pfc_drop_releases(struct pf_client *c);
 void pfc_unmap_arenas(struct pf_client *c, struct pfc_arena *arenas, uint32_t n);
 int pfc_handle_push(struct pf_client *c, Pf__Envelope *env);
 int pfc_send_probe(struct pf_client *c);

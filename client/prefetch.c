@@ -696,14 +696,7 @@ PF_API void pf_close(struct pf_client *c)
 	 * are disposed of, and the arenas are unmapped only after the device
 	 * has finished with them (pfc_unmap_arenas): a queued kernel must not
 	 * fault. */
-	while (c->releases) {
-		struct pfc_release *r = c->releases;
-
-		c->releases = r->next;
-		if (r->free_event)
-			r->free_event(r->event);
-		free(r);
-	}
+	pfc_drop_releases(c);
 	pfc_unmap_arenas(c, c->arenas, c->narenas);
 	while (c->retired) {
 		struct pfc_retired *r = c->retired;

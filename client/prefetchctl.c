@@ -64,17 +64,10 @@ static const char usage_text[] =
 	"\n"
 	"Exit status: 0 success, 1 error, 2 usage error.\n";
 
-static int __attribute__((format(printf, 1, 2))) usage_error(const char *fmt, ...)
-{
-	va_list ap;
-
-	fputs("prefetchctl: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputs("\nTry 'prefetchctl --help'.\n", stderr);
-	return EXIT_USAGE;
-}
+/* ctl_errorf's message, then where to look; the status of a bad command
+ * line. */
+#define usage_error(...)                                                                           \
+	(ctl_errorf(__VA_ARGS__), fputs("Try 'prefetchctl --help'.\n", stderr), EXIT_USAGE)
 
 static int parse_u64(const char *s, uint64_t *out)
 {

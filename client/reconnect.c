@@ -78,14 +78,7 @@ static void drop_connection(struct pf_client *c)
 	uint32_t users = 0;
 
 	pfc_release_queue(c);
-	while (c->releases) {
-		struct pfc_release *rel = c->releases;
-
-		c->releases = rel->next;
-		if (rel->free_event)
-			rel->free_event(rel->event);
-		free(rel);
-	}
+	pfc_drop_releases(c);
 	for (struct pfc_batch *b = c->held; b; b = b->next)
 		users += b->gen == c->gen;
 	if (c->narenas && users) {

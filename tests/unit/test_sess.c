@@ -64,14 +64,13 @@ static struct {
 struct msg {
 	int what; /* Pf__Envelope msg_case */
 	uint64_t id;
-	int32_t code; /* Error */
-	char text[512];
-	uint64_t epoch, seq, count, batches;
-	int32_t slot, error;
-	uint32_t arena;
-	uint64_t offset;
-	uint64_t *picks; /* owned: count */
-	uint32_t slots;	 /* Opened */
+	int32_t code;	  /* Error */
+	char text[512];	  /* Error, or an error batch's message */
+	uint64_t epoch;	  /* BatchReady, EpochStarted, EpochEnd */
+	uint64_t batches; /* EpochStarted, EpochEnd */
+	Pf__BatchReady b; /* BatchReady; b.picks owned, b.message unset */
+	uint32_t arena;	  /* Arena */
+	uint32_t slots;	  /* Opened */
 	uint64_t field_offset[2];
 };
 
@@ -125,24 +124,17 @@ static int fake_send(void *conn, const struct Pf__Envelope *penv, int fd)
 		close(fd);
 		break;
 	}
-	case PF__ENVELOPE__MSG_BATCH: {
-		const Pf__BatchReady *b = env->batch;
-
-		m->epoch = b->epoch;
-		m->seq = b->seq;
-		m->count = b->count;
-		m->slot = b->slot;
-		m->error = b->error;
-		m->arena = b->arena;
-		m->offset = b->offset;
-		if (b->message)
-			snprintf(m->text, sizeof(m->text), "%s", b->message);
-		assert_int_equal(b->n_picks, b->count);
-		m->picks = malloc((b->count ? b->count : 1) * sizeof(*m->picks));
-		assert_non_null(m->picks);
-		memcpy(m->picks, b->picks, b->count * sizeof(*m->picks));
+	case PF__ENVELOPE__MSG_BATCH:
+		m->b = *env->batch;
+		m->epoch = m->b.epoch;
+		m->b.message = NULL;
+		if (env->batch->message)
+			snprintf(m->text, sizeof(m->text), "%s", env->batch->message);
+		assert_int_equal(m->b.n_picks, m->b.count);
+		m->b.picks = malloc((m->b.count ? m->b.count : 1) * sizeof(uint64_t));
+		assert_non_null(m->b.picks);
+		memcpy(m->b.picks, env->batch->picks, m->b.count * sizeof(uint64_t));
 		break;
-	}
 	case PF__ENVELOPE__MSG_STARTED:
 		m->epoch = env->started->epoch;
 		m->batches = env->started->batches;
@@ -265,7 +257,7 @@ static int teardown(void **state)
 	assert_int_equal(uv_loop_close(&f->loop), 0);
 	config_free(&f->d.cfg);
 	for (int i = 0; i < f->nmsgs; i++)
-		free(f->msgs[i].picks);
+		free(f->msgs[i].b.picks);
 	for (int a = 0; a < MAX_ARENAS; a++)
 		if (f->arenas[a].base)
 			munmap((void *)f->arenas[a].base, f->arenas[a].bytes);
@@ -305,9 +297,7 @@ static void start_epoch(struct fixture *f, uint64_t epoch, Pf__Order order, uint
 {
 	Pf__StartEpoch req = PF__START_EPOCH__INIT;
 
-	req.epoch = epoch;
-	req.order = order;
-	req.seed = seed;
+	req.epoch = epoch, req.order = order, req.seed = seed;
 	assert_int_equal(sess_start_epoch(f->s, ++f->last_id, &req), 0);
 	assert_true(sess_check(f->s));
 }
@@ -325,9 +315,7 @@ static void release(struct fixture *f, int32_t slot, uint64_t epoch, uint64_t se
 {
 	Pf__Release req = PF__RELEASE__INIT;
 
-	req.slot = slot;
-	req.epoch = epoch;
-	req.seq = seq;
+	req.slot = slot, req.epoch = epoch, req.seq = seq;
 	sess_release(f->s, &req);
 	assert_true(sess_check(f->s));
 }
@@ -354,22 +342,37 @@ static struct msg *next_msg(struct fixture *f)
 	}
 }
 
+/* Opens a session, starts epoch 1 and returns its first batch. */
+static struct msg *first_batch(struct fixture *f, const char *device, uint32_t batch,
+			       Pf__Order order, uint64_t seed)
+{
+	struct msg *m;
+
+	open_session(f, device, batch, 0);
+	start_epoch(f, 1, order, seed);
+	m = next_msg(f);
+	assert_int_equal(m->what, PF__ENVELOPE__MSG_STARTED);
+	m = next_msg(f);
+	assert_int_equal(m->what, PF__ENVELOPE__MSG_BATCH);
+	return m;
+}
+
 /* Every row of batch m holds its sample's bytes, read through the arena. */
 static void check_rows(const struct fixture *f, const struct msg *m)
 {
-	const struct arena_map *a = &f->arenas[m->arena];
+	const struct arena_map *a = &f->arenas[m->b.arena];
 	const uint64_t *off = f->msgs[0].field_offset;
 
 	assert_non_null(a->base);
-	assert_true(m->offset + f->s->lay.slot_bytes <= a->bytes);
-	for (uint64_t i = 0; i < m->count; i++) {
-		uint64_t row = m->picks[i] % N;
-		const uint8_t *slot = a->base + m->offset;
+	assert_true(m->b.offset + f->s->lay.slot_bytes <= a->bytes);
+	for (uint64_t i = 0; i < m->b.count; i++) {
+		uint64_t row = m->b.picks[i] % N;
+		const uint8_t *slot = a->base + m->b.offset;
 
 		if (!td_row_ok(slot + off[0] + i * X_BYTES, X_BYTES, SEED_X, row) ||
 		    !td_row_ok(slot + off[1] + i * Y_BYTES, Y_BYTES, SEED_Y, row))
 			fail_msg("batch %llu row %llu (sample %llu) holds the wrong bytes",
-				 (unsigned long long)m->seq, (unsigned long long)i,
+				 (unsigned long long)m->b.seq, (unsigned long long)i,
 				 (unsigned long long)row);
 	}
 }
@@ -397,19 +400,19 @@ static uint64_t consume_epoch(struct fixture *f, uint64_t epoch, const struct or
 			break;
 		assert_int_equal(m->what, PF__ENVELOPE__MSG_BATCH);
 		assert_int_equal(m->epoch, epoch);
-		assert_int_equal(m->seq, seq);
-		assert_int_equal(m->error, 0);
-		assert_true(m->slot >= 0);
-		assert_int_equal(m->count, nwant - at < batch ? nwant - at : batch);
-		for (uint64_t i = 0; i < m->count; i++) {
-			assert_int_equal(m->picks[i], want[at + i]);
-			assert_int_equal(seen[m->picks[i]], 0);
-			seen[m->picks[i]] = 1;
+		assert_int_equal(m->b.seq, seq);
+		assert_int_equal(m->b.error, 0);
+		assert_true(m->b.slot >= 0);
+		assert_int_equal(m->b.count, nwant - at < batch ? nwant - at : batch);
+		for (uint64_t i = 0; i < m->b.count; i++) {
+			assert_int_equal(m->b.picks[i], want[at + i]);
+			assert_int_equal(seen[m->b.picks[i]], 0);
+			seen[m->b.picks[i]] = 1;
 		}
 		check_rows(f, m);
 		ack(f, epoch);
-		release(f, m->slot, epoch, m->seq);
-		at += m->count;
+		release(f, m->b.slot, epoch, m->b.seq);
+		at += m->b.count;
 		seq++;
 	}
 	assert_int_equal(m->epoch, epoch);
@@ -487,21 +490,16 @@ static void the_pump_keeps_target_batches_ahead_and_no_more(void **state)
 static void a_release_of_a_batch_not_held_is_refused_and_the_epoch_goes_on(void **state)
 {
 	struct fixture *f = *state;
-	struct msg *m, *b;
+	struct msg *m, *held;
 
-	open_session(f, "host", 50, 0);
-	start_epoch(f, 1, PF__ORDER__ORDER_SEQUENTIAL, 0);
-	m = next_msg(f);
-	assert_int_equal(m->what, PF__ENVELOPE__MSG_STARTED);
-	b = next_msg(f);
-	assert_int_equal(b->what, PF__ENVELOPE__MSG_BATCH);
+	held = first_batch(f, "host", 50, PF__ORDER__ORDER_SEQUENTIAL, 0);
 	release(f, (int32_t)f->s->nslots, 1, 0);
 	m = last(f);
 	assert_int_equal(m->what, PF__ENVELOPE__MSG_ERROR);
 	assert_int_equal(m->code, -EINVAL);
 	assert_non_null(strstr(m->text, "has slots 0.."));
 	m->what = CHECKED;
-	release(f, b->slot, 1, 5); /* the right slot, another batch */
+	release(f, held->b.slot, 1, 5); /* the right slot, another batch */
 	m = last(f);
 	assert_int_equal(m->what, PF__ENVELOPE__MSG_ERROR);
 	assert_int_equal(m->code, -EPERM);
@@ -509,17 +507,17 @@ static void a_release_of_a_batch_not_held_is_refused_and_the_epoch_goes_on(void 
 	m->what = CHECKED;
 	/* The batch is still held; taken and released properly, the rest of
 	 * the epoch comes. */
-	check_rows(f, b);
+	check_rows(f, held);
 	ack(f, 1);
-	release(f, b->slot, 1, 0);
+	release(f, held->b.slot, 1, 0);
 	for (uint64_t seq = 1; seq < N / 50; seq++) {
 		m = next_msg(f);
 		assert_int_equal(m->what, PF__ENVELOPE__MSG_BATCH);
-		assert_int_equal(m->seq, seq);
-		assert_int_equal(m->picks[0], seq * 50);
+		assert_int_equal(m->b.seq, seq);
+		assert_int_equal(m->b.picks[0], seq * 50);
 		check_rows(f, m);
 		ack(f, 1);
-		release(f, m->slot, 1, m->seq);
+		release(f, m->b.slot, 1, m->b.seq);
 	}
 	m = next_msg(f);
 	assert_int_equal(m->what, PF__ENVELOPE__MSG_END);
@@ -530,15 +528,9 @@ static void an_abandoned_epoch_frees_its_slots_and_the_next_one_starts_clean(voi
 	struct fixture *f = *state;
 	struct order_spec spec = {.kind = ORDER_SEQ};
 	Pf__Abandon ab = PF__ABANDON__INIT;
-	struct msg *m;
 	int after;
 
-	open_session(f, "host", 16, 0);
-	start_epoch(f, 1, PF__ORDER__ORDER_SHUFFLE, 3);
-	m = next_msg(f);
-	assert_int_equal(m->what, PF__ENVELOPE__MSG_STARTED);
-	m = next_msg(f);
-	assert_int_equal(m->what, PF__ENVELOPE__MSG_BATCH);
+	first_batch(f, "host", 16, PF__ORDER__ORDER_SHUFFLE, 3);
 	ack(f, 1); /* taken, and held */
 	ab.epoch = 1;
 	assert_int_equal(sess_abandon(f->s, ++f->last_id, &ab), 0);
@@ -552,7 +544,7 @@ static void an_abandoned_epoch_frees_its_slots_and_the_next_one_starts_clean(voi
 		assert_int_not_equal(f->msgs[i].what, PF__ENVELOPE__MSG_BATCH);
 	for (int i = 0; i < after; i++)
 		if (f->msgs[i].what == PF__ENVELOPE__MSG_BATCH)
-			release(f, f->msgs[i].slot, 1, f->msgs[i].seq);
+			release(f, f->msgs[i].b.slot, 1, f->msgs[i].b.seq);
 	for (uint32_t i = 0; i < f->s->nslots; i++)
 		assert_int_equal(f->s->slots[i].state, SLOT_FREE);
 	f->seen = f->nmsgs;
@@ -605,24 +597,24 @@ static void a_paced_request_that_cannot_be_served_is_an_error_batch_in_its_place
 	m = next_msg(f);
 	assert_int_equal(m->what, PF__ENVELOPE__MSG_STARTED);
 	m = next_msg(f);
-	assert_int_equal(m->seq, 0);
-	assert_int_equal(m->count, 3);
-	assert_memory_equal(m->picks, good, sizeof(good));
+	assert_int_equal(m->b.seq, 0);
+	assert_int_equal(m->b.count, 3);
+	assert_memory_equal(m->b.picks, good, sizeof(good));
 	check_rows(f, m);
 	ack(f, 1);
-	release(f, m->slot, 1, 0);
+	release(f, m->b.slot, 1, 0);
 	m = next_msg(f);
-	assert_int_equal(m->seq, 1);
-	assert_int_equal(m->slot, -1);
-	assert_int_equal(m->error, -ERANGE);
+	assert_int_equal(m->b.seq, 1);
+	assert_int_equal(m->b.slot, -1);
+	assert_int_equal(m->b.error, -ERANGE);
 	assert_non_null(strstr(m->text, "out of range"));
 	ack(f, 1);
 	m = next_msg(f);
-	assert_int_equal(m->seq, 2);
-	assert_int_equal(m->picks[0], 5);
+	assert_int_equal(m->b.seq, 2);
+	assert_int_equal(m->b.picks[0], 5);
 	check_rows(f, m);
 	ack(f, 1);
-	release(f, m->slot, 1, 2);
+	release(f, m->b.slot, 1, 2);
 	m = next_msg(f);
 	assert_int_equal(m->what, PF__ENVELOPE__MSG_END);
 	assert_int_equal(m->batches, 3);
@@ -672,26 +664,21 @@ static void a_device_allocation_failing_every_try_is_an_error_batch(void **state
 	struct msg *m;
 
 	f->d.test_fail_allocs = SESS_OOM_TRIES;
-	open_session(f, "cuda:0", 100, 0);
-	start_epoch(f, 1, PF__ORDER__ORDER_SEQUENTIAL, 0);
-	m = next_msg(f);
-	assert_int_equal(m->what, PF__ENVELOPE__MSG_STARTED);
-	m = next_msg(f);
-	assert_int_equal(m->what, PF__ENVELOPE__MSG_BATCH);
-	assert_int_equal(m->seq, 0);
-	assert_int_equal(m->slot, -1);
-	assert_int_equal(m->error, -ENOMEM);
+	m = first_batch(f, "cuda:0", 100, PF__ORDER__ORDER_SEQUENTIAL, 0);
+	assert_int_equal(m->b.seq, 0);
+	assert_int_equal(m->b.slot, -1);
+	assert_int_equal(m->b.error, -ENOMEM);
 	assert_non_null(strstr(m->text, "no device slot after 4 tries"));
 	ack(f, 1);
 	/* The epoch goes on: the next allocation succeeds. */
 	for (uint64_t seq = 1; seq < 3; seq++) {
 		m = next_msg(f);
 		assert_int_equal(m->what, PF__ENVELOPE__MSG_BATCH);
-		assert_int_equal(m->seq, seq);
-		assert_int_equal(m->error, 0);
+		assert_int_equal(m->b.seq, seq);
+		assert_int_equal(m->b.error, 0);
 		check_rows(f, m);
 		ack(f, 1);
-		release(f, m->slot, 1, seq);
+		release(f, m->b.slot, 1, seq);
 	}
 	m = next_msg(f);
 	assert_int_equal(m->what, PF__ENVELOPE__MSG_END);
