@@ -100,7 +100,7 @@ INTEG_TESTS := $(patsubst tests/integration/%.c,$(B)/tests/%,$(wildcard tests/in
 CUDA_TESTS  := $(patsubst tests/cuda/%.c,$(B)/tests/%,$(wildcard tests/cuda/test_*.c))
 # The one CUDA test of the GPU layer itself, linked with it, not with a daemon.
 GPU_TESTS   := $(filter $(B)/tests/test_cuda_gather,$(CUDA_TESTS))
-TEST_UTIL   := $(B)/tests/lib/testutil.o
+TEST_UTIL   := $(patsubst %.c,$(B)/%.o,$(wildcard tests/lib/*.c))
 GPU_FAKE    := $(B)/tests/mocks/gpu_fake.o
 BENCHES     := $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/*.c))
 TOOLS       := $(patsubst tools/%.c,$(B)/%,$(wildcard tools/*.c))

@@ -79,6 +79,28 @@ int td_pool_control(const char *sock, const char *dataset, Pf__PoolAction action
 double td_now(void);
 
 /*
+ * A bystander (bystander.c): while a test abuses the daemon at sock, an
+ * innocent trainer on threads of its own runs shuffled host epochs of
+ * `dataset` (one '<u1' field of row_bytes, written by td_write_npy under
+ * seed) in batches of `batch`, checking every row and that every sample
+ * comes once, and asks for status over a new connection every 20 ms.
+ * td_bystander_stop waits for at least one whole epoch (20 s at most),
+ * stops both threads and fills the report; it returns 0 when every epoch
+ * was byte-exact and every status answered within TD_STATUS_MAX_MS, else
+ * -1 with report.error saying what went wrong first.
+ */
+#define TD_STATUS_MAX_MS 100
+struct td_bystander;
+struct td_bystander_report {
+	uint64_t epochs, batches, statuses;
+	double max_status_ms;
+	char error[256];
+};
+struct td_bystander *td_bystander_start(const char *sock, const char *dataset, uint32_t batch,
+					uint64_t row_bytes, uint64_t seed);
+int td_bystander_stop(struct td_bystander *b, struct td_bystander_report *report);
+
+/*
  * Benchmarks.  They run on one thread; messages go to stderr behind the
  * program's name (program_invocation_short_name, as err(3) does).
  */
