@@ -102,6 +102,13 @@ struct config {
 	uint64_t arena_bytes;
 	uint64_t session_bytes;
 	unsigned max_sessions;
+	unsigned max_sessions_per_uid;
+	unsigned max_conns, max_conns_per_uid;
+	uint64_t memory_budget;	  /* all clients' host memory, 0: auto */
+	uint64_t memory_per_uid;  /* one uid's share, 0: auto (half the budget) */
+	double idle_timeout;	  /* s: a connection with no session and no traffic */
+	double frame_timeout;	  /* s: a frame begun must be whole within */
+	unsigned depth_limit;	  /* most max_depth a client may ask for */
 	uint64_t max_epoch_picks; /* N x augment of an OpenSession, at most */
 	uint64_t max_frame;
 	bool allow_any;	   /* allow_users = * */
