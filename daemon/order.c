@@ -9,10 +9,10 @@
  * unbiased bounded draw, and Fisher–Yates from the top index down.
  *
  * DESIGN: pure functions with no shared state; the loop thread calls
- * order_build at StartEpoch and owns the array it returns.  No locks: a
- * long shuffle takes its draws from one short-lived thread of its own
- * through a single-producer, single-consumer ring (atomics only), joined
- * before order_shuffle returns.
+ * order_build off the loop thread (a session's worker, ahead.c) and owns
+ * the array it returns.  No locks: a long shuffle takes its draws from one
+ * short-lived thread of its own through a single-producer, single-consumer
+ * ring (atomics only), joined before order_shuffle returns.
  */
 #include "order.h"
 #include "util.h"
@@ -23,7 +23,9 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sched.h>
 #include <string.h>
+#include <unistd.h>
 
 uint64_t order_splitmix64(uint64_t *state)
 {
@@ -63,12 +65,28 @@ uint64_t order_bounded(uint64_t *state, uint64_t m)
  * picks took, time that the swaps can overlap.  Same draws, same order. */
 #define PIPE_MIN  (1u << 16)
 #define DRAW_RING (1u << 14)
+/* ... on machines where two threads of one build do not take the cores of
+ * everything else: with 2 CPUs a build's two threads and the readers
+ * would share them. */
+#define PIPE_MIN_CPUS 4
 
 #if defined(__x86_64__) || defined(__i386__)
-#define spin_pause() __builtin_ia32_pause()
+#define cpu_pause() __builtin_ia32_pause()
 #else
-#define spin_pause() ((void)0)
+#define cpu_pause() ((void)0)
 #endif
+
+/* A wait for the other thread of a piped shuffle: a pause, and every
+ * SPIN_YIELD of them the CPU for whoever else wants it.  Orders are built
+ * on a worker pool beside readers and other builds, so a spinning wait must
+ * not keep a core from the thread it waits for. */
+#define SPIN_YIELD 64u
+static void spin_wait(unsigned *spins)
+{
+	cpu_pause();
+	if (++*spins % SPIN_YIELD == 0)
+		sched_yield();
+}
 
 struct draws {
 	uint64_t state;
@@ -86,13 +104,14 @@ static void *draw_main(void *arg)
 {
 	struct draws *d = arg;
 	uint64_t used = 0, total = d->n - 1;
+	unsigned spins = 0;
 
 	/* Draw number k (k = 0, 1, ...) is for m = n - k, down to m = 2. */
 	for (uint64_t k = 0, m = d->n; m > 1; k++, m--) {
 		uint64_t j = order_bounded(&d->state, m);
 
 		while (k - used >= DRAW_RING) {
-			spin_pause();
+			spin_wait(&spins);
 			used = __atomic_load_n(&d->used, __ATOMIC_ACQUIRE);
 		}
 		d->ring[k % DRAW_RING] = (uint32_t)j;
@@ -102,12 +121,11 @@ static void *draw_main(void *arg)
 	return NULL;
 }
 
-/* The swaps of order_shuffle with the draws made by another thread.
- * Returns false (nothing done) if the thread cannot start. */
-static bool shuffle_piped(uint64_t *perm, uint64_t n, uint64_t seed)
+bool order_shuffle_piped(uint64_t *perm, uint64_t n, uint64_t seed)
 {
 	struct draws *d = aligned_alloc(64, (sizeof(struct draws) + 63) / 64 * 64);
 	uint64_t total = n - 1, k = 0, made = 0;
+	unsigned spins = 0;
 	pthread_t tid;
 
 	if (!d)
@@ -129,7 +147,7 @@ static bool shuffle_piped(uint64_t *perm, uint64_t n, uint64_t seed)
 		/* Draw k, and the one SHUFFLE_AHEAD later whose target is
 		 * prefetched now (or the last draw). */
 		while (made < want) {
-			spin_pause();
+			spin_wait(&spins);
 			made = __atomic_load_n(&d->made, __ATOMIC_ACQUIRE);
 		}
 		if (k + SHUFFLE_AHEAD < total)
@@ -153,7 +171,8 @@ void order_shuffle(uint64_t *perm, uint64_t n, uint64_t seed)
 
 	/* Long lists: the same algorithm with its draws made ahead on a
 	 * second thread.  Short ones fit in cache and gain nothing from it. */
-	if (n >= PIPE_MIN && n <= UINT32_MAX && shuffle_piped(perm, n, seed))
+	if (n >= PIPE_MIN && n <= UINT32_MAX && sysconf(_SC_NPROCESSORS_ONLN) >= PIPE_MIN_CPUS &&
+	    order_shuffle_piped(perm, n, seed))
 		return;
 	for (i = 0; i < n; i++)
 		perm[i] = i;
@@ -165,6 +184,18 @@ void order_shuffle(uint64_t *perm, uint64_t n, uint64_t seed)
 		perm[i - 1] = perm[j];
 		perm[j] = t;
 	}
+}
+
+void order_memory(const struct order_spec *spec, uint64_t space, uint64_t *peak, uint64_t *keep)
+{
+	uint32_t world = spec->world ? spec->world : 1;
+	uint64_t len = spec->kind == ORDER_EXPLICIT ? spec->nindices : space;
+	uint64_t nshare = len / world + (len % world != 0);
+
+	*keep = nshare * sizeof(uint64_t);
+	*peak = *keep;
+	if (spec->kind == ORDER_SHUFFLE && world > 1)
+		*peak += len * sizeof(uint64_t);
 }
 
 uint64_t order_num_batches(uint64_t npicks, uint32_t batch_size, bool drop_last)

@@ -39,6 +39,10 @@ uint64_t order_splitmix64(uint64_t *state);
 uint64_t order_bounded(uint64_t *state, uint64_t m);
 /* perm[0..n) := the documented shuffle of 0..n-1 under seed. */
 void order_shuffle(uint64_t *perm, uint64_t n, uint64_t seed);
+/* The same shuffle with its draws made ahead on a second thread (2 <= n <=
+ * 2^32), which order_shuffle uses for long lists on machines of 4 CPUs or
+ * more.  False (perm untouched) if the thread cannot start. */
+bool order_shuffle_piped(uint64_t *perm, uint64_t n, uint64_t seed);
 
 /* This rank's picks for one epoch over a schedule space of `space` picks
  * (augment * N).  *picks is malloc'd (caller frees).  Returns 0, -EINVAL
@@ -46,6 +50,11 @@ void order_shuffle(uint64_t *perm, uint64_t n, uint64_t seed);
  * names the index and its position), -ENOMEM. */
 int order_build(const struct order_spec *spec, uint64_t space, uint64_t **picks, uint64_t *npicks,
 		char *err, size_t errlen);
+
+/* The host memory order_build takes for spec over space, in bytes: the most
+ * it holds while building (a shuffle permutes the whole schedule before a
+ * rank takes its share), and what the share it returns keeps. */
+void order_memory(const struct order_spec *spec, uint64_t space, uint64_t *peak, uint64_t *keep);
 
 /* Batches in a share of npicks: ceil, or floor when drop_last. */
 uint64_t order_num_batches(uint64_t npicks, uint32_t batch_size, bool drop_last);
