@@ -235,8 +235,10 @@ int daemon_reload(struct daemon *d, char *summary, size_t len, char *err, size_t
 	free(d->datasets);
 	d->datasets = next;
 	d->ndatasets = n;
-	/* Pools of kept datasets follow the (maybe changed) pool settings. */
+	/* Pools of kept datasets follow the (maybe changed) pool settings;
+	 * the limits apply to what is taken from now on. */
 	daemon_config_pools(d);
+	daemon_config_quota(d);
 	collect_retired(d);
 	if (!summary[0])
 		snprintf(summary, len, "no dataset changed");
@@ -279,6 +281,81 @@ void daemon_config_pools(struct daemon *d)
 			 p->gpu, on ? "on" : "off");
 		pool_set_enabled(p, on);
 	}
+}
+
+/* The memory this process may use: MemTotal, or its cgroup's limit when
+ * lower (cgroup v2 memory.max, else v1 memory.limit_in_bytes).  0 when
+ * neither can be read. */
+static uint64_t memory_limit(char *why, size_t len)
+{
+	char line[512], path[600];
+	uint64_t total = 0, cg = 0;
+	FILE *f = fopen("/proc/meminfo", "re");
+
+	if (f) {
+		while (fgets(line, sizeof(line), f))
+			if (sscanf(line, "MemTotal: %" SCNu64 " kB", &total) == 1)
+				break;
+		fclose(f);
+		total *= 1024;
+	}
+	f = fopen("/proc/self/cgroup", "re");
+	while (f && fgets(line, sizeof(line), f)) {
+		char *cgpath = strrchr(line, ':');
+		const char *file = strncmp(line, "0::", 3) == 0 ? "memory.max" : NULL;
+		FILE *m;
+
+		if (!file && strstr(line, ":memory:"))
+			file = "memory.limit_in_bytes";
+		if (!file || !cgpath)
+			continue;
+		cgpath[strcspn(cgpath, "\n")] = '\0';
+		snprintf(path, sizeof(path), "/sys/fs/cgroup%s%s/%s",
+			 file[7] == 'm' ? "" : "/memory", cgpath + 1, file);
+		m = fopen(path, "re");
+		if (m) {
+			if (fscanf(m, "%" SCNu64, &cg) != 1)
+				cg = 0; /* "max": no limit */
+			fclose(m);
+		}
+		if (cg)
+			break;
+	}
+	if (f)
+		fclose(f);
+	if (cg && (!total || cg < total)) {
+		snprintf(why, len, "cgroup limit %.1f GiB", cg / 1073741824.0);
+		return cg;
+	}
+	snprintf(why, len, "MemTotal %.1f GiB", total / 1073741824.0);
+	return total;
+}
+
+void daemon_config_quota(struct daemon *d)
+{
+	const struct config *cfg = &d->cfg;
+	struct quota_limits *l = &d->quota.lim;
+
+	l->memory = cfg->memory_budget;
+	if (!l->memory) {
+		char why[100];
+		uint64_t mem = memory_limit(why, sizeof(why));
+
+		/* Half: the daemon's own memory (datasets' mapped pages, the
+		 * pinned ring) and the machine's other work need the rest. */
+		l->memory = mem ? mem / 2 : 4ULL << 30;
+		snprintf(d->quota_why, sizeof(d->quota_why), "auto: half of %s",
+			 mem ? why : "an unknown total (4 GiB assumed)");
+	} else {
+		snprintf(d->quota_why, sizeof(d->quota_why), "memory_budget");
+	}
+	l->memory_per_uid = cfg->memory_per_uid ? cfg->memory_per_uid : l->memory / 2;
+	if (l->memory_per_uid > l->memory)
+		l->memory_per_uid = l->memory;
+	l->conns = cfg->max_conns;
+	l->conns_per_uid = cfg->max_conns_per_uid;
+	l->sessions = cfg->max_sessions;
+	l->sessions_per_uid = cfg->max_sessions_per_uid;
 }
 
 void daemon_collect(struct daemon *d)

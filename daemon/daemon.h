@@ -14,6 +14,7 @@
 #include "config.h"
 #include "dataset.h"
 #include "pool.h"
+#include "quota.h"
 #include "ring.h"
 
 struct conn;
@@ -50,6 +51,8 @@ struct daemon {
 	char ring_err[200];    /* why there is none, when ngpus > 0 */
 	struct xfer **xfers;   /* owned, ngpus entries: started on first use */
 	struct pool_set pools; /* owned: VRAM pools, one per (dataset, GPU) used */
+	struct quota quota;    /* what each uid holds, against the limits */
+	char quota_why[160];   /* how memory_budget was chosen, for the log */
 	int test_fail_allocs;  /* PREFETCHD_TEST_FAIL_ALLOCS: forced OOMs left */
 	bool stopping;
 };
@@ -77,6 +80,10 @@ bool daemon_pool_enabled(const struct daemon *d, const struct dataset *ds);
 /* The pools take the configuration's pool settings (startup, reload): the
  * slab size and cap, and each pool on or off as its dataset now says. */
 void daemon_config_pools(struct daemon *d);
+/* The limits take the configuration's (startup, reload): memory_budget
+ * auto is half the memory the daemon may use (the machine's, or its
+ * cgroup's limit when lower), memory_per_uid auto half of the budget. */
+void daemon_config_quota(struct daemon *d);
 /* Housekeeping tick: frees retired datasets nobody reads any more. */
 void daemon_collect(struct daemon *d);
 /* Frees every dataset (shutdown, after the sessions and pools). */

@@ -17,20 +17,35 @@
 #include "reader.h"
 #include "util.h"
 
-int fill_layout(struct slot_layout *lay, const struct dataset *ds, uint32_t batch_size)
+int fill_layout(struct slot_layout *lay, const struct dataset *ds, uint32_t batch_size, char *err,
+		size_t errlen)
 {
-	uint64_t off = 0;
+	uint64_t off = 0, field;
 
-	lay->field_offset = calloc(ds->nfields, sizeof(*lay->field_offset));
+	lay->field_offset = calloc(ds->nfields ? ds->nfields : 1, sizeof(*lay->field_offset));
 	if (!lay->field_offset)
 		return -ENOMEM;
 	for (size_t f = 0; f < ds->nfields; f++) {
 		off = align_up(off, FILL_FIELD_ALIGN);
 		lay->field_offset[f] = off;
-		off += ds->fields[f].sample_bytes * batch_size;
+		/* Sizes come from a file and a client: checked, never wrapped. */
+		if (__builtin_mul_overflow(ds->fields[f].sample_bytes, (uint64_t)batch_size,
+					   &field) ||
+		    field > FILL_MAX_SLOT || off + field > FILL_MAX_SLOT) {
+			set_err(err, errlen,
+				"a batch of %u samples of %llu bytes (field %s) is more than a "
+				"slot "
+				"may hold (%llu TiB)",
+				batch_size, (unsigned long long)ds->fields[f].sample_bytes,
+				ds->fields[f].name, FILL_MAX_SLOT >> 40);
+			fill_layout_free(lay);
+			return -E2BIG;
+		}
+		off += field;
 	}
 	lay->slot_bytes = off;
-	lay->slot_stride = align_up(off, FILL_SLOT_ALIGN);
+	/* A dataset of empty samples still gets slots that take room. */
+	lay->slot_stride = align_up(off ? off : 1, FILL_SLOT_ALIGN);
 	return 0;
 }
 

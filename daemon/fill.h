@@ -43,8 +43,14 @@ struct slot_layout {
 	uint64_t slot_stride;	/* slot_bytes rounded up to FILL_SLOT_ALIGN */
 };
 
-/* 0 or -ENOMEM. */
-int fill_layout(struct slot_layout *lay, const struct dataset *ds, uint32_t batch_size);
+/* Slots larger than this are refused whatever the configuration says: the
+ * arithmetic of every offset in one then stays far from 64-bit overflow. */
+#define FILL_MAX_SLOT (1ull << 48)
+
+/* 0, -E2BIG (a batch of batch_size samples would pass FILL_MAX_SLOT, err
+ * says so) or -ENOMEM. */
+int fill_layout(struct slot_layout *lay, const struct dataset *ds, uint32_t batch_size, char *err,
+		size_t errlen);
 void fill_layout_free(struct slot_layout *lay);
 
 /* A pooled batch stages its misses plus up to a quarter of a batch of

@@ -152,6 +152,7 @@ int main(int argc, char **argv)
 	}
 	daemon_load_datasets(&d);
 	daemon_config_pools(&d);
+	daemon_config_quota(&d);
 	if (check) {
 		int bad = 0;
 
@@ -228,8 +229,10 @@ int main(int argc, char **argv)
 	 * systemd reports us up can connect at once. */
 	sd_notifyf(0, "READY=1\nSTATUS=serving %zu dataset(s)\nMAINPID=%d", d.ndatasets,
 		   (int)getpid());
-	log_info("prefetchd %s ready: %zu dataset(s), %u reader(s)", PF_VERSION, d.ndatasets,
-		 d.cfg.readers);
+	log_info("prefetchd %s ready: %zu dataset(s), %u reader(s); clients may hold %.1f GiB "
+		 "(%s), %.1f GiB per uid",
+		 PF_VERSION, d.ndatasets, d.cfg.readers, d.quota.lim.memory / 1073741824.0,
+		 d.quota_why, d.quota.lim.memory_per_uid / 1073741824.0);
 
 	uv_run(d.loop, UV_RUN_DEFAULT);
 
@@ -242,6 +245,7 @@ int main(int argc, char **argv)
 	free(d.xfers);
 	ring_destroy(&d.ring);
 	daemon_free_datasets(&d);
+	quota_free(&d.quota);
 	config_free(&d.cfg);
 	log_info("stopped");
 	return 0;

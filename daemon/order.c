@@ -194,7 +194,9 @@ void order_memory(const struct order_spec *spec, uint64_t space, uint64_t *peak,
 
 	*keep = nshare * sizeof(uint64_t);
 	*peak = *keep;
-	if (spec->kind == ORDER_SHUFFLE && world > 1)
+	/* A shuffle permutes the whole schedule first; an explicit list is
+	 * copied off the request it came in. */
+	if ((spec->kind == ORDER_SHUFFLE && world > 1) || spec->kind == ORDER_EXPLICIT)
 		*peak += len * sizeof(uint64_t);
 }
 
@@ -207,63 +209,68 @@ uint64_t order_num_batches(uint64_t npicks, uint32_t batch_size, bool drop_last)
 	return npicks / batch_size + (npicks % batch_size != 0);
 }
 
-int order_build(const struct order_spec *spec, uint64_t space, uint64_t **picks, uint64_t *npicks,
-		char *err, size_t errlen)
+int order_check(const struct order_spec *spec, uint64_t space, uint64_t *nshare, char *err,
+		size_t errlen)
 {
 	uint32_t world = spec->world ? spec->world : 1;
-	uint64_t *list = NULL; /* owned: the whole epoch, before sharding */
-	uint64_t *share = NULL;
-	uint64_t len, nshare, k, i;
-	int rc;
+	uint64_t len;
 
-	*picks = NULL;
-	*npicks = 0;
 	if (spec->rank >= world) {
 		set_err(err, errlen, "rank %u is out of range (world is %u)", spec->rank, world);
-		rc = -EINVAL;
-		goto out;
+		return -EINVAL;
 	}
-
 	switch (spec->kind) {
 	case ORDER_SEQ:
 	case ORDER_SHUFFLE:
 		if (space == 0) {
 			set_err(err, errlen, "the schedule is empty (the dataset has no samples)");
-			rc = -EINVAL;
-			goto out;
+			return -EINVAL;
 		}
 		len = space;
 		break;
 	case ORDER_EXPLICIT:
 		if (spec->nindices == 0 || !spec->indices) {
 			set_err(err, errlen, "explicit order with an empty index list");
-			rc = -EINVAL;
-			goto out;
+			return -EINVAL;
 		}
-		for (i = 0; i < spec->nindices; i++) {
+		for (uint64_t i = 0; i < spec->nindices; i++) {
 			if (spec->indices[i] >= space) {
 				set_err(err, errlen,
 					"index %llu at position %llu is out of range "
 					"(schedule has %llu picks)",
 					(unsigned long long)spec->indices[i], (unsigned long long)i,
 					(unsigned long long)space);
-				rc = -ERANGE;
-				goto out;
+				return -ERANGE;
 			}
 		}
 		len = spec->nindices;
 		break;
-	default:
-		set_err(err, errlen, "unknown order kind %d", (int)spec->kind);
-		rc = -EINVAL;
-		goto out;
+	default: set_err(err, errlen, "unknown order kind %d", (int)spec->kind); return -EINVAL;
 	}
+	/* Every rank gets ceil(len / world) picks (order_build says how). */
+	*nshare = len / world + (len % world != 0);
+	return 0;
+}
+
+int order_build(const struct order_spec *spec, uint64_t space, uint64_t **picks, uint64_t *npicks,
+		char *err, size_t errlen)
+{
+	uint32_t world = spec->world ? spec->world : 1;
+	uint64_t *list = NULL; /* owned: the whole epoch, before sharding */
+	uint64_t *share = NULL;
+	uint64_t len = spec->kind == ORDER_EXPLICIT ? spec->nindices : space, nshare, k;
+	int rc;
+
+	*picks = NULL;
+	*npicks = 0;
+	rc = order_check(spec, space, &nshare, err, errlen);
+	if (rc)
+		goto out;
 
 	/* Every rank gets ceil(len / world) picks: the list is virtually padded
 	 * to a multiple of world by cycling from its head, exactly as
 	 * DistributedSampler(drop_last=False) does, so that all ranks run the
 	 * same number of steps and none waits forever in a collective. */
-	nshare = len / world + (len % world != 0);
 	if (nshare > SIZE_MAX / sizeof(*share)) {
 		rc = -ENOMEM;
 		goto out;

@@ -44,6 +44,10 @@ void order_shuffle(uint64_t *perm, uint64_t n, uint64_t seed);
  * more.  False (perm untouched) if the thread cannot start. */
 bool order_shuffle_piped(uint64_t *perm, uint64_t n, uint64_t seed);
 
+/* What order_build would refuse, without building: 0 and the number of
+ * picks the share will hold, or the same -errno and message. */
+int order_check(const struct order_spec *spec, uint64_t space, uint64_t *nshare, char *err,
+		size_t errlen);
 /* This rank's picks for one epoch over a schedule space of `space` picks
  * (augment * N).  *picks is malloc'd (caller frees).  Returns 0, -EINVAL
  * (rank >= world, empty space) or -ERANGE (an explicit index >= space; err

@@ -96,6 +96,12 @@ static void sess_free(struct sess *s)
 	ahead_cancel(&s->ahead);
 	sess_drop_requests(s);
 	free(s->reqs);
+	/* Everything it held goes back to its uid (paced requests just did). */
+	sess_give(s, &s->mem_held, s->mem_held);
+	sess_give(s, &s->order_held, s->order_held);
+	sess_give(s, &s->ahead_held, s->ahead_held);
+	if (s->counted)
+		quota_give(&s->d->quota, s->uid, QUOTA_SESSIONS, 1);
 	for (uint32_t i = 0; i < s->narenas; i++)
 		arena_destroy(&s->arenas[i]);
 	free(s->arenas);
@@ -110,6 +116,24 @@ static void sess_free(struct sess *s)
 	free(s);
 }
 
+int sess_take(struct sess *s, uint64_t *held, uint64_t n, const char *what, char *err,
+	      size_t errlen)
+{
+	int rc = n ? quota_take(&s->d->quota, s->uid, QUOTA_MEMORY, n, what, err, errlen) : 0;
+
+	if (!rc)
+		*held += n;
+	return rc;
+}
+
+void sess_give(struct sess *s, uint64_t *held, uint64_t n)
+{
+	if (n > *held)
+		n = *held;
+	quota_give(&s->d->quota, s->uid, QUOTA_MEMORY, n);
+	*held -= n;
+}
+
 void sess_maybe_free(struct sess *s)
 {
 	if (s->dead && s->jobs == 0 && !s->ahead.busy)
@@ -118,7 +142,10 @@ void sess_maybe_free(struct sess *s)
 
 static void ahead_back(struct ahead *a)
 {
-	sess_maybe_free(container_of(a, struct sess, ahead));
+	struct sess *s = container_of(a, struct sess, ahead);
+
+	sess_ahead_back(s);
+	sess_maybe_free(s);
 }
 
 struct sess *sess_find(struct daemon *d, uint64_t id)
@@ -270,13 +297,30 @@ static int count_slots(struct sess *s, uint32_t min_depth, uint32_t *max_depth, 
 	return 0;
 }
 
+/* The host memory a session holds from its open: the slot table, and the
+ * slots themselves for a host session (a CUDA session's are device memory
+ * and ring slots, bounded apart); every slot of a CUDA session may carry
+ * a pool plan and staged-row offsets. */
+static uint64_t open_bytes(const struct sess *s)
+{
+	uint64_t per_slot = sizeof(struct slot), bytes;
+
+	if (s->gpu >= 0)
+		per_slot += s->ds->nfields * sizeof(uint64_t) +
+			    fill_stage_cap(s->batch_size) * (sizeof(uint64_t) + sizeof(uint32_t));
+	else
+		per_slot += s->lay.slot_stride;
+	/* Saturated: a sum past 2^64 is refused as "more than the budget". */
+	return __builtin_mul_overflow((uint64_t)s->nslots, per_slot, &bytes) ? UINT64_MAX : bytes;
+}
+
 int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64_t id,
 	      const Pf__OpenSession *req)
 {
 	const struct config *cfg = &d->cfg;
 	const struct dataset *ds;
 	struct sess *s;
-	char err[256] = "";
+	char err[300] = "", what[80];
 	uint32_t min_depth, max_depth, augment = req->augment ? req->augment : 1;
 	uint64_t picks;
 	int gpu = -1;
@@ -287,9 +331,6 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 				  "this connection already has session %" PRIu64
 				  "; open another connection for another session",
 				  (*slot)->id);
-	if (d->nsessions >= cfg->max_sessions)
-		return peer_error(p, id, -EMFILE, "too many sessions (max_sessions = %u)",
-				  cfg->max_sessions);
 	ds = daemon_dataset(d, req->dataset);
 	if (!ds)
 		return peer_error(p, id, -ENOENT,
@@ -321,10 +362,23 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 	if (min_depth > max_depth)
 		return peer_error(p, id, -EINVAL, "min_depth %u is above max_depth %u", min_depth,
 				  max_depth);
+	/* Slots are max_depth + 2, each with its bookkeeping: the client
+	 * does not choose how many the daemon scans and keeps. */
+	if (max_depth > cfg->depth_limit)
+		return peer_error(p, id, -E2BIG,
+				  "max_depth %u is above depth_limit = %u ([daemon] in the "
+				  "configuration)",
+				  max_depth, cfg->depth_limit);
+	rc = quota_take(&d->quota, p->uid, QUOTA_SESSIONS, 1, "a new session", err, sizeof(err));
+	if (rc)
+		return peer_error(p, id, rc, "%s", err);
 
 	s = calloc(1, sizeof(*s));
-	if (!s)
+	if (!s) {
+		quota_give(&d->quota, p->uid, QUOTA_SESSIONS, 1);
 		return peer_error(p, id, -ENOMEM, "out of memory");
+	}
+	s->counted = true;
 	s->d = d;
 	s->peer = p;
 	s->id = ++d->next_session_id;
@@ -345,10 +399,15 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 		snprintf(s->device, sizeof(s->device), "cuda:%d", gpu);
 	else
 		snprintf(s->device, sizeof(s->device), "host");
-	rc = fill_layout(&s->lay, ds, s->batch_size);
+	rc = fill_layout(&s->lay, ds, s->batch_size, err, sizeof(err));
 	if (rc)
 		goto fail;
 	rc = count_slots(s, min_depth, &max_depth, err, sizeof(err));
+	if (rc)
+		goto fail;
+	snprintf(what, sizeof(what), "a session of %u slots of %.1f MiB", s->nslots,
+		 s->lay.slot_stride / 1048576.0);
+	rc = sess_take(s, &s->mem_held, open_bytes(s), what, err, sizeof(err));
 	if (rc)
 		goto fail;
 	s->slots = calloc(s->nslots, sizeof(*s->slots));
@@ -400,6 +459,9 @@ void sess_detach(struct sess *s)
 		 " bytes sent, %u slot(s) were held, %u read(s) in flight",
 		 s->id, s->bytes_sent, held, s->jobs);
 	sess_unlink(s);
+	if (s->counted) /* it leaves the uid's sessions now, its memory when freed */
+		quota_give(&s->d->quota, s->uid, QUOTA_SESSIONS, 1);
+	s->counted = false;
 	s->peer = NULL;
 	s->dead = true;
 	sess_stop_epoch(s);
@@ -409,7 +471,7 @@ void sess_detach(struct sess *s)
 
 bool sess_check(const struct sess *s)
 {
-	uint64_t working = s->cuda.alloc_pending;
+	uint64_t working = s->cuda.alloc_pending + s->builds;
 
 	if (!gov_check(&s->gov))
 		return false;

@@ -39,6 +39,7 @@
 #include "fill.h"
 #include "gov.h"
 #include "gpu.h"
+#include "order.h"
 #include "peer.h"
 #include "pool.h"
 #include "prefetch.pb-c.h"
@@ -88,13 +89,32 @@ struct slot {
 struct sess_req {
 	uint64_t *picks; /* owned: count picks */
 	uint32_t count;
-	int error;    /* 0, or why the request cannot be served (-ERANGE, -EINVAL) */
-	char *errmsg; /* owned, with error */
+	int error;     /* 0, or why the request cannot be served (-ERANGE, -EINVAL) */
+	char *errmsg;  /* owned, with error */
+	uint64_t held; /* quota taken for it (sess->paced_held) */
 };
 
 /* Paced batches requested and not yet sent, at most: the governor loads
- * target of them ahead; the rest wait here. */
+ * target of them ahead; the rest wait here (their picks are counted in the
+ * uid's memory quota). */
 #define SESS_PACED_MAX 1024
+
+/* A StartEpoch whose order is being built on libuv's thread pool: every
+ * check was made when it came, so only the build remains.  It is answered
+ * when the build is back, unless a newer start superseded it meanwhile
+ * (then it was refused at once) or the session died. */
+struct sess_start {
+	uv_work_t work;
+	struct sess *s; /* borrowed: alive until the build is back (counted in jobs) */
+	uint64_t id, epoch, start_batch, t_req;
+	struct order_spec spec; /* spec.indices: owned copy (explicit orders) */
+	uint64_t space;
+	uint64_t *picks, npicks; /* owned: the built share */
+	uint64_t held;		 /* quota taken for the build (order_memory's peak) */
+	int rc;
+	char err[200];
+	bool cancelled; /* superseded, or the session is gone: thrown away when back */
+};
 
 /* The CUDA half of a session (gpu >= 0): device slots, the ring slots that
  * stage batches for them, and what crossed PCIe. */
@@ -168,9 +188,17 @@ struct sess {
 	bool paced, paced_end;
 	struct sess_req *reqs; /* owned, SESS_PACED_MAX, made on first use */
 
-	struct ahead ahead; /* the next epoch's order */
-	unsigned jobs;	    /* reader and transfer jobs not yet back */
-	bool dead;	    /* connection gone, waiting for jobs */
+	struct ahead ahead;	     /* the next epoch's order */
+	struct sess_start *starting; /* the StartEpoch whose order is being built, or NULL */
+	unsigned jobs;		     /* reader, transfer and order-building jobs not yet back */
+	unsigned builds;	     /* of them, order builds (starting or superseded) */
+	bool dead;		     /* connection gone, waiting for jobs */
+
+	/* Quota (quota.h) held for the session's host memory, by uid: its
+	 * slots and their tables (taken at open), its order (npicks * 8),
+	 * the order built ahead, and the paced requests not yet sent. */
+	bool counted; /* holds one of the uid's sessions (until detached) */
+	uint64_t mem_held, order_held, ahead_held, paced_held;
 
 	/* Figures for status. */
 	uint64_t sent, bytes_sent, errors, read_ns;

@@ -16,10 +16,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon.h"
 #include "dataset.h"
 #include "log.h"
 #include "order.h"
 #include "util.h"
+
+/* What a paced request of n picks holds: its copy of the picks. */
+static uint64_t paced_bytes(uint32_t n)
+{
+	return (uint64_t)(n ? n : 1) * sizeof(uint64_t);
+}
+
+void sess_req_clear(struct sess *s, struct sess_req *r)
+{
+	sess_give(s, &s->paced_held, r->held);
+	free(r->picks);
+	free(r->errmsg);
+	memset(r, 0, sizeof(*r));
+}
 
 /* Paced requests not yet sent go (an epoch ends or the session does). */
 void sess_drop_requests(struct sess *s)
@@ -27,7 +42,7 @@ void sess_drop_requests(struct sess *s)
 	if (!s->reqs)
 		return;
 	for (uint64_t q = s->next_send; q < s->nbatches; q++)
-		sess_req_clear(sess_paced_req(s, q));
+		sess_req_clear(s, sess_paced_req(s, q));
 }
 
 void sess_stop_epoch(struct sess *s)
@@ -66,6 +81,29 @@ static void new_epoch(struct sess *s, uint64_t epoch, uint64_t start_batch)
 		pool_new_epoch(s->cuda.pool, epoch);
 }
 
+static void start_free(struct sess_start *st)
+{
+	free(st->picks);
+	free((uint64_t *)st->spec.indices);
+	free(st);
+}
+
+/* A start still building is refused, its build thrown away when back: a
+ * newer start came (a client waits for each start's answer, so only one
+ * that does not gets here). */
+static void supersede(struct sess *s, uint64_t by)
+{
+	struct sess_start *st = s->starting;
+
+	if (!st)
+		return;
+	st->cancelled = true;
+	s->starting = NULL;
+	peer_error(s->peer, st->id, -ECANCELED,
+		   "epoch %" PRIu64 ": superseded by epoch %" PRIu64 " before its order was built",
+		   st->epoch, by);
+}
+
 /* An epoch with no order: the client's LoadBatch requests are its batches
  * (sess_load).  The governor loads target of them ahead, as for ordered
  * epochs; the rest wait, up to SESS_PACED_MAX. */
@@ -80,12 +118,21 @@ static int start_paced(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 				  "or world (the client chooses every batch)",
 				  req->epoch);
 	if (!s->reqs) {
+		char why[300];
+
+		if (sess_take(s, &s->mem_held, SESS_PACED_MAX * sizeof(*s->reqs),
+			      "the paced request table", why, sizeof(why)))
+			return peer_error(s->peer, id, -ENOMEM, "%s", why);
 		s->reqs = calloc(SESS_PACED_MAX, sizeof(*s->reqs));
-		if (!s->reqs)
+		if (!s->reqs) {
+			sess_give(s, &s->mem_held, SESS_PACED_MAX * sizeof(*s->reqs));
 			return peer_error(s->peer, id, -ENOMEM, "out of memory");
+		}
 	}
+	supersede(s, req->epoch);
 	new_epoch(s, req->epoch, 0);
 	free(s->picks);
+	sess_give(s, &s->order_held, s->order_held);
 	s->picks = NULL;
 	s->npicks = 0;
 	s->nbatches = 0;
@@ -104,7 +151,8 @@ int sess_load(struct sess *s, uint64_t id, const Pf__LoadBatch *req)
 {
 	struct sess_req *r;
 	uint64_t space = s->ds->num_samples * s->augment;
-	char why[200] = "";
+	char why[300] = "";
+	uint32_t n;
 
 	if (!s->paced || req->epoch != s->epoch || !s->running || s->paced_end)
 		return peer_error(s->peer, id, -EINVAL,
@@ -124,8 +172,13 @@ int sess_load(struct sess *s, uint64_t id, const Pf__LoadBatch *req)
 				  "more than %d paced batches requested and not yet delivered: "
 				  "take some first",
 				  SESS_PACED_MAX);
+	n = req->n_picks < s->batch_size ? (uint32_t)req->n_picks : s->batch_size;
+	if (sess_take(s, &s->paced_held, paced_bytes(n), "a paced batch", why, sizeof(why)))
+		return peer_error(s->peer, id, -ENOMEM, "%s", why);
 	r = sess_paced_req(s, s->nbatches);
 	memset(r, 0, sizeof(*r));
+	r->count = n;
+	r->held = paced_bytes(n);
 	if (req->n_picks == 0)
 		snprintf(why, sizeof(why), "a paced batch needs at least one pick");
 	else if (req->n_picks > s->batch_size)
@@ -138,10 +191,11 @@ int sess_load(struct sess *s, uint64_t id, const Pf__LoadBatch *req)
 				 " at position %zu is out of range (the dataset has "
 				 "%" PRIu64 " picks)",
 				 req->picks[i], i, space);
-	r->count = (uint32_t)(req->n_picks < s->batch_size ? req->n_picks : s->batch_size);
-	r->picks = malloc((r->count ? r->count : 1) * sizeof(*r->picks));
-	if (!r->picks)
+	r->picks = malloc(paced_bytes(r->count));
+	if (!r->picks) {
+		sess_req_clear(s, r);
 		return peer_error(s->peer, id, -ENOMEM, "out of memory");
+	}
 	if (r->count) /* picks is NULL when there are none */
 		memcpy(r->picks, req->picks, r->count * sizeof(*r->picks));
 	if (why[0]) {
@@ -153,18 +207,121 @@ int sess_load(struct sess *s, uint64_t id, const Pf__LoadBatch *req)
 	return 0;
 }
 
-int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
+/* After a shuffled epoch started: the next one's order, built ahead when
+ * the uid's quota has room for it (it is only a head start). */
+static void plan_ahead(struct sess *s, const struct order_spec *spec, uint64_t space)
 {
-	struct order_spec spec = {0};
-	uint64_t *picks = NULL, npicks = 0, nbatches, space = s->ds->num_samples * s->augment;
-	char err[256] = "";
-	uint64_t t_req = now_ns(), t_order;
+	uint64_t peak, keep;
+
+	if (spec->kind != ORDER_SHUFFLE)
+		return;
+	order_memory(spec, space, &peak, &keep);
+	if (!s->ahead.busy) /* a finished order nobody took is built anew */
+		sess_give(s, &s->ahead_held, s->ahead_held);
+	if (s->ahead_held < peak &&
+	    sess_take(s, &s->ahead_held, peak - s->ahead_held, "the next epoch's order", NULL, 0))
+		return;
+	ahead_epoch_started(&s->ahead, spec, space);
+}
+
+/* The order ahead is back: it keeps the quota of its share only. */
+void sess_ahead_back(struct sess *s)
+{
+	struct ahead *a = &s->ahead;
+
+	if (!a->busy)
+		sess_give(s, &s->ahead_held,
+			  s->ahead_held - (a->ready ? a->npicks * sizeof(uint64_t) : 0));
+}
+
+/* Switches the session to st's epoch, with st's order and its quota. */
+static int apply_start(struct sess *s, struct sess_start *st)
+{
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__EpochStarted msg = PF__EPOCH_STARTED__INIT;
+	uint64_t nbatches = order_num_batches(st->npicks, s->batch_size, s->drop_last);
 	int rc;
 
-	if (req->epoch <= s->epoch && s->epoch != 0)
+	new_epoch(s, st->epoch, st->start_batch);
+	s->paced = false;
+	free(s->picks);
+	sess_give(s, &s->order_held, s->order_held);
+	s->picks = st->picks;
+	s->npicks = st->npicks;
+	st->picks = NULL;
+	s->order_held = st->held; /* the same uid's: the counter moves */
+	st->held = 0;
+	s->nbatches = nbatches;
+	s->epoch_started_ns = st->t_req; /* when the request came */
+	log_debug("session %" PRIu64 ": epoch %" PRIu64 ": order of %" PRIu64
+		  " picks ready in %.1f ms",
+		  s->id, s->epoch, s->npicks, (now_ns() - st->t_req) / 1e6);
+	plan_ahead(s, &st->spec, st->space);
+	msg.epoch = s->epoch;
+	msg.batches = nbatches - st->start_batch;
+	msg.samples = s->npicks;
+	env.id = st->id;
+	env.msg_case = PF__ENVELOPE__MSG_STARTED;
+	env.started = &msg;
+	start_free(st);
+	rc = peer_send(s->peer, &env, -1);
+	if (rc)
+		return rc;
+	sess_pump(s);
+	return 0;
+}
+
+static void build_work(uv_work_t *w)
+{
+	struct sess_start *st = container_of(w, struct sess_start, work);
+
+	st->rc = order_build(&st->spec, st->space, &st->picks, &st->npicks, st->err,
+			     sizeof(st->err));
+}
+
+static void build_done(uv_work_t *w, int status)
+{
+	struct sess_start *st = container_of(w, struct sess_start, work);
+	struct sess *s = st->s;
+
+	s->jobs--;
+	s->builds--;
+	if (st->cancelled || s->dead) {
+		sess_give(s, &st->held, st->held);
+		start_free(st);
+		sess_maybe_free(s);
+		return;
+	}
+	s->starting = NULL;
+	if (status || st->rc) {
+		peer_error(s->peer, st->id, status ? status : st->rc, "epoch %" PRIu64 ": %s",
+			   st->epoch, st->err[0] ? st->err : strerror(-(status ? status : st->rc)));
+		sess_give(s, &st->held, st->held);
+		start_free(st);
+		return;
+	}
+	/* Built: the share is what stays. */
+	sess_give(s, &st->held, st->held - st->npicks * sizeof(uint64_t));
+	apply_start(s, st);
+}
+
+/* Every check is made here, on the request; only the order's build (a
+ * shuffle of up to max_epoch_picks) goes to libuv's thread pool, so no
+ * client's order holds the loop thread.  The order built ahead, when it is
+ * the one asked for, starts the epoch at once. */
+int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
+{
+	uint64_t floor = s->starting ? s->starting->epoch : s->epoch;
+	uint64_t space = s->ds->num_samples * s->augment, nshare, peak, keep;
+	struct order_spec spec = {0};
+	struct sess_start *st;
+	char err[300] = "", what[120];
+	int rc;
+
+	if (req->epoch <= floor && floor != 0)
 		return peer_error(s->peer, id, -EINVAL,
 				  "epoch %" PRIu64 " is not after epoch %" PRIu64, req->epoch,
-				  s->epoch);
+				  floor);
 	switch (req->order) {
 	case PF__ORDER__ORDER_SEQUENTIAL: spec.kind = ORDER_SEQ; break;
 	case PF__ORDER__ORDER_SHUFFLE: spec.kind = ORDER_SHUFFLE; break;
@@ -177,48 +334,62 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 	spec.nindices = req->n_indices;
 	spec.rank = req->rank;
 	spec.world = req->world;
-	t_order = now_ns();
-	picks = ahead_take(&s->ahead, &spec, space, &npicks);
-	rc = picks ? 0 : order_build(&spec, space, &picks, &npicks, err, sizeof(err));
-	t_order = now_ns() - t_order;
+	rc = order_check(&spec, space, &nshare, err, sizeof(err));
 	if (rc)
+		return peer_error(s->peer, id, rc, "epoch %" PRIu64 ": %s", req->epoch, err);
+	if (req->start_batch > order_num_batches(nshare, s->batch_size, s->drop_last))
+		return peer_error(
+			s->peer, id, -ERANGE,
+			"start_batch %" PRIu64 " is beyond the %" PRIu64 " batches of this share",
+			req->start_batch, order_num_batches(nshare, s->batch_size, s->drop_last));
+	st = calloc(1, sizeof(*st));
+	if (!st)
+		return peer_error(s->peer, id, -ENOMEM, "out of memory");
+	*st = (struct sess_start){.s = s,
+				  .id = id,
+				  .epoch = req->epoch,
+				  .start_batch = req->start_batch,
+				  .t_req = now_ns(),
+				  .spec = spec,
+				  .space = space};
+	st->spec.indices = NULL;
+	st->picks = ahead_take(&s->ahead, &spec, space, &st->npicks);
+	if (st->picks) {
+		/* Its quota moves with it: the share's, all the order ahead kept. */
+		st->held = s->ahead_held;
+		s->ahead_held = 0;
+		supersede(s, req->epoch);
+		return apply_start(s, st);
+	}
+	order_memory(&spec, space, &peak, &keep);
+	snprintf(what, sizeof(what), "epoch %" PRIu64 "'s order of %" PRIu64 " picks", req->epoch,
+		 nshare);
+	rc = sess_take(s, &st->held, peak, what, err, sizeof(err));
+	if (!rc && spec.kind == ORDER_EXPLICIT) {
+		uint64_t *copy = malloc(spec.nindices * sizeof(*copy));
+
+		if (copy)
+			memcpy(copy, spec.indices, spec.nindices * sizeof(*copy));
+		else
+			rc = -ENOMEM;
+		st->spec.indices = copy;
+	}
+	if (!rc) {
+		rc = uv_queue_work(s->d->loop, &st->work, build_work, build_done);
+		if (rc)
+			snprintf(err, sizeof(err), "cannot queue the order's build: %s",
+				 uv_strerror(rc));
+	}
+	if (rc) {
+		sess_give(s, &st->held, st->held);
+		start_free(st);
 		return peer_error(s->peer, id, rc, "epoch %" PRIu64 ": %s", req->epoch,
 				  err[0] ? err : strerror(-rc));
-	nbatches = order_num_batches(npicks, s->batch_size, s->drop_last);
-	if (req->start_batch > nbatches) {
-		free(picks);
-		return peer_error(s->peer, id, -ERANGE,
-				  "start_batch %" PRIu64 " is beyond the %" PRIu64
-				  " batches of this share",
-				  req->start_batch, nbatches);
 	}
-
-	new_epoch(s, req->epoch, req->start_batch);
-	s->paced = false;
-	free(s->picks);
-	s->picks = picks;
-	s->npicks = npicks;
-	s->nbatches = nbatches;
-	s->epoch_started_ns = t_req; /* when the request came */
-	log_debug("session %" PRIu64 ": epoch %" PRIu64 ": order of %" PRIu64
-		  " picks ready in %.1f ms",
-		  s->id, s->epoch, npicks, t_order / 1e6);
-	ahead_epoch_started(&s->ahead, &spec, space);
-	{
-		Pf__Envelope env = PF__ENVELOPE__INIT;
-		Pf__EpochStarted msg = PF__EPOCH_STARTED__INIT;
-
-		msg.epoch = s->epoch;
-		msg.batches = nbatches - req->start_batch;
-		msg.samples = npicks;
-		env.id = id;
-		env.msg_case = PF__ENVELOPE__MSG_STARTED;
-		env.started = &msg;
-		rc = peer_send(s->peer, &env, -1);
-		if (rc)
-			return rc;
-	}
-	sess_pump(s);
+	supersede(s, req->epoch);
+	s->starting = st;
+	s->jobs++;
+	s->builds++;
 	return 0;
 }
 

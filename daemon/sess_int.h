@@ -34,14 +34,19 @@ static inline struct sess_req *sess_paced_req(const struct sess *s, uint64_t seq
 {
 	return &s->reqs[seq % SESS_PACED_MAX];
 }
-static inline void sess_req_clear(struct sess_req *r)
-{
-	free(r->picks);
-	free(r->errmsg);
-	memset(r, 0, sizeof(*r));
-}
+/* Frees a paced request and gives its quota back. */
+void sess_req_clear(struct sess *s, struct sess_req *r);
+/* Takes n bytes of memory quota for the session's uid, held in *held (one
+ * of the session's counters).  0 or -ENOMEM with err naming `what`. */
+int sess_take(struct sess *s, uint64_t *held, uint64_t n, const char *what, char *err,
+	      size_t errlen);
+/* Gives back n of what *held holds (all of it at most). */
+void sess_give(struct sess *s, uint64_t *held, uint64_t n);
 
 /* ---- sess_epoch.c ---- */
+
+/* The order built ahead came back: its quota shrinks to what it keeps. */
+void sess_ahead_back(struct sess *s);
 
 /* Stops the current epoch: READY slots are free again at once, FILLING ones
  * become ORPHAN and come free when their reader is done. */

@@ -116,7 +116,7 @@ static int send_batch(struct sess *s, struct slot *sl)
 	env.batch = &msg;
 	rc = peer_send(s->peer, &env, -1);
 	if (s->paced)
-		sess_req_clear(sess_paced_req(s, sl->seq)); /* packed: its picks are sent */
+		sess_req_clear(s, sess_paced_req(s, sl->seq)); /* packed: its picks are sent */
 	if (sl->error) {
 		s->errors++;
 		free(sl->errmsg);

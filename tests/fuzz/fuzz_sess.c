@@ -1449,7 +1449,8 @@ static void do_open(struct fz_client *c, struct script *in)
 	r->expect_ok = FZ_REFUSE;
 	if (c->hello_sent && !c->session && r->set && !r->set->broken && msg.batch_size > 0 &&
 	    (!device[0] || strcmp(device, "host") == 0) && d.nsessions < d.cfg.max_sessions &&
-	    (msg.augment ? msg.augment : 1) <= FZ_AUGMENT_MAX) {
+	    (msg.augment ? msg.augment : 1) <= FZ_AUGMENT_MAX &&
+	    (msg.max_depth ? msg.max_depth : d.cfg.max_depth) <= d.cfg.depth_limit) {
 		uint64_t min = msg.min_depth ? msg.min_depth : 1;
 		uint64_t max = msg.max_depth ? msg.max_depth : d.cfg.max_depth;
 		uint64_t lo, hi;
@@ -1477,10 +1478,12 @@ static void predict_start(struct fz_client *c, struct fz_req *r, const Pf__Start
 	struct sess *s = daemon_sess(c);
 	uint64_t space, len, world = m->world ? m->world : 1, *list = NULL;
 
+	uint64_t floor = s && s->starting ? s->starting->epoch : s ? s->epoch : 0;
+
 	r->expect_ok = FZ_REFUSE;
 	if (!c->hello_sent || !s || !c->modeled)
 		return;
-	if ((m->epoch <= s->epoch && s->epoch != 0) || (unsigned)m->order > 3)
+	if ((m->epoch <= floor && floor != 0) || (unsigned)m->order > 3)
 		return;
 	if (m->order == PF__ORDER__ORDER_PACED) {
 		/* No order: the client sends each batch (LoadBatch). */
@@ -1532,6 +1535,26 @@ static void predict_start(struct fz_client *c, struct fz_req *r, const Pf__Start
 	free(list);
 }
 
+/* The request of the start the session is building the order of, if any:
+ * its answer comes when the build (a work item) runs. */
+static struct fz_req *building_start(struct fz_client *c)
+{
+	struct sess *s = daemon_sess(c);
+
+	return s && s->starting ? find_req(c, s->starting->id) : NULL;
+}
+
+static void supersede_start(struct fz_client *c)
+{
+	struct fz_req *r = building_start(c);
+
+	if (r) {
+		free(r->expect);
+		r->expect = NULL;
+		r->expect_ok = FZ_REFUSE;
+	}
+}
+
 static void do_start(struct fz_client *c, struct script *in)
 {
 	Pf__Envelope env = PF__ENVELOPE__INIT;
@@ -1559,6 +1582,10 @@ static void do_start(struct fz_client *c, struct script *in)
 	env.start = &msg;
 	r = client_request(c, &env, FZ_START);
 	predict_start(c, r, &msg);
+	/* A start whose order is still building when a newer one is
+	 * accepted is refused (superseded). */
+	if (r->expect_ok == FZ_ACCEPT)
+		supersede_start(c);
 	if (!c->modeled && r->expect_ok == FZ_REFUSE)
 		r->expect_ok = FZ_EITHER;
 	if (!c->hello_sent)
@@ -1968,10 +1995,14 @@ static bool act(struct fz_client *c, enum fz_op op, bool no_hello, struct script
 /* After settling, a modeled client has its answers. */
 static void check_answered(const struct fz_client *c)
 {
+	const struct fz_req *building = building_start((struct fz_client *)c);
+
 	if (c->fd < 0 || !c->modeled)
 		return;
-	if (c->nreqs)
-		die("request %" PRIu64 " (op %d) got no reply", c->reqs[0].id, c->reqs[0].op);
+	for (size_t i = 0; i < c->nreqs; i++)
+		if (&c->reqs[i] != building)
+			die("request %" PRIu64 " (op %d) got no reply", c->reqs[i].id,
+			    c->reqs[i].op);
 	if (c->refusals_due)
 		die("%u made-up message(s) were not refused", c->refusals_due);
 }
@@ -2068,6 +2099,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	d.cfg.max_sessions = 2;
 	d.cfg.max_frame = 64 << 10;
 	d.cfg.max_epoch_picks = (uint64_t)FZ_ROWS * FZ_AUGMENT_MAX;
+	/* Memory quotas are the integration tests' (test_integration_limits):
+	 * out of this model's reach, they never refuse here. */
+	d.cfg.memory_budget = d.cfg.memory_per_uid = 1ull << 40;
+	daemon_config_quota(&d);
 	d.datasets = calloc(FZ_NSETS, sizeof(*d.datasets));
 	if (!d.cfg.socket_path || !d.datasets)
 		die("out of memory");

@@ -530,7 +530,7 @@ static int setup(void **state)
 	assert_int_equal(xfer_start(&f->x, 0, &f->loop, on_done, f, err, sizeof(err)), 0);
 
 	/* A session's slot layout for BATCH rows. */
-	assert_int_equal(fill_layout(&slot_lay, &g.ds, BATCH), 0);
+	assert_int_equal(fill_layout(&slot_lay, &g.ds, BATCH, NULL, 0), 0);
 	memcpy(f->slot_off, slot_lay.field_offset, sizeof(f->slot_off));
 	f->slot_stride = slot_lay.slot_stride;
 	fill_layout_free(&slot_lay);

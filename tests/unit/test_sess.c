@@ -203,6 +203,7 @@ static int setup(void **state)
 	f->d.ndatasets = 1;
 	f->d.started_ns = now_ns();
 	daemon_config_pools(&f->d);
+	daemon_config_quota(&f->d);
 	f->d.ngpus = gpu_init(f->d.gpu_desc, sizeof(f->d.gpu_desc));
 	assert_int_equal(f->d.ngpus, 1);
 	f->d.xfers = calloc(1, sizeof(*f->d.xfers));
@@ -293,6 +294,13 @@ static void open_session(struct fixture *f, const char *device, uint32_t batch, 
 	assert_true(sess_check(f->s));
 }
 
+static uint64_t want_epoch;
+
+static bool epoch_started(struct fixture *f)
+{
+	return f->s->epoch == want_epoch;
+}
+
 static void start_epoch(struct fixture *f, uint64_t epoch, Pf__Order order, uint64_t seed)
 {
 	Pf__StartEpoch req = PF__START_EPOCH__INIT;
@@ -300,6 +308,10 @@ static void start_epoch(struct fixture *f, uint64_t epoch, Pf__Order order, uint
 	req.epoch = epoch, req.order = order, req.seed = seed;
 	assert_int_equal(sess_start_epoch(f->s, ++f->last_id, &req), 0);
 	assert_true(sess_check(f->s));
+	/* The order is built off the loop (or taken from the one built
+	 * ahead): the epoch starts when it is back. */
+	want_epoch = epoch;
+	run_until(f, epoch_started);
 }
 
 static void ack(struct fixture *f, uint64_t epoch)
