@@ -34,6 +34,10 @@
 /* Hello gets its own, shorter limit: a socket that accepts but never answers
  * (a stale path, the wrong program) should fail pf_connect quickly. */
 #define PFC_HELLO_TIMEOUT_MS 5000
+/* The largest frame the client receives: a BatchReady of the daemon's
+ * largest batch (8M picks of 8 bytes) with room to spare.  The daemon's
+ * max_frame bounds what the daemon receives, not this. */
+#define PFC_MAX_RX_FRAME (128u << 20)
 /* Batches received but not yet taken.  The daemon's target bounds this far
  * lower (a few slots); more than this is a daemon bug, treated as a protocol
  * error rather than as a reason to grow without limit. */

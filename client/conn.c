@@ -360,7 +360,7 @@ struct pf_client *pfc_client_new(const char *where)
 		free(c);
 		return NULL;
 	}
-	wire_rx_init(&c->rx, WIRE_MAX_FRAME_DEFAULT);
+	wire_rx_init(&c->rx, PFC_MAX_RX_FRAME);
 	c->max_frame = WIRE_MAX_FRAME_DEFAULT;
 	c->timeout_ms = PFC_TIMEOUT_MS_DEFAULT;
 	c->gen = 1;

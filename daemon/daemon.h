@@ -41,6 +41,9 @@ struct daemon {
 	int listen_fd;
 	bool socket_activated; /* listen_fd came from systemd */
 	uv_poll_t listen_poll;
+	uv_timer_t accept_timer; /* accepting again after EMFILE (server.c) */
+	bool accept_timer_live;
+	unsigned accept_pause_ms;
 	uv_signal_t sig_term, sig_int, sig_hup;
 	uv_timer_t tick;     /* periodic housekeeping (status, retired datasets) */
 	uv_timer_t watchdog; /* feeds systemd's watchdog from the loop */

@@ -2,15 +2,28 @@
  * log.h — the daemon's logging: one line per event on stderr, each with a
  * journald/sd-daemon priority prefix ("<3>" error .. "<7>" debug) so that
  * systemd files it at the right level.  Thread-safe: one fprintf per line.
+ * Lines are made printable and rate-limited below error level (log.c).
  */
 #ifndef PF_LOG_H
 #define PF_LOG_H
+
+#include <stdbool.h>
+#include <stdint.h>
 
 void log_init(const char *ident, int verbose);
 void log_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A rate limit: at most `burst` lines at once, then per_s a second.  True
+ * when this line may go, with *dropped the lines refused since the last
+ * one that went (say so in it).  Not thread-safe: one owner per limit. */
+struct log_limit {
+	double tokens;
+	uint64_t last_ns, dropped;
+};
+bool log_limit_pass(struct log_limit *l, double per_s, double burst, uint64_t *dropped);
+
 /* Logs at error level and exits with status 1 (startup failures only). */
 void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 

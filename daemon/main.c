@@ -17,6 +17,7 @@
 #include <systemd/sd-daemon.h>
 #include <time.h>
 
+#include "closer.h"
 #include "daemon.h"
 #include "gpu.h"
 #include "log.h"
@@ -106,6 +107,7 @@ static void on_tick(uv_timer_t *t)
 		 d->nconns);
 	sd_notify(0, status);
 	daemon_collect(d);
+	server_tick(d);
 }
 
 int main(int argc, char **argv)
@@ -191,6 +193,10 @@ int main(int argc, char **argv)
 			 d.test_fail_allocs);
 	}
 
+	rc = closer_start();
+	if (rc)
+		log_warn("no closer thread (%s): descriptors clients send are closed on the loop",
+			 strerror(-rc));
 	d.loop = uv_default_loop();
 	d.started_ns = now_ns();
 	rc = reader_start(&d.readers, d.cfg.readers, d.loop, sess_job_done, &d);

@@ -30,6 +30,8 @@
 #include "prefetch.pb-c.h"
 #include "sess.h"
 #include "status.h"
+#include "closer.h"
+#include "util.h"
 
 static void conn_update_poll(struct conn *c);
 
@@ -69,6 +71,47 @@ static bool peer_allowed(const struct config *cfg, uid_t uid, gid_t gid)
 	return false;
 }
 
+/* ---- memory ---------------------------------------------------------------- */
+
+/* A connection's buffers count against its uid's memory quota: what it
+ * sent that is not yet a whole frame, and what waits to go to it.  A take
+ * that does not fit closes the connection, saying which limit it hit. */
+static int conn_take(struct conn *c, uint64_t n, const char *what)
+{
+	char err[300];
+	int rc = quota_take(&c->d->quota, c->peer.uid, QUOTA_MEMORY, n, what, err, sizeof(err));
+
+	if (rc) {
+		conn_close(c, err);
+		return rc;
+	}
+	c->mem_held += n;
+	return 0;
+}
+
+static void conn_give(struct conn *c, uint64_t n)
+{
+	quota_give(&c->d->quota, c->peer.uid, QUOTA_MEMORY, n);
+	c->mem_held -= n;
+}
+
+/* The receive buffer grew or shrank: its quota follows. */
+static int rx_account(struct conn *c)
+{
+	uint64_t cap = c->rx.cap;
+
+	if (cap > c->rx_held) {
+		int rc = conn_take(c, cap - c->rx_held, "a frame being received");
+
+		if (rc)
+			return rc;
+	} else if (cap < c->rx_held) {
+		conn_give(c, c->rx_held - cap);
+	}
+	c->rx_held = cap;
+	return 0;
+}
+
 /* ---- output ---------------------------------------------------------------- */
 
 /* The peer's send (peer.h): queues env, and pass_fd with its first byte. */
@@ -98,6 +141,12 @@ static int conn_send(void *conn, const Pf__Envelope *env, int pass_fd)
 		free(f);
 		rc = -ENOBUFS;
 		conn_close(c, "peer does not read its replies (output queue full)");
+		goto fail;
+	}
+	rc = conn_take(c, f->len, "a reply waiting to be sent");
+	if (rc) {
+		free(f->buf);
+		free(f);
 		goto fail;
 	}
 	if (c->out_tail)
@@ -138,10 +187,28 @@ static void flush_out(struct conn *c)
 		c->out_head = f->next;
 		if (!c->out_head)
 			c->out_tail = NULL;
+		conn_give(c, f->len);
 		free(f->buf);
 		free(f);
 	}
 	conn_update_poll(c);
+	if (c->drain_kick && c->out_bytes <= CONN_LOW_WATER && !c->closing) {
+		c->drain_kick = false;
+		if (c->sess)
+			sess_kick(c->sess);
+	}
+}
+
+/* The peer's busy (peer.h): batches wait while the queue is above the high
+ * water; flush_out kicks the session once it is down to the low. */
+static bool conn_busy(void *conn)
+{
+	struct conn *c = conn;
+
+	if (c->out_bytes < CONN_HIGH_WATER)
+		return false;
+	c->drain_kick = true;
+	return true;
 }
 
 /* ---- requests -------------------------------------------------------------- */
@@ -161,6 +228,7 @@ static int on_hello(struct conn *c, uint64_t id, const Pf__Hello *req)
 		char who[48];
 
 		snprintf(who, sizeof(who), "%.47s", req->client);
+		util_printable(who); /* it goes into log lines and status */
 		snprintf(c->peer.name, sizeof(c->peer.name), "%s (pid %d uid %u)", who,
 			 (int)c->peer.pid, (unsigned)c->peer.uid);
 	}
@@ -225,10 +293,15 @@ static void on_readable(struct conn *c)
 			return;
 		}
 		if (n < 0) {
+			/* Its descriptors went to the closer already (wire_rx's
+			 * fd_sink): none is held, none closed here. */
 			conn_close(c, n == -EMFILE || n == -EPROTO ? "peer sent descriptors"
 								   : strerror((int)-n));
 			return;
 		}
+		c->last_rx_ns = now_ns();
+		if (rx_account(c))
+			return;
 		while (!c->closing && (rc = wire_rx_next(&c->rx, &env)) != 0) {
 			char why[96];
 
@@ -257,6 +330,13 @@ static void on_readable(struct conn *c)
 			}
 		}
 		if (c->closing)
+			return;
+		/* A frame begun and not whole is timed (frame_timeout). */
+		if (!c->rx.len)
+			c->frame_since_ns = 0;
+		else if (!c->frame_since_ns)
+			c->frame_since_ns = c->last_rx_ns;
+		if (rx_account(c))
 			return;
 	}
 }
@@ -318,6 +398,10 @@ static void conn_free(uv_handle_t *h)
 	}
 	wire_rx_free(&c->rx);
 	close(c->fd);
+	if (c->mem_held)
+		conn_give(c, c->mem_held);
+	if (c->counted)
+		quota_give(&d->quota, c->peer.uid, QUOTA_CONNS, 1);
 	if (c->prev)
 		c->prev->next = c->next;
 	else
@@ -346,6 +430,47 @@ void conn_close(struct conn *c, const char *why)
 
 /* ---- accept ---------------------------------------------------------------- */
 
+static void on_accept(uv_poll_t *h, int status, int events);
+
+static void accept_again(uv_timer_t *t)
+{
+	struct daemon *d = t->data;
+
+	if (!d->stopping && d->listen_fd >= 0)
+		uv_poll_start(&d->listen_poll, UV_READABLE, on_accept);
+}
+
+/* accept() failed for want of descriptors (ours or the system's): the
+ * listener is readable all the while, so it is not polled for a pause, or
+ * the loop would spin on it.  The pause doubles to ACCEPT_PAUSE_MAX_MS
+ * while the shortage lasts; one line a pause says so. */
+#define ACCEPT_PAUSE_MS	    50
+#define ACCEPT_PAUSE_MAX_MS 2000
+
+static void pause_accepting(struct daemon *d, int err)
+{
+	if (!d->accept_timer_live) {
+		uv_timer_init(d->loop, &d->accept_timer);
+		d->accept_timer.data = d;
+		d->accept_timer_live = true;
+	}
+	d->accept_pause_ms = d->accept_pause_ms ? d->accept_pause_ms * 2 : ACCEPT_PAUSE_MS;
+	if (d->accept_pause_ms > ACCEPT_PAUSE_MAX_MS)
+		d->accept_pause_ms = ACCEPT_PAUSE_MAX_MS;
+	log_warn("accept: %s; not accepting for %u ms (%u connection(s) open)", strerror(err),
+		 d->accept_pause_ms, d->nconns);
+	uv_poll_stop(&d->listen_poll);
+	uv_timer_start(&d->accept_timer, accept_again, d->accept_pause_ms, 0);
+}
+
+/* A connection the daemon will not serve gets its reason, then the end. */
+static void refuse(struct conn *c, int code, const char *msg, const char *why)
+{
+	peer_error(&c->peer, 0, code, "%s", msg);
+	flush_out(c);
+	conn_close(c, why);
+}
+
 static void on_accept(uv_poll_t *h, int status, int events)
 {
 	struct daemon *d = h->data;
@@ -354,13 +479,18 @@ static void on_accept(uv_poll_t *h, int status, int events)
 		struct ucred cred;
 		socklen_t len = sizeof(cred);
 		struct conn *c;
+		char why[300];
 		int fd = accept4(d->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 
 		if (fd < 0) {
-			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+			    errno == ENOMEM)
+				pause_accepting(d, errno);
+			else if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
 				log_warn("accept: %s", strerror(errno));
 			return;
 		}
+		d->accept_pause_ms = 0;
 		c = calloc(1, sizeof(*c));
 		if (!c || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
 			log_err("cannot take a connection: %s",
@@ -373,12 +503,16 @@ static void on_accept(uv_poll_t *h, int status, int events)
 		c->fd = fd;
 		c->peer.conn = c;
 		c->peer.send = conn_send;
+		c->peer.busy = conn_busy;
+		c->peer.limit = &c->log_limit;
+		c->last_rx_ns = now_ns();
 		c->peer.uid = cred.uid;
 		c->peer.gid = cred.gid;
 		c->peer.pid = cred.pid;
 		snprintf(c->peer.name, sizeof(c->peer.name), "pid %d uid %u", (int)cred.pid,
 			 (unsigned)cred.uid);
 		wire_rx_init(&c->rx, d->cfg.max_frame);
+		c->rx.fd_sink = closer_close; /* the daemon takes none (closer.h) */
 		uv_poll_init(d->loop, &c->poll, fd);
 		c->poll.data = c;
 		c->next = d->conns;
@@ -387,19 +521,24 @@ static void on_accept(uv_poll_t *h, int status, int events)
 		d->conns = c;
 		d->nconns++;
 		if (!peer_allowed(&d->cfg, cred.uid, cred.gid)) {
-			char why[160];
+			char msg[160];
 
 			snprintf(why, sizeof(why),
 				 "peer refused: uid %u gid %u is not in allow_users/allow_groups",
 				 (unsigned)cred.uid, (unsigned)cred.gid);
-			peer_error(&c->peer, 0, -EACCES,
-				   "uid %u gid %u is not allowed by this daemon's "
-				   "allow_users/allow_groups",
-				   (unsigned)cred.uid, (unsigned)cred.gid);
-			flush_out(c);
-			conn_close(c, why);
+			snprintf(msg, sizeof(msg),
+				 "uid %u gid %u is not allowed by this daemon's "
+				 "allow_users/allow_groups",
+				 (unsigned)cred.uid, (unsigned)cred.gid);
+			refuse(c, -EACCES, msg, why);
 			continue;
 		}
+		if (quota_take(&d->quota, cred.uid, QUOTA_CONNS, 1, "a new connection", why,
+			       sizeof(why))) {
+			refuse(c, -EMFILE, why, why);
+			continue;
+		}
+		c->counted = true;
 		conn_update_poll(c);
 		log_debug("connection from %s", c->peer.name);
 	}
@@ -516,8 +655,37 @@ int server_listen(struct daemon *d)
 	return uv_poll_start(&d->listen_poll, UV_READABLE, on_accept);
 }
 
+void server_tick(struct daemon *d)
+{
+	uint64_t now = now_ns();
+
+	for (struct conn *c = d->conns; c; c = c->next) {
+		char why[160];
+
+		if (c->closing)
+			continue;
+		if (c->frame_since_ns && now - c->frame_since_ns > d->cfg.frame_timeout * 1e9) {
+			snprintf(why, sizeof(why),
+				 "a frame begun %.0f s ago is still not whole (frame_timeout = %g "
+				 "s)",
+				 (now - c->frame_since_ns) / 1e9, d->cfg.frame_timeout);
+			refuse(c, -ETIMEDOUT, why, why);
+		} else if (!c->sess && now - c->last_rx_ns > d->cfg.idle_timeout * 1e9) {
+			snprintf(why, sizeof(why),
+				 "idle for %.0f s with no session (idle_timeout = %g s)",
+				 (now - c->last_rx_ns) / 1e9, d->cfg.idle_timeout);
+			refuse(c, -ETIMEDOUT, why, why);
+		}
+	}
+}
+
 void server_stop(struct daemon *d)
 {
+	if (d->accept_timer_live) {
+		uv_timer_stop(&d->accept_timer);
+		uv_close((uv_handle_t *)&d->accept_timer, NULL);
+		d->accept_timer_live = false;
+	}
 	if (d->listen_fd >= 0) {
 		uv_poll_stop(&d->listen_poll);
 		uv_close((uv_handle_t *)&d->listen_poll, NULL);

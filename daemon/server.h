@@ -34,9 +34,17 @@ struct out_frame {
 	int fd; /* owned: passed with the first byte, closed once sent */
 };
 
-/* Most bytes waiting to be sent to one peer.  The governor bounds pushes,
- * so only a peer that floods requests without reading replies gets here. */
-#define CONN_MAX_QUEUED (64u << 20)
+/* Flow control: while this much waits to be sent to a peer, its session
+ * sends no more batches; it goes on once the queue is down to
+ * CONN_LOW_WATER.  So a client of big batches is slowed to its own reading
+ * pace instead of being cut off. */
+#define CONN_HIGH_WATER (4u << 20)
+#define CONN_LOW_WATER	(1u << 20)
+/* Most bytes waiting to be sent to one peer: the high water, plus the
+ * largest BatchReady (SESS_MAX_BATCH picks of 8 bytes), plus room for
+ * replies.  Only a peer that floods requests without reading the replies
+ * gets here, and is closed. */
+#define CONN_MAX_QUEUED (96u << 20)
 
 struct conn {
 	struct conn *next, *prev; /* daemon->conns */
@@ -49,11 +57,22 @@ struct conn {
 	size_t out_bytes;
 	bool hello_done;
 	bool closing;
+	bool counted;		 /* holds one of its uid's connections (quota.h) */
+	bool drain_kick;	 /* its session waits for the output queue to drain */
+	uint64_t mem_held;	 /* memory quota held for its buffers: rx.cap + queued frames */
+	uint64_t rx_held;	 /* of it, for the receive buffer */
+	uint64_t last_rx_ns;	 /* when it last sent something (idle_timeout) */
+	uint64_t frame_since_ns; /* when the frame now incomplete began, 0: none (frame_timeout) */
+	struct log_limit log_limit;
 	struct peer peer;  /* who it is (SO_PEERCRED), and how handlers answer it */
 	struct sess *sess; /* owned: at most one session per connection */
 };
 
 int server_listen(struct daemon *d);
+/* Housekeeping (the daemon's 1 s tick): closes connections idle with no
+ * session for idle_timeout, and those whose frame has been incomplete for
+ * frame_timeout. */
+void server_tick(struct daemon *d);
 /* Closes the listener and every connection (shutdown). */
 void server_stop(struct daemon *d);
 

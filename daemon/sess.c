@@ -24,6 +24,10 @@
 #include "log.h"
 #include "util.h"
 
+/* Refusals one peer may have logged: a burst of 20, then 2 a second. */
+#define PEER_LOG_PER_S 2.0
+#define PEER_LOG_BURST 20.0
+
 int peer_error(const struct peer *p, uint64_t id, int code, const char *fmt, ...)
 {
 	Pf__Envelope env = PF__ENVELOPE__INIT;
@@ -31,10 +35,17 @@ int peer_error(const struct peer *p, uint64_t id, int code, const char *fmt, ...
 	char msg[512];
 	va_list ap;
 
+	uint64_t dropped = 0;
+
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	log_info("%s: error %d: %s", p->name, code, msg);
+	util_printable(msg); /* it may quote what a client sent */
+	/* A client can be refused as fast as it asks: its lines are limited,
+	 * its replies are not. */
+	if (!p->limit || log_limit_pass(p->limit, PEER_LOG_PER_S, PEER_LOG_BURST, &dropped))
+		log_info("%s: error %d: %s%s", p->name, code, msg,
+			 dropped ? " (earlier refusals of this peer not logged)" : "");
 	err.code = code;
 	err.message = msg;
 	env.id = id;
@@ -341,6 +352,11 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 				  ds->error);
 	if (req->batch_size == 0)
 		return peer_error(p, id, -EINVAL, "batch_size must be at least 1");
+	if (req->batch_size > SESS_MAX_BATCH)
+		return peer_error(p, id, -E2BIG,
+				  "batch_size %u is above %u (a batch's picks travel in one "
+				  "message)",
+				  req->batch_size, SESS_MAX_BATCH);
 	/* StartEpoch builds an order of N x augment picks, 8 bytes each: the
 	 * client must not choose how much memory the daemon takes. */
 	if (__builtin_mul_overflow(ds->num_samples, (uint64_t)augment, &picks) ||
@@ -395,6 +411,7 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 	s->opened_ns = now_ns();
 	ahead_init(&s->ahead, d->loop, ahead_back);
 	snprintf(s->name, sizeof(s->name), "%.63s", req->name[0] ? req->name : p->name);
+	util_printable(s->name); /* shown by status, on terminals */
 	if (gpu >= 0)
 		snprintf(s->device, sizeof(s->device), "cuda:%d", gpu);
 	else

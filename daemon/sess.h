@@ -80,6 +80,11 @@ struct slot {
 #define SESS_OOM_TRIES	  4
 #define SESS_OOM_PAUSE_MS 50
 
+/* Samples in one batch at most: its BatchReady carries a pick of 8 bytes
+ * each, 64 MiB at most, which a client's receive buffer takes whole
+ * (PFC_MAX_RX_FRAME) and a connection's output queue has room for. */
+#define SESS_MAX_BATCH (8u << 20)
+
 /* Slots beyond max_depth: what the trainer may hold (taken, not yet
  * released) while the pipeline keeps `target` batches in flight.  Two
  * covers the usual "current step + the batch being moved" pattern. */

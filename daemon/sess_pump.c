@@ -259,6 +259,11 @@ void sess_pump(struct sess *s)
 again:
 	while (s->next_send < s->nbatches &&
 	       (sl = find_slot(s, s->epoch, s->next_send, SLOT_READY))) {
+		/* Flow control: a client that reads slower than its batches
+		 * come (big batches of small samples) gets them as fast as
+		 * it reads; the server kicks the pump when it has read. */
+		if (peer_busy(s->peer))
+			return;
 		if (send_batch(s, sl))
 			return;
 		s->next_send++;

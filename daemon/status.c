@@ -132,10 +132,15 @@ int status_reply(struct daemon *d, const struct peer *p, uint64_t id)
 		peer_error(p, id, -ENOMEM, "out of memory");
 		goto out;
 	}
-	for (struct sess *s = d->sessions; s; s = s->next, k++) {
+	/* Another user's sessions (their names, uids, pids) are root's and
+	 * the daemon's user's to see; anyone else sees their own. */
+	for (struct sess *s = d->sessions; s; s = s->next) {
+		if (s->uid != p->uid && p->uid != 0 && p->uid != getuid())
+			continue;
 		pf__session_status__init(&ss[k]);
 		session_status(s, &ss[k]);
 		ssp[k] = &ss[k];
+		k++;
 	}
 	msg.n_sessions = k;
 	msg.sessions = ssp;

@@ -18,7 +18,7 @@
 #include <time.h>
 
 /* The address of the struct that holds member `m` at p. */
-#define container_of(p, type, m) ((type *)((char *)(p) - offsetof(type, m)))
+#define container_of(p, type, m) ((type *)((char *)(p)-offsetof(type, m)))
 
 /* CLOCK_MONOTONIC in nanoseconds: durations, deadlines, figures for status. */
 static inline uint64_t now_ns(void)
@@ -48,6 +48,15 @@ static inline void set_err(char *err, size_t errlen, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(err, errlen, fmt, ap);
 	va_end(ap);
+}
+
+/* Control characters (and DEL) in s become '?': a string from a client
+ * stays one line in a log and shows as it is on a terminal. */
+static inline void util_printable(char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || *s == 0x7f)
+			*s = '?';
 }
 
 /* ---- intrusive FIFO ---------------------------------------------------------

@@ -123,7 +123,7 @@ long wire_rx_fill(struct wire_rx *rx, int sock)
 {
 	union {
 		struct cmsghdr hdr;
-		char space[CMSG_SPACE(sizeof(int) * 8)];
+		char space[CMSG_SPACE(sizeof(int) * WIRE_SCM_MAX_FD)];
 	} ctl;
 	struct iovec iov;
 	struct msghdr msg = {0};
@@ -159,7 +159,10 @@ long wire_rx_fill(struct wire_rx *rx, int sock)
 		fds = (int *)CMSG_DATA(cm);
 		nfd = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
 		for (size_t i = 0; i < nfd; i++) {
-			if (rx->nfds < WIRE_MAX_FDS) {
+			if (rx->fd_sink) {
+				rx->fd_sink(fds[i]);
+				rc = -EPROTO;
+			} else if (rx->nfds < WIRE_MAX_FDS) {
 				rx->fds[rx->nfds++] = fds[i];
 			} else {
 				close(fds[i]);
@@ -193,6 +196,13 @@ int wire_rx_next(struct wire_rx *rx, Pf__Envelope **env)
 	 * connection on -EBADMSG anyway, and the buffer stays consistent. */
 	rx->len -= WIRE_HDR + body;
 	memmove(rx->buf, rx->buf + WIRE_HDR + body, rx->len);
+	/* A large frame's buffer goes once it is drained: a connection keeps
+	 * only what everyday frames need. */
+	if (!rx->len && rx->cap > WIRE_RX_KEEP) {
+		free(rx->buf);
+		rx->buf = NULL;
+		rx->cap = 0;
+	}
 	if (!e)
 		return -EBADMSG;
 	if (e->msg_case == PF__ENVELOPE__MSG__NOT_SET) {

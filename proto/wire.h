@@ -44,6 +44,14 @@ int wire_send_all(int sock, const uint8_t *buf, size_t len, int pass_fd);
  * -errno (-EAGAIN when the socket is full).  pass_fd as above. */
 long wire_send_some(int sock, const uint8_t *buf, size_t len, int pass_fd);
 
+/* The most descriptors one sendmsg can carry (the kernel's SCM_MAX_FD): a
+ * receive has room for all of them, so the kernel never closes one that
+ * did not fit on the receiving thread (a close may block). */
+#define WIRE_SCM_MAX_FD 253
+
+/* Receive buffers above this are freed when drained. */
+#define WIRE_RX_KEEP (256u << 10)
+
 struct wire_rx {
 	uint8_t *buf; /* owned: received bytes not yet consumed */
 	size_t len;
@@ -51,6 +59,10 @@ struct wire_rx {
 	size_t max_frame;
 	int fds[WIRE_MAX_FDS]; /* owned until taken: fds in arrival order */
 	int nfds;
+	/* A receiver that takes no descriptors (the daemon): each one that
+	 * comes is handed here, which owns it from then on, and the fill
+	 * fails with -EPROTO.  NULL: they are kept for wire_rx_take_fd. */
+	void (*fd_sink)(int fd);
 };
 
 void wire_rx_init(struct wire_rx *rx, size_t max_frame);
@@ -58,7 +70,8 @@ void wire_rx_init(struct wire_rx *rx, size_t max_frame);
 void wire_rx_free(struct wire_rx *rx);
 /* One recvmsg: appends bytes and collects fds.  Returns bytes read (> 0),
  * 0 on orderly EOF, or -errno (-EAGAIN on an empty non-blocking socket,
- * -EMFILE/-EPROTO when the peer sends too many fds). */
+ * -EMFILE/-EPROTO when the peer sends too many fds, or any with fd_sink
+ * set). */
 long wire_rx_fill(struct wire_rx *rx, int sock);
 /* Takes one whole frame out of the buffer if there is one.  Returns 1 and sets
  * *env (free with pf__envelope__free_unpacked(*env, NULL)), 0 when more bytes

@@ -63,6 +63,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "closer.h"
 #include "config.h"
 #include "daemon.h"
 #include "dataset.h"
@@ -497,7 +498,7 @@ static void cleanup_dir(void)
 static struct {
 	uint64_t sent[FZ_NOPS];
 	uint64_t opened, open_refused, started, start_refused, batches, ends, released,
-		refused_releases, daemon_closes, jobs_run, ahead_run;
+		refused_releases, daemon_closes, jobs_run, ahead_run, fds_sent;
 	uint64_t max_held;
 } st;
 
@@ -522,10 +523,11 @@ static void print_stats(void)
 		"), epochs started %" PRIu64 " (refused %" PRIu64 "), batches %" PRIu64
 		", epochs ended %" PRIu64 ", releases %" PRIu64 " (refused %" PRIu64
 		"), connections closed by the daemon %" PRIu64 ", reader jobs run %" PRIu64
-		", orders built ahead %" PRIu64 ", most held %" PRIu64 "\n",
+		", orders built ahead %" PRIu64 ", most held %" PRIu64
+		", requests with a descriptor %" PRIu64 "\n",
 		st.opened, st.open_refused, st.started, st.start_refused, st.batches, st.ends,
 		st.released, st.refused_releases, st.daemon_closes, st.jobs_run, st.ahead_run,
-		st.max_held);
+		st.max_held, st.fds_sent);
 }
 
 /* ---- the script ------------------------------------------------------------- */
@@ -1167,7 +1169,7 @@ static void check_pumped(const struct sess *s)
 	bool free_slot = false;
 
 	if (s->dead || !s->peer || ((const struct conn *)s->peer->conn)->closing || !s->running ||
-	    s->gpu >= 0)
+	    s->gpu >= 0 || peer_busy(s->peer))
 		return;
 	for (uint32_t i = 0; i < s->nslots; i++) {
 		const struct slot *sl = &s->slots[i];
@@ -1841,6 +1843,36 @@ static void do_close(struct fz_client *c, unsigned mode)
 		client_write(c, frame, len / 2);
 		free(frame);
 	}
+	if (mode == 3 && c->fd >= 0) {
+		/* A Status request carrying one end of a socket pair, whose
+		 * other end has data the first end never read: the daemon
+		 * must keep no client descriptor, close it off its loop, and
+		 * end the connection. */
+		Pf__Envelope env = PF__ENVELOPE__INIT;
+		Pf__StatusRequest req = PF__STATUS_REQUEST__INIT;
+		uint8_t *frame;
+		size_t len;
+		int sv[2];
+
+		env.msg_case = PF__ENVELOPE__MSG_STATUS;
+		env.status = &req;
+		if (wire_encode(&env, &frame, &len) ||
+		    socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+			die("cannot make a request with a descriptor");
+		if (write(sv[1], "unread", 6) != 6)
+			die("cannot fill the socket pair");
+		c->modeled = false;
+		c->may_close = true;
+		if (wire_send_some(c->fd, frame, len, sv[0]) != (long)len)
+			die("cannot send a request with a descriptor");
+		close(sv[0]);
+		close(sv[1]);
+		free(frame);
+		st.fds_sent++;
+		client_wrote(c->fd);
+		settle();
+		return;
+	}
 	if (mode == 2 && c->fd >= 0) {
 		/* The daemon sees EOF and closes its side first. */
 		c->may_close = true;
@@ -1964,7 +1996,7 @@ static bool act(struct fz_client *c, enum fz_op op, bool no_hello, struct script
 
 		if (c->fd < 0)
 			return false;
-		do_close(c, mode % 3);
+		do_close(c, mode % 4);
 		return true;
 	}
 	default: break;
@@ -2018,6 +2050,11 @@ static void end_script(void)
 		turn();
 	if (d.nconns)
 		die("%u connection(s) outlived their clients%s", d.nconns, describe_conns());
+	/* Descriptors clients sent are closed on the closer's thread. */
+	for (int i = 0; i < 10000 && closer_pending(); i++)
+		usleep(100);
+	if (closer_pending())
+		die("%u descriptor(s) a client sent were not closed", closer_pending());
 	while (njobs || nworks) {
 		if (njobs)
 			complete_job(0);
@@ -2136,6 +2173,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	d.started_ns = now_ns();
 	/* Never dereferenced: reader_submit is the harness's. */
 	d.readers = (struct readers *)&d;
+	rc = closer_start();
+	if (rc)
+		die("closer_start: %s", strerror(-rc));
 	rc = server_listen(&d);
 	if (rc)
 		die("server_listen: %s", strerror(-rc));

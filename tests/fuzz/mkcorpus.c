@@ -487,6 +487,11 @@ static void sess_seeds(void)
 	put_bytes(&b, 1, 2);
 	OP(&b, FZ_COMPLETE, 0);
 	put_bytes(&b, 1, 255);
+	/* A request with a descriptor attached, from a client in a session. */
+	open_host(&b, 0, FZ_XY, 4, 0, 0, 0, 0);
+	start_next(&b, 0, 0, 0, 0, 0, 0, 0, NULL);
+	OP(&b, FZ_CLOSE, 0);
+	put_bytes(&b, 1, 3);
 	save("sess", "raw-and-disconnects", &b);
 
 	/* A paced epoch: good requests, one too large, one out of range,

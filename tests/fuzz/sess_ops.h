@@ -46,8 +46,10 @@
  *   COMPLETE    count (255: every pending reader job, else 1 + b % 4),
  *               then for each job which pending one (% pending)
  *   AHEAD       which pending order build to run (% pending)
- *   CLOSE       mode (% 3: close; close after half a frame; shut down the
- *               writing side and let the daemon close)
+ *   CLOSE       mode (% 4: close; close after half a frame; shut down the
+ *               writing side and let the daemon close; send a request
+ *               with a descriptor attached, which the daemon ends the
+ *               connection for)
  *   LOAD        epoch (as ACK); end (b % 8 == 7); count of picks (% 24),
  *               then each pick (< 250: b, else u64)
  */

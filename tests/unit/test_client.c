@@ -1194,7 +1194,12 @@ static void oversized_frame_is_refused_before_decoding(void **unused)
 	assert_int_equal(pf_next(c, 2000, &b), 0);
 	assert_int_equal(pf_release(c, b, NULL), 0);
 	assert_int_equal(pf_next(c, 2000, &b), -EPROTO);
-	assert_non_null(strstr(pf_errmsg(c), "sent a frame longer than 16777216 bytes"));
+	{
+		char want[64];
+
+		snprintf(want, sizeof(want), "sent a frame longer than %u bytes", PFC_MAX_RX_FRAME);
+		assert_non_null(strstr(pf_errmsg(c), want));
+	}
 	fake_finish(f, c);
 }
 
