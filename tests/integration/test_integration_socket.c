@@ -43,8 +43,6 @@
 
 static struct tdaemon td;
 
-static void skip_msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
 static void setup_dir(void)
 {
 	char p[400];
@@ -83,19 +81,6 @@ static void assert_untouched(const char *path, const char *text, mode_t mode)
 	assert_true(n >= 0);
 	buf[n] = '\0';
 	assert_string_equal(buf, text);
-}
-
-static bool log_has(const char *a, const char *b)
-{
-	char buf[1 << 14];
-	FILE *f = fopen(td.log, "r");
-	size_t n;
-
-	assert_non_null(f);
-	n = fread(buf, 1, sizeof(buf) - 1, f);
-	buf[n] = '\0';
-	fclose(f);
-	return strstr(buf, a) && (!b || strstr(buf, b));
 }
 
 static void print_log(void)
@@ -212,6 +197,14 @@ static struct sockaddr_un unix_addr(const char *path)
 	return a;
 }
 
+/* Every case ends here: a daemon still starts and serves, then the
+ * directory goes. */
+static void end_case(void)
+{
+	assert_a_daemon_serves_here();
+	td_cleanup(&td);
+}
+
 /* A listening socket bound at path (an impostor's, or systemd's). */
 static int listen_at(const char *path)
 {
@@ -236,11 +229,10 @@ static void config_file_given_as_socket_is_refused_and_kept(void **state)
 	rc = run_daemon("/nonexistent/unused.sock", conf_copy, -1);
 	print_log();
 	assert_int_equal(rc, 1);
-	assert_true(log_has(conf_copy, "is a regular file (mode 0640), not a socket"));
-	assert_true(log_has("removes only a socket left by a daemon that died", NULL));
+	assert_true(td_log_has(&td, conf_copy, "is a regular file (mode 0640), not a socket"));
+	assert_true(td_log_has(&td, "removes only a socket left by a daemon that died", NULL));
 	assert_untouched(conf_copy, CONF_BYTES, 0640);
-	assert_a_daemon_serves_here();
-	td_cleanup(&td);
+	end_case();
 	(void)state;
 }
 
@@ -256,13 +248,12 @@ static void symlink_at_socket_path_is_refused_and_its_target_kept(void **state)
 	assert_int_equal(symlink(victim, link), 0);
 	assert_int_equal(run_daemon(link, NULL, -1), 1);
 	print_log();
-	assert_true(log_has(link, "is a symbolic link"));
+	assert_true(td_log_has(&td, link, "is a symbolic link"));
 	assert_int_equal(lstat(link, &st), 0);
 	assert_true(S_ISLNK(st.st_mode));
 	assert_untouched(victim, "root-only\n", 0600);
 	assert_int_equal(unlink(link), 0);
-	assert_a_daemon_serves_here();
-	td_cleanup(&td);
+	end_case();
 	(void)state;
 }
 
@@ -273,8 +264,7 @@ static void stale_socket_is_still_replaced(void **state)
 	setup_dir();
 	td_path(&td, "prefetchd.sock", sock, sizeof(sock));
 	close(listen_at(sock)); /* a daemon that died left it */
-	assert_a_daemon_serves_here();
-	td_cleanup(&td);
+	end_case();
 	(void)state;
 }
 
@@ -305,9 +295,9 @@ static void refused_dir(const char *sub, mode_t mode, uid_t owner)
 		char want[500];
 
 		snprintf(want, sizeof(want), "runtime directory %s is owned by", dir);
-		assert_true(log_has(want, NULL));
+		assert_true(td_log_has(&td, want, NULL));
 		snprintf(want, sizeof(want), "with mode %04o", (unsigned)mode);
-		assert_true(log_has(want, "so another user could replace the socket"));
+		assert_true(td_log_has(&td, want, "so another user could replace the socket"));
 	}
 	assert_untouched(keep, "theirs\n", 0644);
 	assert_untouched(victim, "root-only\n", 0600);
@@ -321,8 +311,7 @@ static void runtime_dir_writable_by_others_is_refused(void **state)
 	refused_dir("world", 0777, (uid_t)-1);
 	refused_dir("group", 0770, (uid_t)-1);
 	refused_dir("sticky", 01777, (uid_t)-1); /* /tmp itself */
-	assert_a_daemon_serves_here();
-	td_cleanup(&td);
+	end_case();
 	(void)state;
 }
 
@@ -330,19 +319,30 @@ static void runtime_dir_of_another_user_is_refused(void **state)
 {
 	struct passwd *pw = getpwnam("nobody");
 
-	if (geteuid() != 0)
-		skip_msg("skipped: needs root to give a directory to another user (uid %u)",
-			 (unsigned)geteuid());
-	if (!pw)
-		skip_msg("skipped: no user 'nobody' on this machine");
+	if (geteuid() != 0 || !pw) {
+		print_message("skipped: needs root and a user 'nobody' to give a directory to "
+			      "another user (uid %u)\n",
+			      (unsigned)geteuid());
+		skip();
+	}
 	setup_dir();
 	/* nobody's own directory, 0755: nobody could rename a socket of
 	 * its own over the daemon's. */
 	refused_dir("nobodys", 0755, pw->pw_uid);
-	assert_true(log_has("is owned by nobody with mode 0755", NULL));
-	assert_a_daemon_serves_here();
-	td_cleanup(&td);
+	assert_true(td_log_has(&td, "is owned by nobody with mode 0755", NULL));
+	end_case();
 	(void)state;
+}
+
+/* Directory sub of the test's, 0777, into dir (400 bytes), with a socket
+ * listening at prefetchd.sock in it, into sock (450 bytes): its fd. */
+static int listen_in_open_dir(const char *sub, char *dir, char *sock)
+{
+	td_path(&td, sub, dir, 400);
+	assert_int_equal(mkdir(dir, 0700), 0);
+	assert_int_equal(chmod(dir, 0777), 0);
+	snprintf(sock, 450, "%s/prefetchd.sock", dir);
+	return listen_at(sock);
 }
 
 /* An impostor's socket already in a directory anyone can write: the
@@ -355,22 +355,17 @@ static void impostor_socket_in_open_dir_is_not_served(void **state)
 	int imp, c;
 
 	setup_dir();
-	td_path(&td, "open", dir, sizeof(dir));
-	assert_int_equal(mkdir(dir, 0700), 0);
-	assert_int_equal(chmod(dir, 0777), 0);
-	snprintf(sock, sizeof(sock), "%s/prefetchd.sock", dir);
-	imp = listen_at(sock);
+	imp = listen_in_open_dir("open", dir, sock);
 	assert_int_equal(run_daemon(sock, NULL, -1), 1);
 	print_log();
-	assert_true(log_has(dir, "with mode 0777"));
+	assert_true(td_log_has(&td, dir, "with mode 0777"));
 	/* Still the impostor's socket: connecting reaches it. */
 	a = unix_addr(sock);
 	c = socket(AF_UNIX, SOCK_STREAM, 0);
 	assert_int_equal(connect(c, (struct sockaddr *)&a, sizeof(a)), 0);
 	close(c);
 	close(imp);
-	assert_a_daemon_serves_here();
-	td_cleanup(&td);
+	end_case();
 	(void)state;
 }
 
@@ -386,15 +381,11 @@ static void activated_socket_in_open_dir_is_refused(void **state)
 	pid_t pid;
 
 	setup_dir();
-	td_path(&td, "activated", dir, sizeof(dir));
-	assert_int_equal(mkdir(dir, 0700), 0);
-	assert_int_equal(chmod(dir, 0777), 0);
-	snprintf(sock, sizeof(sock), "%s/prefetchd.sock", dir);
-	lfd = listen_at(sock);
+	lfd = listen_in_open_dir("activated", dir, sock);
 	rc = run_daemon("/nonexistent/unused.sock", NULL, lfd);
 	print_log();
 	assert_int_equal(rc, 1);
-	assert_true(log_has(dir, "with mode 0777"));
+	assert_true(td_log_has(&td, dir, "with mode 0777"));
 	assert_int_equal(lstat(sock, &st), 0);
 	assert_true(S_ISSOCK(st.st_mode));
 
@@ -409,7 +400,7 @@ static void activated_socket_in_open_dir_is_refused(void **state)
 	assert_non_null(c);
 	assert_int_equal(pf_open(c, &(struct pf_open_opts){.dataset = "x", .batch_size = 8}), 0);
 	pf_close(c);
-	assert_true(log_has("socket activation", NULL));
+	assert_true(td_log_has(&td, "socket activation", NULL));
 	kill(pid, SIGTERM);
 	assert_int_equal(exit_status(pid), 0);
 	/* systemd's socket stays: the daemon did not make it. */
@@ -418,17 +409,6 @@ static void activated_socket_in_open_dir_is_refused(void **state)
 	close(lfd);
 	td_cleanup(&td);
 	(void)state;
-}
-
-static void skip_msg(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vprintf(fmt, ap);
-	va_end(ap);
-	putchar('\n');
-	skip();
 }
 
 int main(void)
