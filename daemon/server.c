@@ -448,12 +448,6 @@ static int check_runtime_dir(const char *dir, const struct stat *st)
 	bool owner_ok = st->st_uid == me || st->st_uid == 0;
 	bool mode_ok = !(st->st_mode & (S_IWGRP | S_IWOTH));
 
-	if (!S_ISDIR(st->st_mode)) {
-		log_err("runtime directory %s is %s, not a directory: set socket to a path in a "
-			"directory",
-			dir, file_kind(st->st_mode));
-		return -ENOTDIR;
-	}
 	if (owner_ok && mode_ok)
 		return 0;
 	if (!owner_ok)
@@ -472,9 +466,12 @@ static int check_runtime_dir(const char *dir, const struct stat *st)
 
 /* The runtime directory, opened and checked (check_runtime_dir): created
  * 0750 in socket_group when missing, left as it is when it exists
- * (systemd's RuntimeDirectory= made it, or the admin did).  The mode and
- * the group are set through the descriptor, never a path, so a symlink
- * swapped in cannot send them to another file.  A descriptor or -errno. */
+ * (systemd's RuntimeDirectory= made it, or the admin did).  It must be a
+ * directory, not a symlink to one: a link planted where the daemon would
+ * create its directory could send the socket (and, after a mkdir that lost
+ * the race, its mode and group) to any directory root owns.  The mode and
+ * group are set through the descriptor, never a path.  A descriptor or
+ * -errno. */
 static int open_runtime_dir(const struct config *cfg, const char *dir)
 {
 	bool created = false;
@@ -488,7 +485,13 @@ static int open_runtime_dir(const struct config *cfg, const char *dir)
 		log_err("cannot create runtime directory %s: %s", dir, strerror(errno));
 		return rc;
 	}
-	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dfd < 0 && (errno == ENOTDIR || errno == ELOOP) && lstat(dir, &st) == 0) {
+		log_err("runtime directory %s is %s, not a directory: set socket to a path in a "
+			"directory itself (a link there could point anywhere)",
+			dir, file_kind(st.st_mode));
+		return -ENOTDIR;
+	}
 	if (dfd < 0 || fstat(dfd, &st) < 0) {
 		rc = -errno;
 		log_err("cannot open runtime directory %s: %s", dir, strerror(errno));

@@ -9,8 +9,9 @@
  * root) and writable by no one else, or another user could rename a socket
  * of their own over the daemon's (an impostor prefetchctl would talk to) or
  * swap it for a symlink while the daemon sets its mode; such a directory is
- * refused, with a socket passed by systemd too.  Each case ends with a
- * daemon that starts and serves next to what was refused.
+ * refused, with a socket passed by systemd too, and so is a symlink in the
+ * directory's place.  Each case ends with a daemon that starts and serves
+ * next to what was refused.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -315,6 +316,37 @@ static void runtime_dir_writable_by_others_is_refused(void **state)
 	(void)state;
 }
 
+/* The runtime directory's name planted as a symlink to a directory root
+ * owns: the daemon would have put its socket there (and, had its mkdir
+ * lost the race, given it the runtime directory's mode and group). */
+static void runtime_dir_that_is_a_symlink_is_refused(void **state)
+{
+	char target[400], link[400], sock[450], keep[450];
+	struct stat st;
+
+	setup_dir();
+	td_path(&td, "roots", target, sizeof(target));
+	assert_int_equal(mkdir(target, 0755), 0);
+	assert_int_equal(chmod(target, 0755), 0);
+	snprintf(keep, sizeof(keep), "%s/config", target);
+	write_file(keep, CONF_BYTES, 0644);
+	td_path(&td, "run", link, sizeof(link));
+	assert_int_equal(symlink(target, link), 0);
+	snprintf(sock, sizeof(sock), "%s/prefetchd.sock", link);
+	assert_int_equal(run_daemon(sock, NULL, -1), 1);
+	print_log();
+	assert_true(td_log_has(&td, link, "is a symbolic link, not a directory"));
+	assert_int_equal(stat(target, &st), 0);
+	assert_int_equal(st.st_mode & 07777, 0755);
+	assert_int_equal(lstat(link, &st), 0);
+	assert_true(S_ISLNK(st.st_mode));
+	snprintf(sock, sizeof(sock), "%s/prefetchd.sock", target);
+	assert_int_equal(lstat(sock, &st), -1);
+	assert_untouched(keep, CONF_BYTES, 0644);
+	end_case();
+	(void)state;
+}
+
 static void runtime_dir_of_another_user_is_refused(void **state)
 {
 	struct passwd *pw = getpwnam("nobody");
@@ -418,6 +450,7 @@ int main(void)
 		cmocka_unit_test(symlink_at_socket_path_is_refused_and_its_target_kept),
 		cmocka_unit_test(stale_socket_is_still_replaced),
 		cmocka_unit_test(runtime_dir_writable_by_others_is_refused),
+		cmocka_unit_test(runtime_dir_that_is_a_symlink_is_refused),
 		cmocka_unit_test(runtime_dir_of_another_user_is_refused),
 		cmocka_unit_test(impostor_socket_in_open_dir_is_not_served),
 		cmocka_unit_test(activated_socket_in_open_dir_is_refused),
