@@ -5,8 +5,10 @@
  * crosses the socket per batch.  Host arenas are memfds: the daemon maps
  * them read-write, the client receives a read-only descriptor of the same
  * memory (a second open of /proc/self/fd/N with O_RDONLY) so it cannot write
- * into slots the daemon may be filling.  Device arenas (gpu.h) come in the
- * CUDA sessions.
+ * into slots the daemon may be filling.  The memfd is 0400 and sealed
+ * against future writes, so that descriptor cannot be turned into a
+ * writable one either (arena.c).  Device arenas (gpu.h) come in the CUDA
+ * sessions.
  *
  * DESIGN: created and destroyed on the loop thread; the memory is written
  * by reader threads through slots the session hands them.

@@ -13,14 +13,23 @@ work already on ``torch.cuda.current_stream()``: libprefetch records an
 event there and returns the slot only once that event has completed, so a
 kernel still reading the batch never sees it overwritten, and the trainer
 never blocks on it.  Host arrays are read synchronously by the trainer, so
-their slot goes back at once: an array (or tensor) taken from a batch must
-not be used after its release; ``arr.copy()`` keeps the data.
+their slot goes back at once: after its release an array (or tensor) taken
+from a batch may show another batch's bytes; ``arr.copy()`` keeps the data.
+
+Lifetime.  The memory an array or tensor reads stays mapped as long as it
+exists: each one holds (through its base chain, or torch's reference to the
+``__cuda_array_interface__`` object) the native client whose mappings it
+reads, and ``pf_close`` runs only when the last reference goes, the
+Loader's included.  So reading an array after ``loader.close()``, or after
+the Loader was garbage-collected, never crashes; the connection and the
+session (idle, its epoch abandoned) last until then.  The exception: with
+``reconnect_s``, arrays taken before a daemon restart read the old daemon's
+arenas, which libprefetch unmaps once no batch taken from them is held.
 
 Threads: a Loader is used from one thread at a time (as a pf_client is).
 """
 
 import errno
-import math
 import os
 import sys
 from collections.abc import Mapping
@@ -53,17 +62,58 @@ class PrefetchError(Exception):
         return -self.code
 
 
+class _Client:
+    """The native client (a struct pf_client *), owned: pf_close runs when the
+    last reference goes.  The Loader holds one, and so does every array and
+    tensor of its batches (see the module's lifetime rule), so no array
+    outlives the mapping it reads.  The finaliser may run on any thread;
+    by then the Loader has let go, so nothing else uses the client."""
+
+    __slots__ = ("_lib", "ptr")
+
+    def __init__(self, lib, ptr):
+        self._lib = lib
+        self.ptr = ptr
+
+    def __del__(self):
+        ptr, self.ptr = self.ptr, None
+        if ptr:
+            self._lib.pf_close(ptr)
+
+
+class _HostMemory:
+    """One field of a host batch as numpy sees it (``__array_interface__``,
+    read-only): the base of the arrays made from it, keeping the client that
+    maps it alive."""
+
+    __slots__ = ("_interface", "_owner")
+
+    def __init__(self, addr, shape, dtype, owner):
+        # Read-only: the arena is mapped read-only, so a write would be
+        # SIGSEGV; numpy refuses it instead.
+        self._interface = {"shape": shape, "typestr": dtype.str, "data": (addr, True),
+                           "strides": None, "version": 3}
+        self._owner = owner
+
+    @property
+    def __array_interface__(self):
+        return self._interface
+
+
 class DeviceArray:
     """A field of a CUDA batch when no CUDA-enabled torch can be imported:
     device memory described by ``__cuda_array_interface__`` (version 3),
-    which CuPy, Numba and torch consume without a copy."""
+    which CuPy, Numba and torch consume without a copy.  It keeps the client
+    that imported the memory alive; so does a tensor made from it, since
+    torch holds the interface object for the tensor's life."""
 
-    __slots__ = ("ptr", "shape", "dtype", "__weakref__")
+    __slots__ = ("ptr", "shape", "dtype", "_owner", "__weakref__")
 
-    def __init__(self, ptr, shape, dtype):
+    def __init__(self, ptr, shape, dtype, owner=None):
         self.ptr = ptr
         self.shape = shape
         self.dtype = dtype
+        self._owner = owner
 
     @property
     def __cuda_array_interface__(self):
@@ -90,9 +140,9 @@ class Batch(Mapping):
     ``seq`` the batch's number within this rank's share of the epoch and
     ``epoch`` the epoch number given to ``Loader.epoch``.
 
-    The arrays share the slot's memory and are valid until the batch is
-    released (see the module's release rule); ``batch[field]`` after that
-    raises RuntimeError."""
+    The arrays share the slot's memory, which another batch may fill once
+    this one is released (see the module's release rule); ``batch[field]``
+    after the release raises RuntimeError."""
 
     def __init__(self, loader, ptr, epoch):
         b = ptr.contents
@@ -193,7 +243,8 @@ class Loader:
                  drop_last=False, rank=None, world_size=None, socket=None, augment=1,
                  min_depth=0, max_depth=0, ipc="default", name=None, timeout=None,
                  reconnect_s=0):
-        self._client = None
+        self._client = None  # the pf_client pointer while open (self._owner.ptr)
+        self._owner = None  # the _Client that closes it
         self._held = None  # the batch last yielded, until released
         self._active = None  # token of the epoch generator that may call pf_next
         self.dataset = dataset
@@ -241,6 +292,7 @@ class Loader:
             message = lib.pf_errmsg(client).decode(errors="replace")
             lib.pf_close(client)
             raise PrefetchError(rc, message)
+        self._owner = _Client(lib, client)
         self._client = client
         opts = _lib.OpenOpts(dataset=dataset.encode(), device=self.device.encode(),
                              batch_size=self.batch_size, drop_last=self.drop_last,
@@ -322,14 +374,8 @@ class Loader:
         dtype, shape = self._layout[index]
         full = (count,) + shape
         if self.device == "host":
-            nbytes = count * dtype.itemsize * math.prod(shape)
-            buf = (ctypes.c_char * nbytes).from_address(addr)
-            arr = np.frombuffer(buf, dtype=dtype).reshape(full)
-            # The arena is mapped read-only: a write would be SIGSEGV, so
-            # numpy refuses it instead.
-            arr.flags.writeable = False
-            return arr
-        dev = DeviceArray(addr, full, dtype)
+            return np.asarray(_HostMemory(addr, full, dtype, self._owner))
+        dev = DeviceArray(addr, full, dtype, self._owner)
         if self._torch is None:
             return dev
         return self._torch.as_tensor(dev, device=self._torch_device)
@@ -419,20 +465,22 @@ class Loader:
                 self._end_epoch()
 
     def _end_epoch(self):
-        """Releases the batch in hand and abandons an unfinished epoch."""
+        """Abandons an unfinished epoch, then releases the batch in hand: in
+        that order the daemon does not fill its slot again for the epoch
+        being left (as pf_abandon does with the batches it returns)."""
         self._active = None
         if self._client is None:
             return
-        if self._held is not None:
-            try:
-                self._held.release()
-            except PrefetchError:
-                pass  # the connection is broken: the next call says so
         if self._epoch is not None and not self._finished:
             # An abandon that fails means the connection is gone; this may
             # run while another exception propagates (or from the garbage
             # collector), so it must not raise in its place.
             self._libref.pf_abandon(self._client)
+        if self._held is not None:
+            try:
+                self._held.release()
+            except PrefetchError:
+                pass  # the connection is broken: the next call says so
 
     # ---- resume ----------------------------------------------------------------
 
@@ -502,19 +550,18 @@ class Loader:
         self._check(self._libref.pf_set_depth(self._client, 0, int(target)))
 
     def close(self):
-        """Returns every slot and closes the connection.  Arrays and tensors
-        of this loader's batches must not be used afterwards."""
+        """Abandons the epoch, releases the batch in hand and lets go of the
+        connection: it closes now, or once the last array or tensor of this
+        loader's batches is gone (they stay readable until then)."""
         if self._client is None:
             return
-        self._active = None
-        if self._held is not None:
-            # pf_close releases it (behind the legacy default stream, which
-            # waits for torch's blocking streams).
-            self._held._ptr = None
-            self._held._cache.clear()
+        try:
+            # Behind the current stream for a CUDA batch, as any release.
+            self._end_epoch()
+        finally:
             self._held = None
-        client, self._client = self._client, None
-        self._libref.pf_close(client)
+            self._client = None
+            self._owner = None
 
     def __enter__(self):
         return self

@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +34,7 @@ struct td_bystander {
 	uint64_t row_bytes, seed;
 	pthread_t trainer, watcher;
 	pthread_mutex_t lock;
-	volatile int stop;
+	atomic_int stop;	      /* set by the test's thread, read by both of ours */
 	struct td_bystander_report r; /* under lock */
 };
 

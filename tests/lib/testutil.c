@@ -56,6 +56,20 @@ void td_path(const struct tdaemon *t, const char *name, char *out, size_t len)
 	snprintf(out, len, "%s/%s", t->dir, name);
 }
 
+bool td_log_has(const struct tdaemon *t, const char *a, const char *b)
+{
+	char line[4096];
+	bool found = false;
+	FILE *f = fopen(t->log, "r");
+
+	if (!f)
+		return false;
+	while (!found && fgets(line, sizeof(line), f))
+		found = strstr(line, a) && (!b || strstr(line, b));
+	fclose(f);
+	return found;
+}
+
 int td_start(struct tdaemon *t, const char *daemon_extra, const char *datasets)
 {
 	const char *bin = getenv("PREFETCHD_BIN") ? getenv("PREFETCHD_BIN") : "build/prefetchd";

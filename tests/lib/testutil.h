@@ -46,6 +46,9 @@ int td_kill(struct tdaemon *t);
 void td_cleanup(struct tdaemon *t);
 /* Path of a file inside t->dir (static buffer per call site is the caller's). */
 void td_path(const struct tdaemon *t, const char *name, char *out, size_t len);
+/* True when a line of the daemon's log (t->log) holds a, and b too unless
+ * b is NULL. */
+bool td_log_has(const struct tdaemon *t, const char *a, const char *b);
 
 /* Writes a C-order little-endian .npy of `rows` rows whose row r (counted
  * from first_row) holds npygen's random bytes under seed.  descr like "<f4";

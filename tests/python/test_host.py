@@ -9,6 +9,7 @@ or with `python3 -m unittest` from this directory.
 
 import ctypes
 import errno
+import gc
 import json
 import os
 import shutil
@@ -330,6 +331,80 @@ class HostSessions(unittest.TestCase):
                 self.assertEqual(self.daemon.wait_session(sid, lambda s: s["held"] == 0)["held"],
                                  0)
                 break
+
+    # ---- arrays outlive their loader -------------------------------------------
+
+    def wait_session_gone(self, sid, timeout=5.0):
+        """True once the daemon no longer lists session sid."""
+        deadline = time.monotonic() + timeout
+        while self.daemon.session(sid) is not None:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def test_array_read_after_close_stays_mapped_until_the_last_goes(self):
+        # Once a segfault: the mapping went with pf_close.  Now every array
+        # keeps the connection (and so the mapping) of its loader.
+        z = self.arrays["z"]
+        with self.loader(batch_size=50, shuffle=False) as loader:
+            sid = loader.stats()["session"]
+            epoch = loader.epoch(0)
+            first = next(epoch)
+            tail = first["z"][10:]  # a view of a view: the base chain holds
+            rows = first.picks[10:] % N
+            held = first["x"]
+        self.assertTrue(first.released)
+        with self.assertRaisesRegex(RuntimeError, "released"):
+            first["z"]
+        # Another loader's epoch, at the same time, byte for byte.
+        with self.loader(batch_size=64, seed=SEED) as other:
+            it = other.epoch(3)
+            self.check_batch(next(it), other)
+            # The closed loader's session stays (idle, nothing held)
+            # while its arrays live; the epoch was abandoned before the
+            # release, so nothing filled the slot again.
+            s = self.daemon.wait_session(sid, lambda s: s["held"] == 0 and s["state"] == "idle")
+            self.assertEqual((s["held"], s["state"]), (0, "idle"))
+            np.testing.assert_array_equal(tail, z[rows])
+            np.testing.assert_array_equal(held, self.arrays["x"][first.picks % N])
+            del held
+            np.testing.assert_array_equal(tail, z[rows])  # one array left is enough
+            seen = 64
+            for batch in it:
+                self.check_batch(batch, other)
+                seen += batch.count
+            self.assertEqual(seen, N)
+        self.assertIsNotNone(self.daemon.session(sid))
+        del tail
+        gc.collect()
+        self.assertTrue(self.wait_session_gone(sid),
+                        "session %d outlived the last array of its loader" % sid)
+        self.assertIsNone(self.daemon.proc.poll())
+
+    def test_array_returned_from_a_function_outlives_its_collected_loader(self):
+        def first_rows():
+            # The loader and its epoch go with this frame; only the
+            # array leaves it.
+            loader = self.loader(batch_size=50, shuffle=False)
+            epoch = loader.epoch(0)
+            batch = next(epoch)
+            return loader.stats()["session"], batch["u"]
+
+        sid, u = first_rows()
+        gc.collect()
+        with self.loader(batch_size=100) as other:
+            it = other.epoch(1)
+            self.check_batch(next(it), other)
+            np.testing.assert_array_equal(u, self.arrays["u"][:50])
+            self.assertFalse(u.flags.writeable)
+            for batch in it:
+                self.check_batch(batch, other)
+        np.testing.assert_array_equal(u, self.arrays["u"][:50])
+        del u
+        gc.collect()
+        self.assertTrue(self.wait_session_gone(sid))
+        self.assertIsNone(self.daemon.proc.poll())
 
     # ---- errors ----------------------------------------------------------------
 

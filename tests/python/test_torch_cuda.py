@@ -8,10 +8,12 @@ skips into failures.  Run through tests/run.py or `python3 -m unittest`.
 """
 
 import errno
+import gc
 import os
 import shutil
 import sys
 import tempfile
+import time
 import unittest
 
 import numpy as np
@@ -179,6 +181,26 @@ class CudaSessions(unittest.TestCase):
                 self.check_batch(batch)
                 picks.append(batch.picks)
             self.assertEqual(sorted(np.concatenate(picks).tolist()), list(range(N)))
+
+    def test_tensor_read_after_close_keeps_its_import_until_it_goes(self):
+        # The tensor holds (through torch's reference to its
+        # __cuda_array_interface__ object) the client that imported the
+        # arena: pf_close, which unmaps it, waits for the last tensor.
+        with self.loader(batch_size=32, shuffle=False) as loader:
+            sid = loader.stats()["session"]
+            it = loader.epoch(0)
+            b = next(it)
+            t = b["x"]
+            want = self.arrays["x"][b.picks % N]
+        self.assertTrue(b.released)
+        np.testing.assert_array_equal(t.cpu().numpy(), want)
+        self.assertIsNotNone(self.daemon.session(sid))
+        del t, it
+        gc.collect()
+        deadline = time.monotonic() + 5
+        while self.daemon.session(sid) is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.assertIsNone(self.daemon.session(sid))
 
     def test_cuda_device_on_a_gpu_less_daemon_names_host_sessions(self):
         with pfutil.Daemon("nogpu", {"multi": {"z": os.path.join(self.tmp, "z.npy")}},
