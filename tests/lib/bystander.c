@@ -2,8 +2,8 @@
  * bystander.c — an innocent trainer beside an attack (testutil.h): while a
  * test abuses the daemon, one thread runs shuffled host epochs of a
  * dataset through libprefetch and checks every row of every batch, and
- * another asks for status over a fresh connection every STATUS_EVERY_MS,
- * timing each answer.  What one client does must not reach the others: the
+ * another asks for status every STATUS_EVERY_MS over a connection of its
+ * own, timing each answer.  What one client does must not reach the others: the
  * epochs stay byte-exact and status answers in time.
  *
  * DESIGN: two threads of their own, each with its own pf_client (a client
@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "client_int.h"
 #include "prefetch.h"
 
 #define STATUS_EVERY_MS 20
@@ -152,20 +153,35 @@ out:
 	return NULL;
 }
 
+/* Status over a connection of its own, opened before the attack: what is
+ * timed is the daemon's loop answering, which no client may hold up, even
+ * one that leaves the daemon no descriptor for a new connection. */
 static void *watcher(void *arg)
 {
 	struct td_bystander *b = arg;
+	struct pf_client *c = NULL;
+	int rc = pf_connect(b->sock, &c);
 
+	if (rc) {
+		fail(b, "status connection: %d %s", rc, pf_errmsg(c));
+		pf_close(c);
+		return NULL;
+	}
 	while (!b->stop) {
+		Pf__Envelope req = PF__ENVELOPE__INIT, *reply = NULL;
+		Pf__StatusRequest st = PF__STATUS_REQUEST__INIT;
 		double t0 = td_now(), ms;
-		Pf__Envelope *st = td_status(b->sock);
 
+		req.msg_case = PF__ENVELOPE__MSG_STATUS;
+		req.status = &st;
+		rc = pfc_call(c, &req, PF__ENVELOPE__MSG_STATUS_REPLY, &reply);
 		ms = (td_now() - t0) * 1e3;
-		if (!st) {
-			fail(b, "status did not answer (after %.1f ms)", ms);
+		if (rc) {
+			fail(b, "status did not answer (%d %s, after %.1f ms)", rc, pf_errmsg(c),
+			     ms);
 			break;
 		}
-		pf__envelope__free_unpacked(st, NULL);
+		pf__envelope__free_unpacked(reply, NULL);
 		pthread_mutex_lock(&b->lock);
 		b->r.statuses++;
 		if (ms > b->r.max_status_ms)
@@ -173,6 +189,7 @@ static void *watcher(void *arg)
 		pthread_mutex_unlock(&b->lock);
 		usleep(STATUS_EVERY_MS * 1000);
 	}
+	pf_close(c);
 	return NULL;
 }
 

@@ -86,7 +86,7 @@ double td_now(void);
  * innocent trainer on threads of its own runs shuffled host epochs of
  * `dataset` (one '<u1' field of row_bytes, written by td_write_npy under
  * seed) in batches of `batch`, checking every row and that every sample
- * comes once, and asks for status over a new connection every 20 ms.
+ * comes once, and asks for status every 20 ms over a connection it keeps.
  * td_bystander_stop waits for at least one whole epoch (20 s at most),
  * stops both threads and fills the report; it returns 0 when every epoch
  * was byte-exact and every status answered within TD_STATUS_MAX_MS, else
