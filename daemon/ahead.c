@@ -23,6 +23,7 @@ static void work(uv_work_t *w)
 		.kind = ORDER_SHUFFLE, .seed = a->seed, .rank = a->rank, .world = a->world};
 	char err[200];
 
+	order_lower_priority();
 	a->rc = order_build(&spec, a->space, &a->picks, &a->npicks, err, sizeof(err));
 }
 

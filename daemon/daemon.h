@@ -43,6 +43,8 @@ struct daemon {
 	uv_poll_t listen_poll;
 	uv_timer_t accept_timer; /* accepting again after EMFILE (server.c) */
 	bool accept_timer_live;
+	uv_idle_t pump_idle; /* sessions' pumps carried over to the next turn (sess_pump.c) */
+	bool pump_idle_live;
 	unsigned accept_pause_ms;
 	uv_signal_t sig_term, sig_int, sig_hup;
 	uv_timer_t tick;     /* periodic housekeeping (status, retired datasets) */

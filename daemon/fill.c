@@ -99,9 +99,11 @@ uint64_t fill_plan(struct pool *p, const struct dataset *ds, const uint64_t *pic
 }
 
 int fill_split(struct reader_job **jobs, const struct dataset *ds, const uint64_t *rows,
-	       const uint64_t *picks, uint32_t main_rows, uint32_t extra, unsigned readers)
+	       const uint64_t *picks, uint32_t main_rows, uint32_t extra, unsigned readers,
+	       uint64_t *scratch)
 {
 	uint32_t parts, nparts;
+	uint64_t *base = (uint64_t *)rows, wrap = 0;
 
 	parts = (uint32_t)(((uint64_t)main_rows * ds->sample_bytes + FILL_PART_BYTES - 1) /
 			   FILL_PART_BYTES);
@@ -112,6 +114,14 @@ int fill_split(struct reader_job **jobs, const struct dataset *ds, const uint64_
 	if (parts > main_rows)
 		parts = main_rows;
 	nparts = parts + (extra ? 1 : 0);
+	if (!rows && nparts) {
+		/* One plain copy on this thread, no per-row work (4M rows of
+		 * a byte each are 32 MiB of picks): the picks of an
+		 * augmented share wrap to their sample on the readers. */
+		memcpy(scratch, picks, sizeof(uint64_t) * ((uint64_t)main_rows + extra));
+		base = scratch;
+		wrap = ds->num_samples;
+	}
 	for (uint32_t p = 0; p < nparts; p++) {
 		uint32_t first =
 			p < parts ? (uint32_t)((uint64_t)main_rows * p / parts) : main_rows;
@@ -119,19 +129,13 @@ int fill_split(struct reader_job **jobs, const struct dataset *ds, const uint64_
 				       : extra;
 
 		jobs[p] = calloc(1, sizeof(*jobs[p]));
-		if (jobs[p])
-			jobs[p]->samples = malloc(sizeof(uint64_t) * (n ? n : 1));
-		if (!jobs[p] || !jobs[p]->samples) {
-			free(jobs[p]);
-			while (p--) {
-				free(jobs[p]->samples);
+		if (!jobs[p]) {
+			while (p--)
 				free(jobs[p]);
-			}
 			return -ENOMEM;
 		}
-		for (uint32_t k = 0; k < n; k++)
-			jobs[p]->samples[k] =
-				rows ? rows[first + k] : picks[first + k] % ds->num_samples;
+		jobs[p]->samples = base + first;
+		jobs[p]->wrap = wrap;
 		jobs[p]->first = first;
 		jobs[p]->count = n;
 	}

@@ -14,9 +14,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <systemd/sd-daemon.h>
 #include <time.h>
 
+#include "bigmem.h"
 #include "closer.h"
 #include "daemon.h"
 #include "gpu.h"
@@ -98,6 +100,34 @@ static void on_watchdog(uv_timer_t *t)
 	sd_notify(0, "WATCHDOG=1");
 }
 
+/* Descriptors: the soft limit goes up to the hard one (the usual 1024 is
+ * a default for select(), which we do not use).  Each connection holds one,
+ * each session's host arenas a few, each dataset shard one: if
+ * max_conns does not fit, accept() would fail with EMFILE (the listener
+ * then pauses) before max_conns refuses anyone, so say so. */
+static void fit_descriptors(const struct daemon *d)
+{
+	struct rlimit rl;
+	uint64_t need = (uint64_t)d->cfg.max_conns + 4ull * d->cfg.max_sessions + 64;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return;
+	if (rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+		getrlimit(RLIMIT_NOFILE, &rl);
+	}
+	for (size_t i = 0; i < d->ndatasets; i++)
+		for (size_t f = 0; f < d->datasets[i]->nfields; f++)
+			need += d->datasets[i]->fields[f].nshards;
+	if (rl.rlim_cur != RLIM_INFINITY && need > rl.rlim_cur)
+		log_warn("max_conns = %u and max_sessions = %u need about %" PRIu64
+			 " descriptors, but the limit is %llu: raise LimitNOFILE= or lower "
+			 "max_conns",
+			 d->cfg.max_conns, d->cfg.max_sessions, need,
+			 (unsigned long long)rl.rlim_cur);
+}
+
 static void on_tick(uv_timer_t *t)
 {
 	struct daemon *d = t->data;
@@ -108,6 +138,7 @@ static void on_tick(uv_timer_t *t)
 	sd_notify(0, status);
 	daemon_collect(d);
 	server_tick(d);
+	big_trim(0);
 }
 
 int main(int argc, char **argv)
@@ -193,6 +224,7 @@ int main(int argc, char **argv)
 			 d.test_fail_allocs);
 	}
 
+	fit_descriptors(&d);
 	rc = closer_start();
 	if (rc)
 		log_warn("no closer thread (%s): descriptors clients send are closed on the loop",
@@ -253,6 +285,7 @@ int main(int argc, char **argv)
 	daemon_free_datasets(&d);
 	quota_free(&d.quota);
 	config_free(&d.cfg);
+	big_trim(1);
 	log_info("stopped");
 	return 0;
 }

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -183,6 +184,17 @@ void order_shuffle(uint64_t *perm, uint64_t n, uint64_t seed)
 		t = perm[i - 1];
 		perm[i - 1] = perm[j];
 		perm[j] = t;
+	}
+}
+
+void order_lower_priority(void)
+{
+	static __thread bool lowered;
+
+	if (!lowered) {
+		/* Per thread on Linux: PRIO_PROCESS with a thread id. */
+		setpriority(PRIO_PROCESS, (id_t)gettid(), ORDER_NICE);
+		lowered = true;
 	}
 }
 

@@ -44,6 +44,12 @@ void order_shuffle(uint64_t *perm, uint64_t n, uint64_t seed);
  * more.  False (perm untouched) if the thread cannot start. */
 bool order_shuffle_piped(uint64_t *perm, uint64_t n, uint64_t seed);
 
+/* Lowers the calling thread's CPU priority (nice ORDER_NICE), once per
+ * thread: orders are built on libuv's pool beside the loop and the
+ * readers, and a build of millions of picks must give them the CPU first. */
+#define ORDER_NICE 10
+void order_lower_priority(void);
+
 /* What order_build would refuse, without building: 0 and the number of
  * picks the share will hold, or the same -errno and message. */
 int order_check(const struct order_spec *spec, uint64_t space, uint64_t *nshare, char *err,

@@ -42,6 +42,11 @@ void reader_run_job(struct reader_job *job)
 
 	job->rc = 0;
 	job->err[0] = '\0';
+	if (job->wrap) {
+		for (uint32_t k = 0; k < job->count; k++)
+			job->samples[k] %= job->wrap;
+		job->wrap = 0;
+	}
 	for (size_t f = 0; f < ds->nfields && job->rc == 0; f++)
 		job->rc = ds_read_field(ds, f, job->samples, job->count,
 					job->dst + job->field_offset[f] +

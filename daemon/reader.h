@@ -28,8 +28,9 @@ struct reader_job {
 	struct fifo_node link;	  /* of whichever queue holds the job */
 	void *owner;		  /* borrowed: the session; it outlives its jobs */
 	const struct dataset *ds; /* borrowed: datasets live as long as the daemon */
-	uint64_t *samples;	  /* owned: count sample numbers */
+	uint64_t *samples;	  /* borrowed (the slot's): count sample numbers */
 	uint32_t count;
+	uint64_t wrap;		      /* nonzero: samples are picks, taken mod wrap first */
 	uint32_t first;		      /* index of samples[0] within the slot's batch */
 	uint8_t *dst;		      /* borrowed: the slot, valid while owner lives */
 	const uint64_t *field_offset; /* borrowed: owner's per-field offsets */

@@ -21,6 +21,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "bigmem.h"
 #include "closer.h"
 #include "daemon.h"
 #include "listen.h"
@@ -31,6 +32,7 @@
 #include "util.h"
 
 static void conn_update_poll(struct conn *c);
+static void flush_out(struct conn *c);
 
 /* ---- credentials ---------------------------------------------------------- */
 
@@ -68,6 +70,17 @@ static bool peer_allowed(const struct config *cfg, uid_t uid, gid_t gid)
 	return false;
 }
 
+/* A connection the daemon will not serve (any more) gets its reason, then
+ * the end.  The reason is its last words: queued even when its user's
+ * memory quota is spent, since the connection goes anyway. */
+static void refuse(struct conn *c, int code, const char *msg, const char *why)
+{
+	c->last_words = true;
+	peer_error(&c->peer, 0, code, "%s", msg);
+	flush_out(c);
+	conn_close(c, why);
+}
+
 /* ---- memory ---------------------------------------------------------------- */
 
 /* A connection's buffers count against its uid's memory quota: what it
@@ -79,7 +92,7 @@ static int conn_take(struct conn *c, uint64_t n, const char *what)
 	int rc = quota_take(&c->d->quota, c->peer.uid, QUOTA_MEMORY, n, what, err, sizeof(err));
 
 	if (rc) {
-		conn_close(c, err);
+		refuse(c, rc, err, err);
 		return rc;
 	}
 	c->mem_held += n;
@@ -127,22 +140,27 @@ static int conn_send(void *conn, const Pf__Envelope *env, int pass_fd)
 		rc = -ENOMEM;
 		goto fail;
 	}
-	rc = wire_encode(env, &f->buf, &f->len);
-	if (rc) {
+	/* A big frame (the BatchReady of a batch of millions) in huge
+	 * pages: its first touch would otherwise hold the loop. */
+	f->len = wire_frame_size(env);
+	f->buf = f->len ? big_alloc(f->len) : NULL;
+	if (!f->buf) {
+		rc = f->len ? -ENOMEM : -EMSGSIZE;
 		free(f);
 		goto fail;
 	}
+	wire_encode_into(env, f->buf, f->len);
 	f->fd = pass_fd;
 	if (c->out_bytes + f->len > CONN_MAX_QUEUED) {
-		free(f->buf);
+		big_free(f->buf, f->len);
 		free(f);
 		rc = -ENOBUFS;
 		conn_close(c, "peer does not read its replies (output queue full)");
 		goto fail;
 	}
-	rc = conn_take(c, f->len, "a reply waiting to be sent");
+	rc = c->last_words ? 0 : conn_take(c, f->len, "a reply waiting to be sent");
 	if (rc) {
-		free(f->buf);
+		big_free(f->buf, f->len);
 		free(f);
 		goto fail;
 	}
@@ -184,8 +202,9 @@ static void flush_out(struct conn *c)
 		c->out_head = f->next;
 		if (!c->out_head)
 			c->out_tail = NULL;
-		conn_give(c, f->len);
-		free(f->buf);
+		if (!c->last_words)
+			conn_give(c, f->len);
+		big_free(f->buf, f->len);
 		free(f);
 	}
 	conn_update_poll(c);
@@ -276,13 +295,23 @@ static int dispatch(struct conn *c, Pf__Envelope *env)
 	}
 }
 
+/* Bytes one connection may have read and dispatched per turn of the loop:
+ * a client that sends faster than its requests are handled gets its turn
+ * again after everyone else's (libuv polls level-triggered), instead of
+ * holding the loop for its whole backlog.  Every whole frame of what was
+ * read is dispatched, so none waits in the buffer for more bytes. */
+#define CONN_READ_BUDGET (1u << 20)
+
 static void on_readable(struct conn *c)
 {
-	for (;;) {
+	for (size_t budget = CONN_READ_BUDGET;;) {
 		Pf__Envelope *env;
-		long n = wire_rx_fill(&c->rx, c->fd);
+		long n;
 		int rc;
 
+		if (!budget)
+			return;
+		n = wire_rx_fill(&c->rx, c->fd);
 		if (n == -EAGAIN)
 			return;
 		if (n == 0) {
@@ -297,6 +326,7 @@ static void on_readable(struct conn *c)
 			return;
 		}
 		c->last_rx_ns = now_ns();
+		budget = (size_t)n < budget ? budget - (size_t)n : 0;
 		if (rx_account(c))
 			return;
 		while (!c->closing && (rc = wire_rx_next(&c->rx, &env)) != 0) {
@@ -390,7 +420,7 @@ static void conn_free(uv_handle_t *h)
 		c->out_head = f->next;
 		if (f->fd >= 0)
 			close(f->fd);
-		free(f->buf);
+		big_free(f->buf, f->len);
 		free(f);
 	}
 	wire_rx_free(&c->rx);
@@ -461,12 +491,6 @@ static void pause_accepting(struct daemon *d, int err)
 }
 
 /* A connection the daemon will not serve gets its reason, then the end. */
-static void refuse(struct conn *c, int code, const char *msg, const char *why)
-{
-	peer_error(&c->peer, 0, code, "%s", msg);
-	flush_out(c);
-	conn_close(c, why);
-}
 
 static void on_accept(uv_poll_t *h, int status, int events)
 {
@@ -581,6 +605,7 @@ void server_tick(struct daemon *d)
 
 void server_stop(struct daemon *d)
 {
+	sess_pump_stop(d);
 	if (d->accept_timer_live) {
 		uv_timer_stop(&d->accept_timer);
 		uv_close((uv_handle_t *)&d->accept_timer, NULL);

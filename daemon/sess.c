@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bigmem.h"
 #include "daemon.h"
 #include "dataset.h"
 #include "log.h"
@@ -98,6 +99,7 @@ static void sess_free(struct sess *s)
 			pool_plan_done(s->cuda.pool, &s->slots[i].plan, false);
 		pool_plan_free(&s->slots[i].plan);
 		free(s->slots[i].stage_off);
+		big_free(s->slots[i].rows, (size_t)s->batch_size * sizeof(uint64_t));
 	}
 	/* Before the dataset: its last session gone, a retired dataset's
 	 * pools may be freed with it. */
@@ -308,13 +310,13 @@ static int count_slots(struct sess *s, uint32_t min_depth, uint32_t *max_depth, 
 	return 0;
 }
 
-/* The host memory a session holds from its open: the slot table, and the
- * slots themselves for a host session (a CUDA session's are device memory
- * and ring slots, bounded apart); every slot of a CUDA session may carry
- * a pool plan and staged-row offsets. */
+/* The host memory a session holds from its open: the slot table with each
+ * slot's sample numbers, and the slots themselves for a host session (a
+ * CUDA session's are device memory and ring slots, bounded apart); every
+ * slot of a CUDA session may carry a pool plan and staged-row offsets. */
 static uint64_t open_bytes(const struct sess *s)
 {
-	uint64_t per_slot = sizeof(struct slot), bytes;
+	uint64_t per_slot = sizeof(struct slot) + (uint64_t)s->batch_size * sizeof(uint64_t), bytes;
 
 	if (s->gpu >= 0)
 		per_slot += s->ds->nfields * sizeof(uint64_t) +
@@ -482,6 +484,7 @@ void sess_detach(struct sess *s)
 	s->peer = NULL;
 	s->dead = true;
 	sess_stop_epoch(s);
+	sess_cancel_build(s);
 	ahead_cancel(&s->ahead);
 	sess_maybe_free(s);
 }

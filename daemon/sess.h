@@ -69,7 +69,11 @@ struct slot {
 	 * offsets of its staged rows' fields within the ring slot, which the
 	 * reader jobs borrow. */
 	struct pool_plan plan;
-	uint64_t *stage_off;  /* owned, ds->nfields */
+	uint64_t *stage_off; /* owned, ds->nfields */
+	/* Sessions without a pool: the batch's sample numbers (batch_size),
+	 * which its reader jobs borrow; owned, made at the slot's first fill
+	 * (bigmem). */
+	uint64_t *rows;
 	uint64_t stage_bytes; /* the ring slot's prefix that goes to the device */
 	/* When the batch entered each stage (debug timing). */
 	uint64_t t_fill, t_copy, t_ready, t_sent;
@@ -79,6 +83,12 @@ struct slot {
  * error batch, and the pause before try k (k * SESS_OOM_PAUSE_MS). */
 #define SESS_OOM_TRIES	  4
 #define SESS_OOM_PAUSE_MS 50
+
+/* The loop work (picks copied for the readers, picks packed into
+ * BatchReady frames) one session's pump does in one turn of the loop; the
+ * rest waits for the next turn, after every other client's events: batches
+ * of millions of samples slow no one else. */
+#define SESS_TURN_BYTES (8u << 20)
 
 /* Samples in one batch at most: its BatchReady carries a pick of 8 bytes
  * each, 64 MiB at most, which a client's receive buffer takes whole
@@ -104,21 +114,21 @@ struct sess_req {
  * uid's memory quota). */
 #define SESS_PACED_MAX 1024
 
-/* A StartEpoch whose order is being built on libuv's thread pool: every
- * check was made when it came, so only the build remains.  It is answered
- * when the build is back, unless a newer start superseded it meanwhile
- * (then it was refused at once) or the session died. */
+/* The order of an epoch that started, being built on libuv's thread pool
+ * (every check was made when the epoch started, and answered): its batches
+ * are filled once it is back, unless a newer epoch, an abandon or the
+ * session's end came first. */
 struct sess_start {
 	uv_work_t work;
 	struct sess *s; /* borrowed: alive until the build is back (counted in jobs) */
-	uint64_t id, epoch, start_batch, t_req;
+	uint64_t epoch, t_req;
 	struct order_spec spec; /* spec.indices: owned copy (explicit orders) */
 	uint64_t space;
 	uint64_t *picks, npicks; /* owned: the built share */
 	uint64_t held;		 /* quota taken for the build (order_memory's peak) */
 	int rc;
 	char err[200];
-	bool cancelled; /* superseded, or the session is gone: thrown away when back */
+	bool cancelled; /* not wanted any more: thrown away when back */
 };
 
 /* The CUDA half of a session (gpu >= 0): device slots, the ring slots that
@@ -194,10 +204,11 @@ struct sess {
 	struct sess_req *reqs; /* owned, SESS_PACED_MAX, made on first use */
 
 	struct ahead ahead;	     /* the next epoch's order */
-	struct sess_start *starting; /* the StartEpoch whose order is being built, or NULL */
+	struct sess_start *building; /* the running epoch's order, still being built, or NULL */
 	unsigned jobs;		     /* reader, transfer and order-building jobs not yet back */
-	unsigned builds;	     /* of them, order builds (starting or superseded) */
+	unsigned builds;	     /* of them, order builds (the running epoch's or cancelled) */
 	bool dead;		     /* connection gone, waiting for jobs */
+	bool pump_later;	     /* its turn's work was done: the pump goes on next turn */
 
 	/* Quota (quota.h) held for the session's host memory, by uid: its
 	 * slots and their tables (taken at open), its order (npicks * 8),
@@ -227,6 +238,8 @@ void sess_probe(struct sess *s, const Pf__Probe *req);
 int sess_load(struct sess *s, uint64_t id, const Pf__LoadBatch *req);
 /* Something outside changed (target): fill and send what is now allowed. */
 void sess_kick(struct sess *s);
+/* Shutdown: the handle that carries pumps over to the next turn closes. */
+void sess_pump_stop(struct daemon *d);
 /* The connection is gone: leave status now, free once jobs are back. */
 void sess_detach(struct sess *s);
 /* A reader job came back (loop thread). */

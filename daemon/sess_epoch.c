@@ -88,20 +88,12 @@ static void start_free(struct sess_start *st)
 	free(st);
 }
 
-/* A start still building is refused, its build thrown away when back: a
- * newer start came (a client waits for each start's answer, so only one
- * that does not gets here). */
-static void supersede(struct sess *s, uint64_t by)
+void sess_cancel_build(struct sess *s)
 {
-	struct sess_start *st = s->starting;
-
-	if (!st)
-		return;
-	st->cancelled = true;
-	s->starting = NULL;
-	peer_error(s->peer, st->id, -ECANCELED,
-		   "epoch %" PRIu64 ": superseded by epoch %" PRIu64 " before its order was built",
-		   st->epoch, by);
+	if (s->building) {
+		s->building->cancelled = true;
+		s->building = NULL;
+	}
 }
 
 /* An epoch with no order: the client's LoadBatch requests are its batches
@@ -129,7 +121,7 @@ static int start_paced(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 			return peer_error(s->peer, id, -ENOMEM, "out of memory");
 		}
 	}
-	supersede(s, req->epoch);
+	sess_cancel_build(s);
 	new_epoch(s, req->epoch, 0);
 	free(s->picks);
 	sess_give(s, &s->order_held, s->order_held);
@@ -234,47 +226,25 @@ void sess_ahead_back(struct sess *s)
 			  s->ahead_held - (a->ready ? a->npicks * sizeof(uint64_t) : 0));
 }
 
-/* Switches the session to st's epoch, with st's order and its quota. */
-static int apply_start(struct sess *s, struct sess_start *st)
+/* The order of the running epoch is here (built, or taken from the one
+ * built ahead): batches may be filled, and the next epoch's built ahead. */
+static void take_order(struct sess *s, struct sess_start *st)
 {
-	Pf__Envelope env = PF__ENVELOPE__INIT;
-	Pf__EpochStarted msg = PF__EPOCH_STARTED__INIT;
-	uint64_t nbatches = order_num_batches(st->npicks, s->batch_size, s->drop_last);
-	int rc;
-
-	new_epoch(s, st->epoch, st->start_batch);
-	s->paced = false;
-	free(s->picks);
-	sess_give(s, &s->order_held, s->order_held);
 	s->picks = st->picks;
-	s->npicks = st->npicks;
 	st->picks = NULL;
 	s->order_held = st->held; /* the same uid's: the counter moves */
 	st->held = 0;
-	s->nbatches = nbatches;
-	s->epoch_started_ns = st->t_req; /* when the request came */
 	log_debug("session %" PRIu64 ": epoch %" PRIu64 ": order of %" PRIu64
 		  " picks ready in %.1f ms",
 		  s->id, s->epoch, s->npicks, (now_ns() - st->t_req) / 1e6);
 	plan_ahead(s, &st->spec, st->space);
-	msg.epoch = s->epoch;
-	msg.batches = nbatches - st->start_batch;
-	msg.samples = s->npicks;
-	env.id = st->id;
-	env.msg_case = PF__ENVELOPE__MSG_STARTED;
-	env.started = &msg;
-	start_free(st);
-	rc = peer_send(s->peer, &env, -1);
-	if (rc)
-		return rc;
-	sess_pump(s);
-	return 0;
 }
 
 static void build_work(uv_work_t *w)
 {
 	struct sess_start *st = container_of(w, struct sess_start, work);
 
+	order_lower_priority();
 	st->rc = order_build(&st->spec, st->space, &st->picks, &st->npicks, st->err,
 			     sizeof(st->err));
 }
@@ -292,36 +262,56 @@ static void build_done(uv_work_t *w, int status)
 		sess_maybe_free(s);
 		return;
 	}
-	s->starting = NULL;
+	s->building = NULL;
 	if (status || st->rc) {
-		peer_error(s->peer, st->id, status ? status : st->rc, "epoch %" PRIu64 ": %s",
-			   st->epoch, st->err[0] ? st->err : strerror(-(status ? status : st->rc)));
+		/* Every check passed when the epoch started, so only memory
+		 * can fail here: the epoch ends with an error batch saying
+		 * so, in the place of its first. */
+		struct slot *sl = NULL;
+
+		for (uint32_t i = 0; i < s->nslots && !sl; i++)
+			if (s->slots[i].state == SLOT_FREE)
+				sl = &s->slots[i];
+		if (sl) {
+			s->nbatches = s->next_fill + 1;
+			sess_fill_error(s, sl, status ? status : st->rc,
+					st->err[0] ? st->err : "building the epoch's order failed");
+		} else {
+			s->nbatches = s->next_send;
+		}
 		sess_give(s, &st->held, st->held);
 		start_free(st);
+		sess_pump(s);
 		return;
 	}
 	/* Built: the share is what stays. */
 	sess_give(s, &st->held, st->held - st->npicks * sizeof(uint64_t));
-	apply_start(s, st);
+	take_order(s, st);
+	start_free(st);
+	sess_pump(s);
 }
 
-/* Every check is made here, on the request; only the order's build (a
- * shuffle of up to max_epoch_picks) goes to libuv's thread pool, so no
- * client's order holds the loop thread.  The order built ahead, when it is
- * the one asked for, starts the epoch at once. */
+/* Every check is made here, on the request, and the epoch starts at once:
+ * its EpochStarted goes out now, with the counts the order will have.  Only
+ * the order's build (a shuffle of up to max_epoch_picks) goes to libuv's
+ * thread pool, so no client's order holds the loop thread; its batches are
+ * filled once it is back.  The order built ahead, when it is the one asked
+ * for, is used at once. */
 int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 {
-	uint64_t floor = s->starting ? s->starting->epoch : s->epoch;
-	uint64_t space = s->ds->num_samples * s->augment, nshare, peak, keep;
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__EpochStarted msg = PF__EPOCH_STARTED__INIT;
+	uint64_t space = s->ds->num_samples * s->augment, nshare, nbatches, peak, keep;
 	struct order_spec spec = {0};
 	struct sess_start *st;
 	char err[300] = "", what[120];
+	bool ahead;
 	int rc;
 
-	if (req->epoch <= floor && floor != 0)
+	if (req->epoch <= s->epoch && s->epoch != 0)
 		return peer_error(s->peer, id, -EINVAL,
 				  "epoch %" PRIu64 " is not after epoch %" PRIu64, req->epoch,
-				  floor);
+				  s->epoch);
 	switch (req->order) {
 	case PF__ORDER__ORDER_SEQUENTIAL: spec.kind = ORDER_SEQ; break;
 	case PF__ORDER__ORDER_SHUFFLE: spec.kind = ORDER_SHUFFLE; break;
@@ -337,59 +327,81 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 	rc = order_check(&spec, space, &nshare, err, sizeof(err));
 	if (rc)
 		return peer_error(s->peer, id, rc, "epoch %" PRIu64 ": %s", req->epoch, err);
-	if (req->start_batch > order_num_batches(nshare, s->batch_size, s->drop_last))
-		return peer_error(
-			s->peer, id, -ERANGE,
-			"start_batch %" PRIu64 " is beyond the %" PRIu64 " batches of this share",
-			req->start_batch, order_num_batches(nshare, s->batch_size, s->drop_last));
+	nbatches = order_num_batches(nshare, s->batch_size, s->drop_last);
+	if (req->start_batch > nbatches)
+		return peer_error(s->peer, id, -ERANGE,
+				  "start_batch %" PRIu64 " is beyond the %" PRIu64
+				  " batches of this share",
+				  req->start_batch, nbatches);
 	st = calloc(1, sizeof(*st));
 	if (!st)
 		return peer_error(s->peer, id, -ENOMEM, "out of memory");
-	*st = (struct sess_start){.s = s,
-				  .id = id,
-				  .epoch = req->epoch,
-				  .start_batch = req->start_batch,
-				  .t_req = now_ns(),
-				  .spec = spec,
-				  .space = space};
+	*st = (struct sess_start){
+		.s = s, .epoch = req->epoch, .t_req = now_ns(), .spec = spec, .space = space};
 	st->spec.indices = NULL;
 	st->picks = ahead_take(&s->ahead, &spec, space, &st->npicks);
-	if (st->picks) {
-		/* Its quota moves with it: the share's, all the order ahead kept. */
+	/* Read now: once queued, st belongs to the build's thread. */
+	ahead = st->picks != NULL;
+	if (ahead) {
+		/* Its quota moves with it: all the order ahead kept. */
 		st->held = s->ahead_held;
 		s->ahead_held = 0;
-		supersede(s, req->epoch);
-		return apply_start(s, st);
-	}
-	order_memory(&spec, space, &peak, &keep);
-	snprintf(what, sizeof(what), "epoch %" PRIu64 "'s order of %" PRIu64 " picks", req->epoch,
-		 nshare);
-	rc = sess_take(s, &st->held, peak, what, err, sizeof(err));
-	if (!rc && spec.kind == ORDER_EXPLICIT) {
-		uint64_t *copy = malloc(spec.nindices * sizeof(*copy));
+	} else {
+		order_memory(&spec, space, &peak, &keep);
+		snprintf(what, sizeof(what), "epoch %" PRIu64 "'s order of %" PRIu64 " picks",
+			 req->epoch, nshare);
+		rc = sess_take(s, &st->held, peak, what, err, sizeof(err));
+		if (!rc && spec.kind == ORDER_EXPLICIT) {
+			uint64_t *copy = malloc(spec.nindices * sizeof(*copy));
 
-		if (copy)
-			memcpy(copy, spec.indices, spec.nindices * sizeof(*copy));
-		else
-			rc = -ENOMEM;
-		st->spec.indices = copy;
+			if (copy)
+				memcpy(copy, spec.indices, spec.nindices * sizeof(*copy));
+			else
+				rc = -ENOMEM;
+			st->spec.indices = copy;
+		}
+		if (!rc) {
+			rc = uv_queue_work(s->d->loop, &st->work, build_work, build_done);
+			if (rc)
+				snprintf(err, sizeof(err), "cannot queue the order's build: %s",
+					 uv_strerror(rc));
+		}
+		if (rc) {
+			sess_give(s, &st->held, st->held);
+			start_free(st);
+			return peer_error(s->peer, id, rc, "epoch %" PRIu64 ": %s", req->epoch,
+					  err[0] ? err : strerror(-rc));
+		}
 	}
-	if (!rc) {
-		rc = uv_queue_work(s->d->loop, &st->work, build_work, build_done);
-		if (rc)
-			snprintf(err, sizeof(err), "cannot queue the order's build: %s",
-				 uv_strerror(rc));
-	}
-	if (rc) {
-		sess_give(s, &st->held, st->held);
+
+	/* Accepted: the epoch switches now. */
+	sess_cancel_build(s);
+	new_epoch(s, req->epoch, req->start_batch);
+	s->paced = false;
+	free(s->picks);
+	s->picks = NULL;
+	sess_give(s, &s->order_held, s->order_held);
+	s->npicks = nshare;
+	s->nbatches = nbatches;
+	s->epoch_started_ns = st->t_req; /* when the request came */
+	if (ahead) {
+		take_order(s, st);
 		start_free(st);
-		return peer_error(s->peer, id, rc, "epoch %" PRIu64 ": %s", req->epoch,
-				  err[0] ? err : strerror(-rc));
+	} else {
+		s->building = st;
+		s->jobs++;
+		s->builds++;
 	}
-	supersede(s, req->epoch);
-	s->starting = st;
-	s->jobs++;
-	s->builds++;
+	msg.epoch = s->epoch;
+	msg.batches = nbatches - req->start_batch;
+	msg.samples = nshare;
+	env.id = id;
+	env.msg_case = PF__ENVELOPE__MSG_STARTED;
+	env.started = &msg;
+	rc = peer_send(s->peer, &env, -1);
+	if (rc)
+		return rc;
+	sess_pump(s);
 	return 0;
 }
 
@@ -440,6 +452,7 @@ int sess_abandon(struct sess *s, uint64_t id, const Pf__Abandon *req)
 			  " of %" PRIu64 " batches",
 			  s->id, s->epoch, s->gov.consumed, s->nbatches - s->start_batch);
 		sess_stop_epoch(s);
+		sess_cancel_build(s);
 	}
 	env.id = id;
 	env.msg_case = PF__ENVELOPE__MSG_OK;

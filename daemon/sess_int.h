@@ -45,6 +45,9 @@ void sess_give(struct sess *s, uint64_t *held, uint64_t n);
 
 /* ---- sess_epoch.c ---- */
 
+/* The running epoch's order still building is not wanted any more (a
+ * newer epoch, an abandon, the session's end): thrown away when back. */
+void sess_cancel_build(struct sess *s);
 /* The order built ahead came back: its quota shrinks to what it keeps. */
 void sess_ahead_back(struct sess *s);
 

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bigmem.h"
 #include "daemon.h"
 #include "dataset.h"
 #include "log.h"
@@ -216,7 +217,15 @@ static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 			main_rows = sl->plan.nmiss;
 		}
 	}
-	nparts = fill_split(jobs, s->ds, rows, picks, main_rows, extra, s->d->cfg.readers);
+	if (!rows && !sl->rows) {
+		sl->rows = big_alloc((size_t)s->batch_size * sizeof(uint64_t));
+		if (!sl->rows) {
+			put_ring_slot(s, sl);
+			return -ENOMEM;
+		}
+	}
+	nparts =
+		fill_split(jobs, s->ds, rows, picks, main_rows, extra, s->d->cfg.readers, sl->rows);
 	if (nparts < 0) {
 		if (sl->plan.active)
 			pool_plan_done(s->cuda.pool, &sl->plan, false);
@@ -249,12 +258,55 @@ static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 	return 0;
 }
 
+static void on_pump_idle(uv_idle_t *h)
+{
+	struct daemon *d = h->data;
+	bool more = false;
+
+	for (struct sess *s = d->sessions, *next; s; s = next) {
+		next = s->next;
+		if (s->pump_later) {
+			s->pump_later = false;
+			sess_pump(s);
+		}
+	}
+	for (struct sess *s = d->sessions; s && !more; s = s->next)
+		more = s->pump_later;
+	if (!more)
+		uv_idle_stop(h);
+}
+
+/* s's turn is over: its pump goes on in the next turn of the loop, after
+ * the events that came meanwhile. */
+static void pump_later(struct sess *s)
+{
+	struct daemon *d = s->d;
+
+	s->pump_later = true;
+	if (!d->pump_idle_live) {
+		uv_idle_init(d->loop, &d->pump_idle);
+		d->pump_idle.data = d;
+		d->pump_idle_live = true;
+	}
+	uv_idle_start(&d->pump_idle, on_pump_idle);
+}
+
+void sess_pump_stop(struct daemon *d)
+{
+	if (d->pump_idle_live) {
+		uv_idle_stop(&d->pump_idle);
+		uv_close((uv_handle_t *)&d->pump_idle, NULL);
+		d->pump_idle_live = false;
+	}
+}
+
 void sess_pump(struct sess *s)
 {
 	struct slot *sl;
 	int32_t ring = -1;
+	uint64_t work = 0; /* bytes of picks copied or packed this turn */
 
-	if (s->dead || !s->peer || !s->running || s->d->stopping)
+	if (s->dead || !s->peer || !s->running || s->d->stopping || s->pump_later)
 		return;
 again:
 	while (s->next_send < s->nbatches &&
@@ -264,6 +316,11 @@ again:
 		 * it reads; the server kicks the pump when it has read. */
 		if (peer_busy(s->peer))
 			return;
+		if (work >= SESS_TURN_BYTES) {
+			pump_later(s);
+			return;
+		}
+		work += (uint64_t)batch_count(s, sl->seq) * sizeof(uint64_t);
 		if (send_batch(s, sl))
 			return;
 		s->next_send++;
@@ -273,15 +330,21 @@ again:
 		send_end(s);
 		return;
 	}
-	while (s->next_fill < s->nbatches && gov_may_fill(&s->gov)) {
+	/* An epoch whose order is still being built fills nothing yet. */
+	while (!s->building && s->next_fill < s->nbatches && gov_may_fill(&s->gov)) {
 		sl = free_slot(s);
 		if (!sl) {
 			if (s->gpu >= 0)
 				sess_cuda_grow(s);
 			break;
 		}
+		if (work >= SESS_TURN_BYTES) {
+			pump_later(s);
+			return;
+		}
 		if (s->gpu >= 0 && (ring = ring_slot_get(&s->cuda.lease)) < 0)
 			break;
+		work += (uint64_t)batch_count(s, s->next_fill) * sizeof(uint64_t);
 		if (start_fill(s, sl, ring)) {
 			log_err("session %" PRIu64 ": out of memory starting a read", s->id);
 			return;
@@ -351,6 +414,5 @@ void sess_job_done(struct reader_job *job, void *arg)
 	}
 	sess_pump(s);
 out:
-	free(job->samples);
 	free(job);
 }

@@ -16,23 +16,37 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-int wire_encode(const Pf__Envelope *env, uint8_t **frame, size_t *len)
+size_t wire_frame_size(const Pf__Envelope *env)
 {
 	size_t body = pf__envelope__get_packed_size(env);
-	uint8_t *buf;
 
-	if (body > UINT32_MAX)
-		return -EMSGSIZE;
-	buf = malloc(WIRE_HDR + body);
-	if (!buf)
-		return -ENOMEM;
+	return body > UINT32_MAX ? 0 : WIRE_HDR + body;
+}
+
+void wire_encode_into(const Pf__Envelope *env, uint8_t *buf, size_t len)
+{
+	size_t body = len - WIRE_HDR;
+
 	buf[0] = (uint8_t)body;
 	buf[1] = (uint8_t)(body >> 8);
 	buf[2] = (uint8_t)(body >> 16);
 	buf[3] = (uint8_t)(body >> 24);
 	pf__envelope__pack(env, buf + WIRE_HDR);
+}
+
+int wire_encode(const Pf__Envelope *env, uint8_t **frame, size_t *len)
+{
+	size_t n = wire_frame_size(env);
+	uint8_t *buf;
+
+	if (!n)
+		return -EMSGSIZE;
+	buf = malloc(n);
+	if (!buf)
+		return -ENOMEM;
+	wire_encode_into(env, buf, n);
 	*frame = buf;
-	*len = WIRE_HDR + body;
+	*len = n;
 	return 0;
 }
 

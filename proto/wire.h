@@ -35,6 +35,11 @@ struct Pf__Envelope;
 
 /* Encodes env as one frame (header + body) into a malloc'd buffer. */
 int wire_encode(const struct Pf__Envelope *env, uint8_t **frame, size_t *len);
+/* The same in two steps, for a caller with its own buffers: the frame's
+ * size (0 when env is beyond a frame's 4 GiB), then the frame into buf,
+ * which holds that many bytes. */
+size_t wire_frame_size(const struct Pf__Envelope *env);
+void wire_encode_into(const struct Pf__Envelope *env, uint8_t *buf, size_t len);
 
 /* Sends the whole buffer on a blocking socket, retrying on EINTR, without
  * SIGPIPE.  When pass_fd >= 0 it is attached to the first byte.  0 or -errno. */

@@ -54,10 +54,11 @@ FZ_CORE     := $(call fz_obj,$(DAEMON_CORE) daemon/gpu_none.c) $(FZ_WIRE)
 FUZZ_BINS   := $(patsubst %,$(FZ)/fuzz_%,$(FUZZ_NAMES))
 
 # The session harness runs reader jobs and libuv's pool work itself, when
-# its script says, turns the daemon's poll handles by hand, refuses timers
-# (only GPU sessions have one), notes who wrote, and keeps the daemon's
-# log quiet (fuzz_sess.c says how).
+# its script says, turns the daemon's poll and idle handles by hand, refuses
+# timers (only GPU sessions have one), notes who wrote, and keeps the
+# daemon's log quiet (fuzz_sess.c says how).
 FUZZ_LINK_sess := $(foreach f,reader_submit uv_queue_work uv_poll_init uv_poll_start uv_poll_stop \
+                    uv_idle_init uv_idle_start uv_idle_stop \
                     uv_close uv_timer_init wire_send_some \
                     log_err log_warn log_info log_debug,-Wl,--wrap=$(f))
 
