@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -58,16 +59,54 @@ void td_path(const struct tdaemon *t, const char *name, char *out, size_t len)
 
 bool td_log_has(const struct tdaemon *t, const char *a, const char *b)
 {
+	return td_log_count(t, a, b, 1) > 0;
+}
+
+unsigned td_log_count(const struct tdaemon *t, const char *a, const char *b, unsigned most)
+{
 	char line[4096];
-	bool found = false;
+	unsigned n = 0;
 	FILE *f = fopen(t->log, "r");
 
 	if (!f)
-		return false;
-	while (!found && fgets(line, sizeof(line), f))
-		found = strstr(line, a) && (!b || strstr(line, b));
+		return 0;
+	while (n < most && fgets(line, sizeof(line), f))
+		n += a ? strstr(line, a) && (!b || strstr(line, b)) : strchr(line, '\n') != NULL;
 	fclose(f);
-	return found;
+	return n;
+}
+
+long td_rss_kb(pid_t pid)
+{
+	char path[64], line[256];
+	long kb = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "r");
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return kb;
+}
+
+int td_as_user(uid_t uid, int (*fn)(void *arg), void *arg)
+{
+	pid_t pid = fork();
+	int st;
+
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		if (setgroups(0, NULL) || setgid((gid_t)uid) || setuid(uid))
+			_exit(99);
+		_exit(fn(arg));
+	}
+	if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
+		return -1;
+	return WEXITSTATUS(st);
 }
 
 int td_start(struct tdaemon *t, const char *daemon_extra, const char *datasets)

@@ -49,6 +49,15 @@ void td_path(const struct tdaemon *t, const char *name, char *out, size_t len);
 /* True when a line of the daemon's log (t->log) holds a, and b too unless
  * b is NULL. */
 bool td_log_has(const struct tdaemon *t, const char *a, const char *b);
+/* Lines of the log holding a (and b unless NULL), counted up to `most`;
+ * a NULL: every line. */
+unsigned td_log_count(const struct tdaemon *t, const char *a, const char *b, unsigned most);
+/* VmRSS of pid in kB, or -1. */
+long td_rss_kb(pid_t pid);
+/* Runs fn(arg) in a child that has dropped to uid (its gid the same number,
+ * no supplementary groups): its exit status, 99 when the drop failed, -1
+ * when the child died.  Needs root. */
+int td_as_user(uid_t uid, int (*fn)(void *arg), void *arg);
 
 /* Writes a C-order little-endian .npy of `rows` rows whose row r (counted
  * from first_row) holds npygen's random bytes under seed.  descr like "<f4";
@@ -97,6 +106,7 @@ struct td_bystander;
 struct td_bystander_report {
 	uint64_t epochs, batches, statuses;
 	double max_status_ms;
+	double max_status_at; /* td_now() when the slowest status was asked */
 	char error[256];
 };
 struct td_bystander *td_bystander_start(const char *sock, const char *dataset, uint32_t batch,
