@@ -33,7 +33,7 @@ struct td_bystander {
 	uint64_t row_bytes, seed;
 	pthread_t trainer, watcher;
 	pthread_mutex_t lock;
-	volatile int stop;
+	_Atomic int stop; /* read by both threads while the test's thread sets it */
 	struct td_bystander_report r; /* under lock */
 };
 
