@@ -6,6 +6,10 @@
  * sample i is row i of every field.  Shards of a field must agree on dtype
  * and row shape.
  *
+ * Files are opened as regular files only, never blocking (a FIFO would hang
+ * open() for ever); shard patterns (`shards =`) also follow no symbolic link
+ * below their fixed directories.
+ *
  * DESIGN: loaded once by the loop thread at startup; afterwards immutable,
  * so reader threads read it with no lock.  By default (`read = mmap`) each
  * shard is mapped read-only at load and rows are copied out of the mapping

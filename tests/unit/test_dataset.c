@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -467,6 +468,18 @@ static void write_token_shards(struct fixture *fx, char *pattern, size_t len)
 		first += tok_sizes[i];
 	}
 	snprintf(pattern, len, "%s/tok_*.bin", fx->dir);
+}
+
+/* A tokens declaration (seq_len TOK_SEQ) of the one pattern in paths[0],
+ * its field in *field. */
+static struct config_dataset tokens_decl(struct config_field *field, char **paths)
+{
+	*field = (struct config_field){"tokens", paths, 1};
+	return (struct config_dataset){.name = "tok",
+				       .format = "tokens",
+				       .fields = field,
+				       .nfields = 1,
+				       .seq_len = TOK_SEQ};
 }
 
 static void tokens_load_with_config(struct fixture *fx, char *pattern, struct dataset *ds,
@@ -955,6 +968,39 @@ static void close_releases_every_fd(void **state)
 	assert_int_equal(count_open_fds(), fds);
 }
 
+/* A FIFO or a symlink where a shard pattern matches: refused by name at
+ * once (no open() waits for a writer), and nothing is left open. */
+static void fifo_and_symlink_shards_are_refused_without_blocking(void **state)
+{
+	struct fixture *fx = *state;
+	char pattern[128], fifo[160], link_path[160], target[160];
+	char *paths[1] = {pattern};
+	struct config_field field;
+	struct config_dataset decl = tokens_decl(&field, paths);
+	struct dataset ds;
+	int fds = count_open_fds();
+
+	write_token_shards(fx, pattern, sizeof(pattern));
+	snprintf(fifo, sizeof(fifo), "%s/tok_001a.bin", fx->dir);
+	assert_int_equal(mkfifo(fifo, 0600), 0);
+	assert_int_equal(ds_load(&ds, &decl), -EINVAL);
+	print_message("%s\n", ds.error);
+	assert_non_null(strstr(ds.error, "tok_001a.bin is a FIFO, not a regular file"));
+	ds_close(&ds);
+	assert_int_equal(unlink(fifo), 0);
+
+	/* Even a link to a shard in the same directory: the target need not
+	 * match the pattern, so nothing about it is safe to serve. */
+	snprintf(target, sizeof(target), "%s/tok_000.bin", fx->dir);
+	snprintf(link_path, sizeof(link_path), "%s/tok_009.bin", fx->dir);
+	assert_int_equal(symlink(target, link_path), 0);
+	assert_int_equal(ds_load(&ds, &decl), -EINVAL);
+	print_message("%s\n", ds.error);
+	assert_non_null(strstr(ds.error, "tok_009.bin is a symbolic link"));
+	ds_close(&ds);
+	assert_int_equal(count_open_fds(), fds);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 
 int main(void)
@@ -984,6 +1030,7 @@ int main(void)
 		T(out_of_range_sample_is_refused),
 		T(close_unmaps_every_shard),
 		T(close_releases_every_fd),
+		T(fifo_and_symlink_shards_are_refused_without_blocking),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
