@@ -298,6 +298,9 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 	if (ds->error[0])
 		return peer_error(p, id, -EIO, "dataset '%s' is not available: %s", ds->name,
 				  ds->error);
+	if (ds->changed[0]) /* found by a reader; a reload loads it anew */
+		return peer_error(p, id, -ESTALE, "dataset '%s' is not available: %s", ds->name,
+				  ds->changed);
 	if (req->batch_size == 0)
 		return peer_error(p, id, -EINVAL, "batch_size must be at least 1");
 	/* StartEpoch builds an order of N x augment picks, 8 bytes each: the
