@@ -8,6 +8,9 @@
  * session still reads.  One taken out of the configuration moves to
  * `retired` and is freed when its last session has gone and its pools
  * have nothing left on a transfer thread (checked again on every tick).
+ * A reload also loads anew a dataset declared as before when a file behind
+ * it changed on disk, or its shard patterns match other files: a stat,
+ * fstat and header read per file, and the globs, as loading does.
  */
 #include "daemon.h"
 
@@ -160,6 +163,35 @@ static void restart_keys(const struct config *old, const struct config *cfg, boo
 		    "they take effect at restart");
 }
 
+void daemon_dataset_changed(struct dataset *ds, const char *why)
+{
+	if (ds->changed[0])
+		return; /* the first change found is the one its sessions hear of */
+	snprintf(ds->changed, sizeof(ds->changed), "%s" DS_CHANGED_FIX, why);
+	log_warn("dataset %s: %s", ds->name, ds->changed);
+}
+
+/*
+ * Whether ds, declared as before, must still be loaded anew: a file behind
+ * it changed on disk (found now, or by a reader since: ds->changed), or its
+ * shard patterns match other files.  A changed file also ends the epochs of
+ * ds's sessions (daemon_dataset_changed); new matches do not, since what
+ * those sessions read is still what they opened.  why says which.
+ */
+static bool files_changed(struct dataset *ds, const struct config_dataset *decl, char *why,
+			  size_t len)
+{
+	if (ds->changed[0]) {
+		snprintf(why, len, "%s", ds->changed);
+		return true;
+	}
+	if (ds_files_changed(ds, why, len)) {
+		daemon_dataset_changed(ds, why);
+		return true;
+	}
+	return ds_matches_changed(ds, decl, why, len);
+}
+
 int daemon_reload(struct daemon *d, char *summary, size_t len, char *err, size_t errlen)
 {
 	struct config cfg;
@@ -182,15 +214,25 @@ int daemon_reload(struct daemon *d, char *summary, size_t len, char *err, size_t
 		const struct config_dataset *decl = &cfg.datasets[i];
 		const struct config_dataset *was = find_decl(&d->cfg, decl->name);
 		struct dataset *cur = daemon_dataset(d, decl->name);
+		char why[sizeof(cur->changed)] = "";
 
-		if (cur && was && same_decl(was, decl) && !cur->error[0]) {
+		if (cur && was && same_decl(was, decl) && !cur->error[0] &&
+		    !files_changed(cur, decl, why, sizeof(why))) {
 			next[n++] = cur;
 			continue;
 		}
 		next[n] = load_one(decl);
 		if (!next[n])
 			goto nomem;
-		say(summary, len, cur ? "%sdataset %s reloaded" : "%sdataset %s added", decl->name);
+		if (why[0]) {
+			char what[sizeof(why) + 64];
+
+			snprintf(what, sizeof(what), "%s reloaded: %s", decl->name, why);
+			say(summary, len, "%sdataset %s", what);
+		} else {
+			say(summary, len, cur ? "%sdataset %s reloaded" : "%sdataset %s added",
+			    decl->name);
+		}
 		n++;
 	}
 	/* Room to retire every old dataset, so that nothing below can fail

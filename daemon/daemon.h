@@ -69,13 +69,21 @@ struct dataset *daemon_dataset(const struct daemon *d, const char *name);
 void daemon_load_datasets(struct daemon *d);
 /* SIGHUP: reads d->config_path again.  Datasets added are loaded, removed
  * ones leave status and can no longer be opened (live sessions keep them
- * until they close), changed ones are replaced for new sessions; the
+ * until they close), changed ones are replaced for new sessions, and so
+ * are those declared as before whose files changed on disk or whose shard
+ * patterns match other files (daemon.c says which end their sessions'
+ * epochs); the
  * allow lists, depth defaults, reserve, probe interval, pool settings,
  * session limits, ipc and read method apply to what comes next.  Keys that
  * need a restart (socket, readers, ring, arena size, frame cap) are
  * reported, not applied.  0, or -errno with err saying why (the running
  * configuration is then untouched).  summary says what changed. */
 int daemon_reload(struct daemon *d, char *summary, size_t len, char *err, size_t errlen);
+/* A file behind ds changed on disk (why: "PATH changed on disk (...)"),
+ * found by a reload or by a reader after a read failed: ds->changed says
+ * so (with DS_CHANGED_FIX), its sessions end their epochs with it, opening
+ * it is refused until a reload loads it anew, and the log says it once. */
+void daemon_dataset_changed(struct dataset *ds, const char *why);
 /* A session starts / stops reading ds: retired datasets are freed with
  * their last session (and their pools). */
 void daemon_dataset_hold(struct dataset *ds);

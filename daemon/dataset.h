@@ -6,8 +6,16 @@
  * sample i is row i of every field.  Shards of a field must agree on dtype
  * and row shape.
  *
- * DESIGN: loaded once by the loop thread at startup; afterwards immutable,
- * so reader threads read it with no lock.  By default (`read = mmap`) each
+ * Files are opened as regular files only, never blocking (a FIFO would hang
+ * open() for ever); shard patterns (`shards =`) also follow no symbolic link
+ * below their fixed directories.  Each file's identity is kept
+ * (ds_file_id), so that a reload, or a reader whose read failed, can tell
+ * that it changed on disk (ds_files_changed).
+ *
+ * DESIGN: loaded by the loop thread at startup and at reload; afterwards
+ * immutable but for the loop thread's bookkeeping (`users`, `retired`,
+ * `changed`), which reader threads never read, so they read it with no
+ * lock.  By default (`read = mmap`) each
  * shard is mapped read-only at load and rows are copied out of the mapping
  * with memcpy: a shuffled 4 KiB row costs no system call.  A file truncated
  * after load still gives -EIO with a message naming it (an error batch),
@@ -26,9 +34,21 @@
 
 struct config_dataset;
 
+/* A dataset file as it was at load: the device and inode its path named,
+ * and the open file's size, mtime and a hash of its header bytes (those
+ * before data_offset), which ds_files_changed compares with the file as it
+ * is now. */
+struct ds_file_id {
+	uint64_t dev, ino, size;
+	int64_t mtime_sec;
+	long mtime_nsec;
+	uint64_t head_hash;
+};
+
 struct ds_shard {
-	char *path;	    /* owned */
-	int fd;		    /* owned, -1 when not open */
+	char *path; /* owned */
+	int fd;	    /* owned, -1 when not open */
+	struct ds_file_id id;
 	uint64_t first_row; /* row of the field where this shard begins */
 	uint64_t rows;
 	uint64_t data_offset; /* of row 0 within the file */
@@ -65,12 +85,32 @@ struct dataset {
 	/* Non-empty when the dataset could not be loaded: the daemon keeps
 	 * serving the others, and opening this one returns this message. */
 	char error[512];
+	/* tokens: every path the shard patterns matched at load, in order,
+	 * shards too short for a window included, so that a reload can tell
+	 * when the patterns match other files (ds_matches_changed). */
+	char **matched; /* owned */
+	size_t nmatched;
+	/* Non-empty once a file it reads changed on disk: "PATH changed on
+	 * disk (...)" and DS_CHANGED_FIX.  Set on the loop thread only, by a
+	 * reload or from a reader job that found the change after a failed
+	 * read (daemon_dataset_changed); reader threads never read it.  Its
+	 * sessions end their epochs with this message, and it is not opened
+	 * again: a reload loads the files anew for new sessions. */
+	char changed[512];
 	/* The daemon's bookkeeping (daemon.c): sessions reading it, and
 	 * whether a reload took it out of the configuration (it then lives
 	 * until its last session is gone). */
 	unsigned users;
 	bool retired;
 };
+
+/* What a changed file's message goes on to say (after "PATH changed on disk
+ * (...)"): what happens to the epochs that read it, and how to read the new
+ * file.  True at once after a reload, and after a failed read, when new
+ * sessions are refused until the reload. */
+#define DS_CHANGED_FIX                                                                             \
+	": epochs reading it end here; sessions opened after a reload of prefetchd (SIGHUP) "      \
+	"read the file as it is now"
 
 /* Builds and opens a dataset from its config declaration.  Always fills
  * *ds (so that status can list it); returns 0 or -errno, with ds->error
@@ -95,5 +135,20 @@ bool ds_check(const struct dataset *ds);
  * written in part on error.  Thread-safe. */
 int ds_read_field(const struct dataset *ds, size_t field, const uint64_t *samples, size_t n,
 		  uint8_t *dst, char *err, size_t errlen);
+
+/* Whether a file of ds is no longer the one it loaded: its path names
+ * another inode (a rename over it) or nothing, or the open file's size,
+ * mtime or header bytes differ (rewritten in place).  False when none
+ * changed; true with why = "PATH changed on disk (inode 12 -> 34)" for the
+ * first that did.  A stat, an fstat and a pread of the header per file.
+ * Thread-safe: a reload calls it on the loop thread, a reader thread after
+ * a read failed (reader.c). */
+bool ds_files_changed(const struct dataset *ds, char *why, size_t len);
+/* tokens datasets: whether decl's shard patterns match other files now
+ * than at load, with why naming the first new or vanished one (or the
+ * pattern that no longer expands).  False for npy datasets.  Loop thread,
+ * at reload. */
+bool ds_matches_changed(const struct dataset *ds, const struct config_dataset *decl, char *why,
+			size_t len);
 
 #endif

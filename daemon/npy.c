@@ -11,7 +11,7 @@
  * with a sentence that says what to do about it.
  *
  * DESIGN: pure functions with no state, so any thread may call them; in
- * practice the loop thread calls npy_open at dataset load.  The parser never
+ * practice the loop thread calls npy_read_header at dataset load.  The parser never
  * reads past the length it is given, and every size derived from the header
  * is checked for overflow before use, because the file may be hostile.
  */
@@ -19,7 +19,6 @@
 #include "util.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -424,7 +423,7 @@ static ssize_t pread_full(int fd, void *buf, size_t n, off_t off)
 	return (ssize_t)done;
 }
 
-int npy_open(const char *path, struct npy_info *info, int *fd, char *err, size_t errlen)
+int npy_read_header(int f, const char *path, struct npy_info *info, char *err, size_t errlen)
 {
 	uint8_t prefix[NPY_PREFIX_MAX];
 	uint8_t *header = NULL; /* owned */
@@ -433,17 +432,9 @@ int npy_open(const char *path, struct npy_info *info, int *fd, char *err, size_t
 	char why[256];
 	struct stat st;
 	ssize_t got;
-	int rc, f;
+	int rc;
 
-	*fd = -1;
 	memset(info, 0, sizeof(*info));
-	f = open(path, O_RDONLY | O_CLOEXEC);
-	if (f < 0) {
-		rc = -errno;
-		set_err(err, errlen, "%s: %s", path, strerror(-rc));
-		return rc;
-	}
-
 	/* Read the prefix first: it says how long the header is. */
 	got = pread_full(f, prefix, sizeof(prefix), 0);
 	if (got < 0) {
@@ -507,12 +498,8 @@ int npy_open(const char *path, struct npy_info *info, int *fd, char *err, size_t
 			(unsigned long long)have);
 		goto out;
 	}
-	*fd = f;
-	f = -1;
 	rc = 0;
 out:
 	free(header);
-	if (f >= 0)
-		close(f);
 	return rc;
 }

@@ -54,10 +54,11 @@ struct npy_info {
 int npy_parse_header(const uint8_t *buf, size_t len, struct npy_info *info, char *err,
 		     size_t errlen);
 
-/* Opens path read-only, parses its header and checks that the file holds
- * data_offset + rows * row_bytes bytes (-EINVAL "truncated" otherwise).  On
- * success *fd is the open descriptor (caller owns it).  Errors name the file. */
-int npy_open(const char *path, struct npy_info *info, int *fd, char *err, size_t errlen);
+/* Parses the header of the open file fd (named path in messages) and checks
+ * that the file holds data_offset + rows * row_bytes bytes (-EINVAL
+ * "truncated" otherwise).  How the file is opened is the caller's policy
+ * (dataset.c: regular files only, never blocking).  Errors name the file. */
+int npy_read_header(int fd, const char *path, struct npy_info *info, char *err, size_t errlen);
 
 /* "f4", "u1", ... */
 const char *npy_dtype_name(enum npy_dtype t);

@@ -52,6 +52,13 @@ void reader_run_job(struct reader_job *job)
 					job->dst + job->field_offset[f] +
 						(uint64_t)job->first * ds->fields[f].sample_bytes,
 					job->err, sizeof(job->err));
+	/* A read that failed (a file cut short, say) may be a file changed on
+	 * disk: then that is what the batch says, -ESTALE, and its sessions
+	 * end their epochs (sess_job_done tells the dataset, on the loop
+	 * thread).  Checked here, off the loop, and only after a failure:
+	 * it costs a stat, an fstat and a header read per file. */
+	if (job->rc && job->rc != -ERANGE && ds_files_changed(ds, job->err, sizeof(job->err)))
+		job->rc = -ESTALE;
 	job->read_ns = now_ns() - t0;
 }
 

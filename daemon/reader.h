@@ -36,7 +36,7 @@ struct reader_job {
 	const uint64_t *field_offset; /* borrowed: owner's per-field offsets */
 	uint32_t slot;
 	uint64_t epoch, seq;
-	int rc; /* 0, or -errno with err set */
+	int rc; /* 0, or -errno with err set; -ESTALE: a file of ds changed on disk */
 	char err[256];
 	uint64_t read_ns; /* time the reads took */
 };

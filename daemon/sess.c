@@ -352,6 +352,9 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 	if (ds->error[0])
 		return peer_error(p, id, -EIO, "dataset '%s' is not available: %s", ds->name,
 				  ds->error);
+	if (ds->changed[0]) /* found by a reader; a reload loads it anew */
+		return peer_error(p, id, -ESTALE, "dataset '%s' is not available: %s", ds->name,
+				  ds->changed);
 	if (req->batch_size == 0)
 		return peer_error(p, id, -EINVAL, "batch_size must be at least 1");
 	if (req->batch_size > SESS_MAX_BATCH)

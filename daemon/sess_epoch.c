@@ -45,20 +45,22 @@ void sess_drop_requests(struct sess *s)
 		sess_req_clear(s, sess_paced_req(s, q));
 }
 
+void sess_drop_slot(struct slot *sl)
+{
+	if (sl->state == SLOT_READY) {
+		free(sl->errmsg);
+		sl->errmsg = NULL;
+		sl->error = 0;
+		sl->state = SLOT_FREE;
+	} else if (sl->state == SLOT_FILLING || sl->state == SLOT_COPYING) {
+		sl->state = SLOT_ORPHAN;
+	}
+}
+
 void sess_stop_epoch(struct sess *s)
 {
-	for (uint32_t i = 0; i < s->nslots; i++) {
-		struct slot *sl = &s->slots[i];
-
-		if (sl->state == SLOT_READY) {
-			free(sl->errmsg);
-			sl->errmsg = NULL;
-			sl->error = 0;
-			sl->state = SLOT_FREE;
-		} else if (sl->state == SLOT_FILLING || sl->state == SLOT_COPYING) {
-			sl->state = SLOT_ORPHAN;
-		}
-	}
+	for (uint32_t i = 0; i < s->nslots; i++)
+		sess_drop_slot(&s->slots[i]);
 	sess_drop_requests(s);
 	s->running = false;
 }
@@ -146,6 +148,10 @@ int sess_load(struct sess *s, uint64_t id, const Pf__LoadBatch *req)
 	char why[300] = "";
 	uint32_t n;
 
+	/* The change ended this epoch (sess_pump.c): say why, not "over". */
+	if (s->ds->changed[0] && s->paced && req->epoch == s->epoch)
+		return peer_error(s->peer, id, -ESTALE, "epoch %" PRIu64 ": %s", req->epoch,
+				  s->ds->changed);
 	if (!s->paced || req->epoch != s->epoch || !s->running || s->paced_end)
 		return peer_error(s->peer, id, -EINVAL,
 				  "load of epoch %" PRIu64 " refused: epoch %" PRIu64
@@ -312,6 +318,10 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 		return peer_error(s->peer, id, -EINVAL,
 				  "epoch %" PRIu64 " is not after epoch %" PRIu64, req->epoch,
 				  s->epoch);
+	/* A session keeps the dataset it opened (sess_pump.c). */
+	if (s->ds->changed[0])
+		return peer_error(s->peer, id, -ESTALE, "epoch %" PRIu64 ": %s", req->epoch,
+				  s->ds->changed);
 	switch (req->order) {
 	case PF__ORDER__ORDER_SEQUENTIAL: spec.kind = ORDER_SEQ; break;
 	case PF__ORDER__ORDER_SHUFFLE: spec.kind = ORDER_SHUFFLE; break;

@@ -54,6 +54,8 @@ void sess_ahead_back(struct sess *s);
 /* Stops the current epoch: READY slots are free again at once, FILLING ones
  * become ORPHAN and come free when their reader is done. */
 void sess_stop_epoch(struct sess *s);
+/* The same for one slot, whose batch will not be sent. */
+void sess_drop_slot(struct slot *sl);
 /* Paced requests not yet sent go (an epoch ends or the session does). */
 void sess_drop_requests(struct sess *s);
 

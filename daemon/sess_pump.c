@@ -177,6 +177,35 @@ void sess_fill_error(struct sess *s, struct slot *sl, int rc, const char *why)
 	s->gov.prepared++;
 }
 
+/*
+ * A file of the session's dataset changed on disk (ds->changed): batch
+ * `last`, an error batch saying so, is the epoch's last.  Batches after it
+ * are not sent (sess_drop_slot), and paced requests after it go.  Batches
+ * before it are delivered: they were read before the change was found, as
+ * batches already sent were.  Only ever shortens the epoch, so the first
+ * such batch in stream order is the one the trainer sees last.
+ *
+ * The session keeps the dataset it opened, so its later epochs are
+ * refused with the same message (sess_start_epoch); new sessions read the
+ * files as they are now, once a reload has loaded them anew.
+ */
+static void end_epoch_at(struct sess *s, uint64_t last)
+{
+	if (last >= s->nbatches)
+		return;
+	for (uint32_t i = 0; i < s->nslots; i++)
+		if (s->slots[i].epoch == s->epoch && s->slots[i].seq > last)
+			sess_drop_slot(&s->slots[i]);
+	if (s->paced) {
+		for (uint64_t q = last + 1; q < s->nbatches; q++)
+			sess_req_clear(s, sess_paced_req(s, q));
+		s->paced_end = true;
+	}
+	s->nbatches = last + 1;
+	if (s->next_fill > s->nbatches)
+		s->next_fill = s->nbatches;
+}
+
 /* Hands batch next_fill to the readers (fill_split).  The slot is FILLING
  * until every part is back.  A pooled batch reads only its staged rows
  * (none when every row is a hit: it goes straight to the transfer
@@ -192,6 +221,12 @@ static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 	uint8_t *dst;
 	int nparts;
 
+	if (s->ds->changed[0]) {
+		ring_slot_put(&s->cuda.lease, ring); /* nothing more is read */
+		sess_fill_error(s, sl, -ESTALE, s->ds->changed);
+		end_epoch_at(s, sl->seq);
+		return 0;
+	}
 	if (s->paced && sess_paced_req(s, s->next_fill)->error) {
 		const struct sess_req *r = sess_paced_req(s, s->next_fill);
 
@@ -370,6 +405,10 @@ void sess_job_done(struct reader_job *job, void *arg)
 	s->jobs--;
 	s->read_ns += job->read_ns;
 	sl->parts--;
+	/* The reader found a file changed on disk: that ends the epochs of
+	 * every session of the dataset (start_fill), whatever this one does. */
+	if (job->rc == -ESTALE)
+		daemon_dataset_changed((struct dataset *)s->ds, job->err);
 	if (job->rc && !s->dead && sl->plan.active && job->first >= sl->plan.nmiss &&
 	    sl->plan.nstaged > sl->plan.nmiss) {
 		/* Only back-fill rows failed: they stay out of the pool, the
@@ -384,7 +423,10 @@ void sess_job_done(struct reader_job *job, void *arg)
 			s->cuda.pool, &sl->plan, job->first, job->count,
 			(uint64_t *)(ring_slot_mem(&s->cuda.lease, sl->ring) + admit_off));
 	} else if (job->rc && !sl->error && !s->dead) {
-		sess_slot_error(s, sl, job->rc, job->err); /* the first part's error wins */
+		/* The first part's error wins. */
+		sess_slot_error(s, sl, job->rc, job->rc == -ESTALE ? s->ds->changed : job->err);
+		if (job->rc == -ESTALE && sl->state == SLOT_FILLING)
+			end_epoch_at(s, sl->seq);
 	}
 	if (s->dead) {
 		sess_maybe_free(s);

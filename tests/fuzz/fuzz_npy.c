@@ -2,8 +2,8 @@
  * fuzz_npy.c — libFuzzer harness: the .npy header parser (daemon/npy.c).
  *
  * The input is a whole file.  It is parsed in memory with
- * npy_parse_header, and opened as a file with npy_open (through a memfd's
- * /proc path, so no disk is touched), and the two must agree.
+ * npy_parse_header, and read as a file with npy_read_header (a memfd, so no
+ * disk is touched), and the two must agree.
  *
  * Checks, beyond ASan/UBSan's (which also catch any read past the buffer:
  * the parser is handed exactly `size` bytes of libFuzzer's allocation):
@@ -14,9 +14,9 @@
  *     data_offset parses identically, and cut one byte shorter asks for
  *     more (-ENODATA);
  *   - a refusal says why (a non-empty message);
- *   - npy_open accepts exactly the files whose header parses and whose
- *     length holds the data, gives the same description, names the file in
- *     every refusal, and leaks no descriptor.
+ *   - npy_read_header accepts exactly the files whose header parses and
+ *     whose length holds the data, gives the same description, names the
+ *     file in every refusal, and leaks no descriptor.
  *
  * DESIGN: one thread, no state between inputs.
  */
@@ -82,7 +82,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct npy_info info, cut, opened;
 	char err[256], path[64];
-	int rc, rc_open, mfd, fd = -1;
+	int rc, rc_open, mfd, fd;
 
 	/* The lowest free descriptor now: free again at the end, or a leak. */
 	fd_baseline = dup(STDERR_FILENO);
@@ -111,16 +111,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		die("write to the memfd");
 	snprintf(path, sizeof(path), "/proc/self/fd/%d", mfd);
 	err[0] = '\0';
-	rc_open = npy_open(path, &opened, &fd, err, sizeof(err));
+	rc_open = npy_read_header(mfd, path, &opened, err, sizeof(err));
 	if (rc == 0 && size - info.data_offset >= info.rows * info.row_bytes) {
-		if (rc_open != 0 || fd < 0 || !same_info(&info, &opened))
-			die("npy_open refused a complete file whose header parses");
-		close(fd);
+		if (rc_open != 0 || !same_info(&info, &opened))
+			die("npy_read_header refused a complete file whose header parses");
 	} else {
-		if (rc_open != -EINVAL || fd != -1)
-			die("npy_open accepted a file the parser refuses, or a short one");
+		if (rc_open != -EINVAL)
+			die("npy_read_header accepted a file the parser refuses, or a short one");
 		if (strncmp(err, path, strlen(path)) != 0)
-			die("npy_open's refusal does not name the file");
+			die("npy_read_header's refusal does not name the file");
 	}
 	close(mfd);
 	fd = dup(STDERR_FILENO);

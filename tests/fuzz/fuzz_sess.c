@@ -11,8 +11,9 @@
  * done when the script says: a reader job coming back (in any order) and an
  * order built ahead.  The datasets are tiny real .npy files written at start
  * (two fields, 24 KiB rows read in parts, pread, two shards, one that fails
- * to load, two truncated after the load so that reads past the cut give
- * error batches).
+ * to load, two truncated after the load so that a read past the cut finds
+ * the file changed on disk: an -ESTALE error batch that ends every epoch
+ * of the dataset, which then refuses new sessions, epochs and loads).
  *
  * The transport is real: server.c accepts the clients on its listening
  * socket and they talk over Unix sockets, arenas arrive as memfds with
@@ -396,7 +397,8 @@ struct fz_set {
 	enum config_read read;
 	bool broken; /* declared with a file that does not exist */
 	/* Nonzero: the files are cut to this many rows after the load, so
-	 * that reading a row past it must give an error batch (-EIO). */
+	 * that reading a row past it must find the file changed on disk: an
+	 * -ESTALE error batch, the epoch's last (sess_pump.c). */
 	uint64_t cut;
 	struct fz_field fields[FZ_MAX_FIELDS];
 	size_t nfields;
@@ -991,6 +993,27 @@ static bool hits_cut(const struct fz_client *c, const uint64_t *picks, uint32_t 
 	return false;
 }
 
+/* A read found c's dataset changed on disk (daemon_dataset_changed). */
+static bool set_changed(const struct fz_set *set)
+{
+	for (size_t i = 0; set && i < d.ndatasets; i++)
+		if (strcmp(d.datasets[i]->name, set->name) == 0)
+			return d.datasets[i]->changed[0] != '\0';
+	return false;
+}
+
+/* The daemon ends c's epoch with error batch seq, its dataset having
+ * changed on disk: nothing after it comes, paced requests after it go. */
+static void end_changed_epoch(struct fz_client *c, uint64_t seq)
+{
+	if (c->paced) {
+		for (uint64_t i = seq + 1; i < c->nbatches; i++)
+			free(c->loads[i].picks);
+		c->paced_end = true;
+	}
+	c->nbatches = seq + 1;
+}
+
 static void on_batch(struct fz_client *c, const Pf__BatchReady *m)
 {
 	struct fz_held b = {m->epoch, m->seq, m->slot, m->arena, m->offset, m->count, NULL};
@@ -1000,10 +1023,11 @@ static void on_batch(struct fz_client *c, const Pf__BatchReady *m)
 		die("a batch without a session");
 	if (m->slot < 0) {
 		/* Error batches: a paced request that cannot be served
-		 * (-EINVAL, -ERANGE), or rows the truncation removed (-EIO,
-		 * naming the file); never anything else. */
+		 * (-EINVAL, -ERANGE), or, once a read past the cut found the
+		 * file changed, -ESTALE naming it; never anything else. */
 		bool ok = m->error == -EINVAL || m->error == -ERANGE ||
-			  (m->error == -EIO && c->set->cut && strstr(m->message, ".npy"));
+			  (m->error == -ESTALE && c->set->cut && set_changed(c->set) &&
+			   strstr(m->message, ".npy changed on disk ("));
 
 		if (c->modeled) {
 			bool turn = m->epoch == c->epoch && c->running && m->seq == c->next_seq &&
@@ -1011,15 +1035,10 @@ static void on_batch(struct fz_client *c, const Pf__BatchReady *m)
 
 			if (!turn)
 				ok = false;
-			else if (c->paced && c->loads[m->seq].bad)
-				ok &= m->error != -EIO;
-			else if (c->paced)
-				ok &= m->error == -EIO &&
-				      hits_cut(c, c->loads[m->seq].picks, c->loads[m->seq].count);
+			else if (m->error == -ESTALE)
+				end_changed_epoch(c, m->seq); /* in place of whatever it was */
 			else
-				ok &= m->error == -EIO &&
-				      hits_cut(c, c->expect + m->seq * c->batch_size,
-					       batch_count(c, m->seq));
+				ok &= c->paced && c->loads[m->seq].bad;
 		}
 		if (!ok || !m->message[0])
 			die("error batch %" PRIu64 "/%" PRIu64 ": %d %s", m->epoch, m->seq,
@@ -1357,7 +1376,7 @@ static void complete_job(size_t i)
 	njobs--;
 	reader_run_job(job);
 	if (job->rc &&
-	    (job->rc != -EIO || !strstr(job->err, ".npy") ||
+	    (job->rc != -ESTALE || !strstr(job->err, ".npy changed on disk (") ||
 	     !(strcmp(job->ds->name, "cut") == 0 || strcmp(job->ds->name, "cutmap") == 0)))
 		die("reader job of batch %" PRIu64 "/%" PRIu64 " failed: %d %s", job->epoch,
 		    job->seq, job->rc, job->err);
@@ -1492,9 +1511,9 @@ static void do_open(struct fz_client *c, struct script *in)
 	r->cuda = strncmp(device, "cuda", 4) == 0;
 	r->set = set < FZ_NSETS ? &sets[set] : NULL;
 	r->expect_ok = FZ_REFUSE;
-	if (c->hello_sent && !c->session && r->set && !r->set->broken && msg.batch_size > 0 &&
-	    (!device[0] || strcmp(device, "host") == 0) && d.nsessions < d.cfg.max_sessions &&
-	    (msg.augment ? msg.augment : 1) <= FZ_AUGMENT_MAX &&
+	if (c->hello_sent && !c->session && r->set && !r->set->broken && !set_changed(r->set) &&
+	    msg.batch_size > 0 && (!device[0] || strcmp(device, "host") == 0) &&
+	    d.nsessions < d.cfg.max_sessions && (msg.augment ? msg.augment : 1) <= FZ_AUGMENT_MAX &&
 	    (msg.max_depth ? msg.max_depth : d.cfg.max_depth) <= d.cfg.depth_limit) {
 		uint64_t min = msg.min_depth ? msg.min_depth : 1;
 		uint64_t max = msg.max_depth ? msg.max_depth : d.cfg.max_depth;
@@ -1526,7 +1545,7 @@ static void predict_start(struct fz_client *c, struct fz_req *r, const Pf__Start
 	r->expect_ok = FZ_REFUSE;
 	if (!c->hello_sent || !s || !c->modeled)
 		return;
-	if ((m->epoch <= s->epoch && s->epoch != 0) || (unsigned)m->order > 3)
+	if ((m->epoch <= s->epoch && s->epoch != 0) || (unsigned)m->order > 3 || s->ds->changed[0])
 		return;
 	if (m->order == PF__ORDER__ORDER_PACED) {
 		/* No order: the client sends each batch (LoadBatch). */
@@ -1941,9 +1960,10 @@ static void do_load(struct fz_client *c, struct script *in)
 	env.msg_case = PF__ENVELOPE__MSG_LOAD;
 	env.load = &msg;
 	/* Refused outright: no paced epoch of that id running, or one whose
-	 * end was sent, or SESS_PACED_MAX requests waiting. */
+	 * end was sent, or SESS_PACED_MAX requests waiting, or a dataset
+	 * changed on disk. */
 	if (!c->session || !c->paced || msg.epoch != c->epoch || !c->running || c->paced_end ||
-	    (!msg.end && c->nbatches - c->next_seq >= SESS_PACED_MAX)) {
+	    (!msg.end && c->nbatches - c->next_seq >= SESS_PACED_MAX) || set_changed(c->set)) {
 		expect_unasked_refusal(c);
 	} else if (msg.end) {
 		c->paced_end = true;
@@ -2106,6 +2126,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	 * inputs): end_script finds it free again, or something leaked. */
 	fd_baseline = dup(STDERR_FILENO);
 	close(fd_baseline);
+	/* Each script starts with the datasets as loaded, whatever the one
+	 * before found changed on disk, so that it always runs the same way. */
+	for (size_t i = 0; i < d.ndatasets; i++)
+		d.datasets[i]->changed[0] = '\0';
 	for (unsigned n = 0; in.n && n < FZ_MAX_ACTIONS; n++) {
 		uint8_t h = next_u8(&in);
 		enum fz_op op = (enum fz_op)(((h & 15) | (h & 0x80) >> 3) % FZ_NOPS);

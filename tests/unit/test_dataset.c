@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -467,6 +468,18 @@ static void write_token_shards(struct fixture *fx, char *pattern, size_t len)
 		first += tok_sizes[i];
 	}
 	snprintf(pattern, len, "%s/tok_*.bin", fx->dir);
+}
+
+/* A tokens declaration (seq_len TOK_SEQ) of the one pattern in paths[0],
+ * its field in *field. */
+static struct config_dataset tokens_decl(struct config_field *field, char **paths)
+{
+	*field = (struct config_field){"tokens", paths, 1};
+	return (struct config_dataset){.name = "tok",
+				       .format = "tokens",
+				       .fields = field,
+				       .nfields = 1,
+				       .seq_len = TOK_SEQ};
 }
 
 static void tokens_load_with_config(struct fixture *fx, char *pattern, struct dataset *ds,
@@ -955,6 +968,151 @@ static void close_releases_every_fd(void **state)
 	assert_int_equal(count_open_fds(), fds);
 }
 
+/* z.npy: 100 rows of 64 '<u1' under a v1 header of 128 bytes, or (pad 64)
+ * 99 rows behind a header 64 bytes longer: the same size, rows moved. */
+static char *write_z(struct fixture *fx, uint64_t rows, size_t pad)
+{
+	uint64_t shape[1] = {64};
+	uint8_t img[8192];
+	size_t off = npygen_header(img, sizeof(img), 1, "<u1", rows, shape, 1);
+	char *path;
+	FILE *f;
+
+	assert_int_equal(off, 128);
+	if (pad) {
+		memset(img + off - 1, ' ', pad);
+		img[off - 1 + pad] = '\n';
+		img[8] = (uint8_t)(off + pad - 10);
+		off += pad;
+	}
+	memset(img + off, 0x5a, rows * 64);
+	assert_true(asprintf(&path, "%s/z.npy", fx->dir) > 0);
+	f = fopen(path, "r+b"); /* in place when it exists */
+	if (!f)
+		f = fopen(path, "wb");
+	assert_non_null(f);
+	assert_int_equal(fwrite(img, 1, off + rows * 64, f), off + rows * 64);
+	assert_int_equal(fclose(f), 0);
+	return path;
+}
+
+static void assert_changed(const struct dataset *ds, const char *path, const char *how)
+{
+	char why[512] = "";
+
+	assert_true(ds_files_changed(ds, why, sizeof(why)));
+	print_message("%s\n", why);
+	if (strncmp(why, path, strlen(path)) != 0 || !strstr(why, " changed on disk (") ||
+	    !strstr(why, how))
+		fail_msg("\"%s\" does not say %s changed (%s)", why, path, how);
+}
+
+/* Each step makes a change the one before it could not hide, and the
+ * check names the strongest: the header, then the mtime, the size, the
+ * inode, and last the file's removal. */
+static void file_changed_on_disk_is_told_by_header_mtime_size_inode(void **state)
+{
+	struct fixture *fx = *state;
+	char *paths[1], *other, why[512] = "";
+	struct config_field field = {"z", paths, 1};
+	struct config_dataset decl = {.name = "z", .format = "npy", .fields = &field, .nfields = 1};
+	struct timespec times[2];
+	struct dataset ds;
+	struct stat st;
+
+	paths[0] = write_z(fx, 100, 0);
+	assert_int_equal(ds_load(&ds, &decl), 0);
+	assert_false(ds_files_changed(&ds, why, sizeof(why)));
+	assert_string_equal(why, "");
+
+	/* Rewritten in place with a longer header, same size, mtime set back. */
+	assert_int_equal(stat(paths[0], &st), 0);
+	free(write_z(fx, 99, 64));
+	times[0] = st.st_atim;
+	times[1] = st.st_mtim;
+	assert_int_equal(utimensat(AT_FDCWD, paths[0], times, 0), 0);
+	assert_changed(&ds, paths[0], "its header was rewritten");
+	times[1].tv_sec += 7;
+	assert_int_equal(utimensat(AT_FDCWD, paths[0], times, 0), 0);
+	assert_changed(&ds, paths[0], "mtime ");
+	assert_int_equal(truncate(paths[0], 6000), 0);
+	assert_changed(&ds, paths[0], "size 6528 -> 6000 bytes");
+	assert_true(asprintf(&other, "%s/z-new.npy", fx->dir) > 0);
+	assert_int_equal(link(paths[0], other), 0); /* another name, same inode */
+	assert_int_equal(unlink(paths[0]), 0);
+	free(write_z(fx, 100, 0));
+	assert_changed(&ds, paths[0], "(inode ");
+	assert_int_equal(unlink(paths[0]), 0);
+	assert_changed(&ds, paths[0], "(removed)");
+	ds_close(&ds);
+	free(other);
+	free(paths[0]);
+}
+
+static void shard_patterns_matching_other_files_are_told(void **state)
+{
+	struct fixture *fx = *state;
+	char pattern[128], path[160], why[512] = "";
+	char *paths[1] = {pattern};
+	struct config_field field;
+	struct config_dataset decl = tokens_decl(&field, paths);
+	struct dataset ds;
+
+	write_token_shards(fx, pattern, sizeof(pattern));
+	assert_int_equal(ds_load(&ds, &decl), 0);
+	assert_int_equal(ds.nmatched, 4); /* the 40-token shard too */
+	assert_false(ds_matches_changed(&ds, &decl, why, sizeof(why)));
+	assert_false(ds_files_changed(&ds, why, sizeof(why)));
+
+	snprintf(path, sizeof(path), "%s/tok_002a.bin", fx->dir);
+	assert_int_equal(td_write_tokens(path, 100, TOK_SEED, 0, 20240520, 1, 0), 0);
+	assert_true(ds_matches_changed(&ds, &decl, why, sizeof(why)));
+	print_message("%s\n", why);
+	assert_non_null(strstr(why, "tok_002a.bin is new"));
+	assert_false(ds_files_changed(&ds, why, sizeof(why))); /* none it reads */
+	assert_int_equal(unlink(path), 0);
+	/* The shard too short for a window is read by nobody, but it was
+	 * matched: its going is a change of what the pattern means. */
+	snprintf(path, sizeof(path), "%s/tok_003.bin", fx->dir);
+	assert_int_equal(unlink(path), 0);
+	assert_true(ds_matches_changed(&ds, &decl, why, sizeof(why)));
+	assert_non_null(strstr(why, "tok_003.bin is gone"));
+	ds_close(&ds);
+}
+
+/* A FIFO or a symlink where a shard pattern matches: refused by name at
+ * once (no open() waits for a writer), and nothing is left open. */
+static void fifo_and_symlink_shards_are_refused_without_blocking(void **state)
+{
+	struct fixture *fx = *state;
+	char pattern[128], fifo[160], link_path[160], target[160];
+	char *paths[1] = {pattern};
+	struct config_field field;
+	struct config_dataset decl = tokens_decl(&field, paths);
+	struct dataset ds;
+	int fds = count_open_fds();
+
+	write_token_shards(fx, pattern, sizeof(pattern));
+	snprintf(fifo, sizeof(fifo), "%s/tok_001a.bin", fx->dir);
+	assert_int_equal(mkfifo(fifo, 0600), 0);
+	assert_int_equal(ds_load(&ds, &decl), -EINVAL);
+	print_message("%s\n", ds.error);
+	assert_non_null(strstr(ds.error, "tok_001a.bin is a FIFO, not a regular file"));
+	ds_close(&ds);
+	assert_int_equal(unlink(fifo), 0);
+
+	/* Even a link to a shard in the same directory: the target need not
+	 * match the pattern, so nothing about it is safe to serve. */
+	snprintf(target, sizeof(target), "%s/tok_000.bin", fx->dir);
+	snprintf(link_path, sizeof(link_path), "%s/tok_009.bin", fx->dir);
+	assert_int_equal(symlink(target, link_path), 0);
+	assert_int_equal(ds_load(&ds, &decl), -EINVAL);
+	print_message("%s\n", ds.error);
+	assert_non_null(strstr(ds.error, "tok_009.bin is a symbolic link"));
+	ds_close(&ds);
+	assert_int_equal(count_open_fds(), fds);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 
 int main(void)
@@ -984,6 +1142,9 @@ int main(void)
 		T(out_of_range_sample_is_refused),
 		T(close_unmaps_every_shard),
 		T(close_releases_every_fd),
+		T(file_changed_on_disk_is_told_by_header_mtime_size_inode),
+		T(shard_patterns_matching_other_files_are_told),
+		T(fifo_and_symlink_shards_are_refused_without_blocking),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
