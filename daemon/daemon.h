@@ -45,6 +45,8 @@ struct daemon {
 	bool accept_timer_live;
 	uv_idle_t pump_idle; /* sessions' pumps carried over to the next turn (sess_pump.c) */
 	bool pump_idle_live;
+	uv_idle_t conn_idle; /* connections' frames carried over to the next turn (server.c) */
+	bool conn_idle_live;
 	unsigned accept_pause_ms;
 	uv_signal_t sig_term, sig_int, sig_hup;
 	uv_timer_t tick;     /* periodic housekeeping (status, retired datasets) */

@@ -59,6 +59,7 @@ struct conn {
 	bool closing;
 	bool counted;		 /* holds one of its uid's connections (quota.h) */
 	bool drain_kick;	 /* its session waits for the output queue to drain */
+	bool rx_later;		 /* whole frames wait in rx for the next turn */
 	bool last_words;	 /* refused: its last replies are queued outside the quota */
 	uint64_t mem_held;	 /* memory quota held for its buffers: rx.cap + queued frames */
 	uint64_t rx_held;	 /* of it, for the receive buffer */

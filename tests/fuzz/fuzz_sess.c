@@ -104,10 +104,22 @@ static void die(const char *fmt, ...)
 
 static bool verbose;
 
-/* The idle handle that carries a session's pump over to the next turn (a
- * turn's work done, SESS_TURN_BYTES): one, turned by turn() while active. */
-static uv_idle_t *idle_h;
-static uv_idle_cb idle_cb;
+/* The idle handles that carry work over to the next turn: sessions' pumps
+ * (SESS_TURN_BYTES) and connections' frames (CONN_FRAME_BUDGET), turned by
+ * turn() while active. */
+#define FZ_IDLES 2
+static struct fz_idle {
+	uv_idle_t *h;
+	uv_idle_cb cb; /* NULL: stopped */
+} idles[FZ_IDLES];
+
+static struct fz_idle *find_idle(const void *h)
+{
+	for (int i = 0; i < FZ_IDLES; i++)
+		if (idles[i].h && (const void *)idles[i].h == h)
+			return &idles[i];
+	return NULL;
+}
 
 void __wrap_log_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void __wrap_log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -267,10 +279,8 @@ void __wrap_uv_close(uv_handle_t *h, uv_close_cb cb)
 
 	if (p)
 		p->active = false;
-	if (h == (uv_handle_t *)idle_h) {
-		idle_h = NULL;
-		idle_cb = NULL;
-	}
+	if (find_idle(h))
+		*find_idle(h) = (struct fz_idle){0};
 	if (ncloses == FZ_MAX_POLLS)
 		die("more than %d handles closing", FZ_MAX_POLLS);
 	closes[ncloses++] = (struct fz_close){h, cb};
@@ -278,27 +288,36 @@ void __wrap_uv_close(uv_handle_t *h, uv_close_cb cb)
 
 int __wrap_uv_idle_init(uv_loop_t *lp, uv_idle_t *h)
 {
+	struct fz_idle *x = NULL;
+
 	memset(h, 0, sizeof(*h));
 	h->loop = lp;
 	h->type = UV_IDLE;
-	if (idle_h && idle_h != h)
-		die("a second idle handle");
-	idle_h = h;
+	for (int i = 0; i < FZ_IDLES && !x; i++)
+		if (!idles[i].h)
+			x = &idles[i];
+	if (!x)
+		die("more than %d idle handles", FZ_IDLES);
+	*x = (struct fz_idle){.h = h};
 	return 0;
 }
 
 int __wrap_uv_idle_start(uv_idle_t *h, uv_idle_cb cb)
 {
-	if (h != idle_h)
+	struct fz_idle *x = find_idle(h);
+
+	if (!x)
 		die("uv_idle_start on a handle never initialised");
-	idle_cb = cb;
+	x->cb = cb;
 	return 0;
 }
 
 int __wrap_uv_idle_stop(uv_idle_t *h)
 {
-	if (h == idle_h)
-		idle_cb = NULL;
+	struct fz_idle *x = find_idle(h);
+
+	if (x)
+		x->cb = NULL;
 	return 0;
 }
 
@@ -358,9 +377,11 @@ static bool turn(void)
 		moved = true;
 		p->cb((uv_poll_t *)p->h, 0, ev);
 	}
-	if (idle_cb) {
-		moved = true;
-		idle_cb(idle_h);
+	for (int i = 0; i < FZ_IDLES; i++) {
+		if (idles[i].cb) {
+			moved = true;
+			idles[i].cb(idles[i].h);
+		}
 	}
 	return moved;
 }
