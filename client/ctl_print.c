@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util.h"
+
 int __attribute__((format(printf, 1, 2))) ctl_errorf(const char *fmt, ...)
 {
 	va_list ap;
@@ -344,6 +346,9 @@ static int table_add(struct table *t, ...)
 			va_end(ap);
 			return -ENOMEM;
 		}
+		/* Names come from clients and files: nothing of theirs may
+		 * reach the terminal as a control sequence. */
+		util_printable(row[i]);
 	}
 	va_end(ap);
 	t->rows++;
@@ -477,17 +482,20 @@ int ctl_print_status(const Pf__StatusReply *st)
 			  .head = {">SESSION", "NAME", "DATASET", "DEVICE", ">EPOCH", "STATE",
 				   ">SENT", ">CONSUMED", ">HELD", ">TARGET", ">RING", ">WAIT_S",
 				   ">STALL", ">GB/S", "WHY"}};
-	char up[32], ring[32];
+	char up[32], ring[32], daemon[64], gpu[256];
 	int rc = 0;
 
 	human_duration(up, sizeof(up), st->uptime_s);
 	ctl_human_bytes(ring, sizeof(ring), st->ring_bytes);
 	/* The daemon's version string names the program already
 	 * ("prefetchd 0.1.0"); an older one may send just the number. */
+	snprintf(daemon, sizeof(daemon), "%s", st->daemon);
+	snprintf(gpu, sizeof(gpu), "%s", st->gpu ? st->gpu : "");
+	util_printable(daemon);
+	util_printable(gpu);
 	printf("%s%s, up %s, %" PRIu32 " reader%s, ring %s%s%s\n",
-	       strncmp(st->daemon, "prefetchd", 9) ? "prefetchd " : "", st->daemon, up, st->readers,
-	       st->readers == 1 ? "" : "s", ring, st->gpu && *st->gpu ? ", gpu: " : "",
-	       st->gpu ? st->gpu : "");
+	       strncmp(daemon, "prefetchd", 9) ? "prefetchd " : "", daemon, up, st->readers,
+	       st->readers == 1 ? "" : "s", ring, gpu[0] ? ", gpu: " : "", gpu);
 	for (size_t i = 0; i < st->n_sessions && !rc; i++) {
 		const Pf__SessionStatus *s = st->sessions[i];
 		char id[24], epoch[24], sent[24], consumed[24], held[24], target[24], fill[32];
