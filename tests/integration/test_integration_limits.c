@@ -42,109 +42,7 @@
 #include "testutil.h"
 #include "wire.h"
 
-#define N_ROWS	  4096u /* the bystander's dataset: rows.npy */
-#define ROW_BYTES 512u
-#define SEED	  77u
-#define MiB	  (1ull << 20)
-
-static struct tdaemon td;
-static struct td_bystander *by;
-static uid_t nobody = 65534;
-#define OTHER_UID 65533 /* a second user that needs no account */
-
-/* Readable by the users the cases become. */
-static const char *const open_access = "socket_mode = 0666\nallow_users = *\n";
-
-/* A daemon with the bystander's dataset and `datasets` (whose files
- * write_files puts in td.dir first), and the bystander running. */
-static void start_with(const char *extra, const char *datasets, void (*write_files)(void))
-{
-	char p[400], conf[1200];
-	uint64_t shape[1] = {ROW_BYTES};
-	struct passwd *pw = getpwnam("nobody");
-
-	if (pw)
-		nobody = pw->pw_uid;
-	assert_int_equal(td_init(&td, "limits"), 0);
-	assert_int_equal(chmod(td.dir, 0755), 0); /* other users pass */
-	td_path(&td, "rows.npy", p, sizeof(p));
-	assert_int_equal(td_write_npy(p, 1, "|u1", 1, N_ROWS, shape, 1, SEED, 0), 0);
-	if (write_files)
-		write_files();
-	snprintf(conf, sizeof(conf), "[dataset.rows]\nfield.x = rows.npy\n%s",
-		 datasets ? datasets : "");
-	assert_int_equal(td_start(&td, extra, conf), 0);
-	by = td_bystander_start(td.sock, "rows", 64, ROW_BYTES, SEED);
-	assert_non_null(by);
-}
-
-static void start(const char *extra, const char *datasets)
-{
-	start_with(extra, datasets, NULL);
-}
-
-/* The bystander saw nothing of the abuse; the daemon stops cleanly. */
-static void finish(void)
-{
-	struct td_bystander_report r;
-	int rc = td_bystander_stop(by, &r);
-
-	print_message("  bystander: %llu epochs, %llu batches, %llu statuses, slowest %.1f ms "
-		      "(at %.3f s)%s%s\n",
-		      (unsigned long long)r.epochs, (unsigned long long)r.batches,
-		      (unsigned long long)r.statuses, r.max_status_ms, r.max_status_at,
-		      r.error[0] ? ": " : "", r.error);
-	assert_int_equal(rc, 0);
-	assert_int_equal(td_stop(&td, 5000), 0);
-	td_cleanup(&td);
-}
-
-static void need_root(void)
-{
-	if (geteuid() != 0) {
-		print_message("skipped: needs root to act as other users (running as uid %u)\n",
-			      (unsigned)geteuid());
-		skip();
-	}
-}
-
-static struct pf_client *connect_open(const char *dataset, uint32_t batch, uint32_t max_depth,
-				      uint32_t augment, int *rc)
-{
-	struct pf_open_opts o = {.dataset = dataset,
-				 .batch_size = batch,
-				 .max_depth = max_depth,
-				 .augment = augment,
-				 .name = "abuser"};
-	struct pf_client *c = NULL;
-
-	*rc = pf_connect(td.sock, &c);
-	if (!*rc)
-		*rc = pf_open(c, &o);
-	return c;
-}
-
-/* Opens a session that must be refused with code and a message holding
- * `text`. */
-static void open_refused(const char *dataset, uint32_t batch, uint32_t max_depth, uint32_t augment,
-			 int code, const char *text)
-{
-	int rc;
-	struct pf_client *c = connect_open(dataset, batch, max_depth, augment, &rc);
-
-	print_message("  refused: %d %s\n", rc, pf_errmsg(c));
-	assert_int_equal(rc, code);
-	assert_non_null(strstr(pf_errmsg(c), text));
-	pf_close(c);
-}
-
-static long rss_kb(void)
-{
-	long kb = td_rss_kb(td.pid);
-
-	assert_true(kb > 0);
-	return kb;
-}
+#include "abuse.h"
 
 /* ---- 1: sizes that wrap ----------------------------------------------------- */
 
@@ -185,46 +83,6 @@ static void a_batch_whose_slot_would_wrap_is_refused(void **state)
 }
 
 /* ---- 4, 16: connections and sessions per user ---------------------------------- */
-
-static int raw_connect(void)
-{
-	struct sockaddr_un a = {.sun_family = AF_UNIX};
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-	assert_true(fd >= 0);
-	assert_true(strlen(td.sock) < sizeof(a.sun_path));
-	memcpy(a.sun_path, td.sock, strlen(td.sock) + 1);
-	assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-	return fd;
-}
-
-/* Waits (5 s at most) for the daemon to end fd's connection; what it said
- * last, if it said anything, goes into why. */
-static bool closed_with(int fd, char *why, size_t len)
-{
-	struct wire_rx rx;
-	Pf__Envelope *env;
-	bool closed = false;
-	double until = td_now() + 5;
-
-	why[0] = '\0';
-	wire_rx_init(&rx, 0);
-	fcntl(fd, F_SETFL, O_NONBLOCK);
-	while (!closed && td_now() < until) {
-		long n = wire_rx_fill(&rx, fd);
-
-		while (n > 0 && wire_rx_next(&rx, &env) == 1) {
-			if (env->msg_case == PF__ENVELOPE__MSG_ERROR)
-				snprintf(why, len, "%d %s", env->error->code, env->error->message);
-			pf__envelope__free_unpacked(env, NULL);
-		}
-		closed = n == 0 || (n < 0 && n != -EAGAIN);
-		if (n == -EAGAIN)
-			usleep(5000);
-	}
-	wire_rx_free(&rx);
-	return closed;
-}
 
 static void connections_beyond_a_users_share_are_refused_and_idle_ones_closed(void **state)
 {
@@ -268,7 +126,6 @@ struct hold {
 	int want, code; /* sessions to open; the refusal expected after them */
 	const char *text;
 	uint32_t batch;
-	int to_parent, from_parent; /* pipe ends: "opened", then "go" */
 };
 
 /* Child: opens h->want sessions, holding their first batches (taken,
@@ -279,7 +136,6 @@ static int hold_sessions(void *arg)
 	struct hold *h = arg;
 	struct pf_client *c[64];
 	int rc = 0, n;
-	char b = 'x';
 
 	for (n = 0; n < h->want && !rc; n++) {
 		struct pf_batch *batch;
@@ -306,50 +162,11 @@ static int hold_sessions(void *arg)
 			rc = 1;
 		pf_close(x);
 	}
-	if (write(h->to_parent, rc ? "f" : "o", 1) != 1 || read(h->from_parent, &b, 1) != 1)
+	if (child_holds(rc == 0))
 		rc = 2;
 	while (n-- > 0)
 		pf_close(c[n]);
 	return rc ? 1 : 0;
-}
-
-/* Runs hold_sessions as uid in a child; returns when it has opened them
- * (its pid and pipes in *pid, *go). */
-static pid_t hold_as(uid_t uid, struct hold *h, int *go)
-{
-	int up[2], down[2];
-	pid_t pid;
-	char b;
-
-	assert_int_equal(pipe(up), 0);
-	assert_int_equal(pipe(down), 0);
-	h->to_parent = up[1];
-	h->from_parent = down[0];
-	pid = fork();
-	assert_true(pid >= 0);
-	if (pid == 0) {
-		close(up[0]);
-		close(down[1]);
-		_exit(td_as_user(uid, hold_sessions, h) == 0 ? 0 : 1);
-	}
-	close(up[1]);
-	close(down[0]);
-	assert_int_equal(read(up[0], &b, 1), 1);
-	close(up[0]);
-	assert_int_equal(b, 'o');
-	*go = down[1];
-	return pid;
-}
-
-static void let_go(pid_t pid, int go)
-{
-	int st;
-
-	assert_int_equal(write(go, "g", 1), 1);
-	close(go);
-	assert_int_equal(waitpid(pid, &st, 0), pid);
-	assert_true(WIFEXITED(st));
-	assert_int_equal(WEXITSTATUS(st), 0);
 }
 
 static void one_user_cannot_take_every_session(void **state)
@@ -365,7 +182,7 @@ static void one_user_cannot_take_every_session(void **state)
 	snprintf(extra, sizeof(extra), "%smax_sessions = 8\nmax_sessions_per_uid = 3\n",
 		 open_access);
 	start(extra, NULL);
-	pid = hold_as(nobody, &h, &go);
+	pid = held_as(nobody, hold_sessions, &h, &go);
 	/* nobody holds its 3; this user (the bystander's) still opens two. */
 	for (int i = 0; i < 2; i++) {
 		mine[i] = connect_open("rows", 16, 0, 0, &rc);
@@ -397,9 +214,9 @@ static void sessions_that_never_release_are_held_to_the_memory_budget(void **sta
 	usleep(200000);
 	before = rss_kb();
 	/* One user: five sessions (90 MiB), the sixth over its 96 MiB. */
-	pa = hold_as(nobody, &a, &ga);
+	pa = held_as(nobody, hold_sessions, &a, &ga);
 	/* Another: three more (54 MiB), the fourth over the 160 MiB of all. */
-	pb = hold_as(OTHER_UID, &b, &gb);
+	pb = held_as(OTHER_UID, hold_sessions, &b, &gb);
 	usleep(300000); /* their readers fill the slots: the memory is touched */
 	after = rss_kb();
 	print_message("  daemon RSS %ld kB before, %ld kB with 8 sessions held (budget %llu kB)\n",
