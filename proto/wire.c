@@ -107,7 +107,7 @@ void wire_rx_free(struct wire_rx *rx)
 	rx->nfds = 0;
 	free(rx->buf);
 	rx->buf = NULL;
-	rx->len = rx->cap = 0;
+	rx->off = rx->len = rx->cap = 0;
 }
 
 /* Room for at least `want` more bytes, never beyond one maximal frame plus
@@ -119,6 +119,12 @@ static int rx_reserve(struct wire_rx *rx, size_t want)
 	size_t cap = rx->cap ? rx->cap : 4096;
 	uint8_t *p;
 
+	/* Frames consumed since the last fill leave in one move, not one
+	 * each (a flood of tiny frames would be quadratic). */
+	if (rx->off) {
+		memmove(rx->buf, rx->buf + rx->off, rx->len);
+		rx->off = 0;
+	}
 	if (rx->len + want <= rx->cap)
 		return 0;
 	while (cap < rx->len + want)
@@ -197,19 +203,20 @@ int wire_rx_next(struct wire_rx *rx, Pf__Envelope **env)
 	uint32_t body;
 	Pf__Envelope *e;
 
+	const uint8_t *p = rx->buf + rx->off;
+
 	if (rx->len < WIRE_HDR)
 		return 0;
-	body = (uint32_t)rx->buf[0] | (uint32_t)rx->buf[1] << 8 | (uint32_t)rx->buf[2] << 16 |
-	       (uint32_t)rx->buf[3] << 24;
+	body = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 	if (body > rx->max_frame)
 		return -EMSGSIZE;
 	if (rx->len < WIRE_HDR + (size_t)body)
 		return 0;
-	e = pf__envelope__unpack(NULL, body, rx->buf + WIRE_HDR);
+	e = pf__envelope__unpack(NULL, body, p + WIRE_HDR);
 	/* Consume the frame whether or not it decoded: the caller closes the
 	 * connection on -EBADMSG anyway, and the buffer stays consistent. */
 	rx->len -= WIRE_HDR + body;
-	memmove(rx->buf, rx->buf + WIRE_HDR + body, rx->len);
+	rx->off = rx->len ? rx->off + WIRE_HDR + body : 0;
 	/* A large frame's buffer goes once it is drained: a connection keeps
 	 * only what everyday frames need. */
 	if (!rx->len && rx->cap > WIRE_RX_KEEP) {

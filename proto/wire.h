@@ -58,8 +58,9 @@ long wire_send_some(int sock, const uint8_t *buf, size_t len, int pass_fd);
 #define WIRE_RX_KEEP (256u << 10)
 
 struct wire_rx {
-	uint8_t *buf; /* owned: received bytes not yet consumed */
-	size_t len;
+	uint8_t *buf; /* owned: received bytes; those not yet consumed at off */
+	size_t off;   /* consumed frames before it, moved out at the next fill */
+	size_t len;   /* bytes not yet consumed */
 	size_t cap;
 	size_t max_frame;
 	int fds[WIRE_MAX_FDS]; /* owned until taken: fds in arrival order */
