@@ -124,52 +124,72 @@ static int rx_account(struct conn *c)
 
 /* ---- output ---------------------------------------------------------------- */
 
-/* The peer's send (peer.h): queues env, and pass_fd with its first byte. */
+static void frame_free(struct out_frame *f)
+{
+	if (f->fd >= 0)
+		close(f->fd);
+	big_free(f->buf, f->cap);
+	free(f);
+}
+
+/* The peer's send (peer.h): queues env, and pass_fd with its first byte.
+ * A small frame without a descriptor goes after the last one queued, in
+ * its buffer, when there is room. */
 static int conn_send(void *conn, const Pf__Envelope *env, int pass_fd)
 {
 	struct conn *c = conn;
-	struct out_frame *f;
+	struct out_frame *f, *t = c->out_tail;
+	size_t len;
 	int rc;
 
 	if (c->closing) {
 		rc = -EPIPE;
 		goto fail;
 	}
+	len = wire_frame_size(env);
+	if (!len) {
+		rc = -EMSGSIZE;
+		goto fail;
+	}
+	if (c->out_bytes + len > CONN_MAX_QUEUED) {
+		rc = -ENOBUFS;
+		conn_close(c, "peer does not read its replies (output queue full)");
+		goto fail;
+	}
+	if (pass_fd < 0 && t && t->fd < 0 && t->cap - t->len >= len) {
+		wire_encode_into(env, t->buf + t->len, len);
+		t->len += len;
+		c->out_bytes += len;
+		conn_update_poll(c);
+		return 0;
+	}
 	f = calloc(1, sizeof(*f));
 	if (!f) {
 		rc = -ENOMEM;
 		goto fail;
 	}
-	/* A big frame (the BatchReady of a batch of millions) in huge
+	/* A big frame (the BatchReady of a batch of millions) comes in huge
 	 * pages: its first touch would otherwise hold the loop. */
-	f->len = wire_frame_size(env);
-	f->buf = f->len ? big_alloc(f->len) : NULL;
+	f->cap = pass_fd < 0 && len < CONN_OUT_CHUNK ? CONN_OUT_CHUNK : len;
+	f->fd = -1;
+	rc = c->last_words ? 0 : conn_take(c, f->cap, "a reply waiting to be sent");
+	f->buf = rc ? NULL : big_alloc(f->cap);
 	if (!f->buf) {
-		rc = f->len ? -ENOMEM : -EMSGSIZE;
+		if (!rc && !c->last_words)
+			conn_give(c, f->cap);
 		free(f);
+		rc = rc ? rc : -ENOMEM;
 		goto fail;
 	}
-	wire_encode_into(env, f->buf, f->len);
+	wire_encode_into(env, f->buf, len);
+	f->len = len;
 	f->fd = pass_fd;
-	if (c->out_bytes + f->len > CONN_MAX_QUEUED) {
-		big_free(f->buf, f->len);
-		free(f);
-		rc = -ENOBUFS;
-		conn_close(c, "peer does not read its replies (output queue full)");
-		goto fail;
-	}
-	rc = c->last_words ? 0 : conn_take(c, f->len, "a reply waiting to be sent");
-	if (rc) {
-		big_free(f->buf, f->len);
-		free(f);
-		goto fail;
-	}
-	if (c->out_tail)
-		c->out_tail->next = f;
+	if (t)
+		t->next = f;
 	else
 		c->out_head = f;
 	c->out_tail = f;
-	c->out_bytes += f->len;
+	c->out_bytes += len;
 	conn_update_poll(c);
 	return 0;
 fail:
@@ -203,9 +223,8 @@ static void flush_out(struct conn *c)
 		if (!c->out_head)
 			c->out_tail = NULL;
 		if (!c->last_words)
-			conn_give(c, f->len);
-		big_free(f->buf, f->len);
-		free(f);
+			conn_give(c, f->cap);
+		frame_free(f);
 	}
 	conn_update_poll(c);
 	if (c->drain_kick && c->out_bytes <= CONN_LOW_WATER && !c->closing) {
@@ -469,10 +488,7 @@ static void conn_free(uv_handle_t *h)
 		struct out_frame *f = c->out_head;
 
 		c->out_head = f->next;
-		if (f->fd >= 0)
-			close(f->fd);
-		big_free(f->buf, f->len);
-		free(f);
+		frame_free(f);
 	}
 	wire_rx_free(&c->rx);
 	close(c->fd);
