@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <malloc.h>
 #include <sys/resource.h>
 #include <systemd/sd-daemon.h>
 #include <time.h>
@@ -139,6 +140,10 @@ static void on_tick(uv_timer_t *t)
 	daemon_collect(d);
 	server_tick(d);
 	big_trim(0);
+	/* Freed memory goes back to the system: after a client that queued
+	 * 96 MiB of replies it never read, the heap would keep those pages
+	 * (they are rarely at its top, where free() alone gives back). */
+	malloc_trim(0);
 }
 
 int main(int argc, char **argv)
