@@ -31,32 +31,6 @@
 
 #include "abuse.h"
 
-/* A frame of env on fd (blocking), with pass_fd attached when >= 0. */
-static int send_env(int fd, const Pf__Envelope *env, int pass_fd)
-{
-	uint8_t *buf;
-	size_t len;
-	int rc = wire_encode(env, &buf, &len);
-
-	if (!rc)
-		rc = wire_send_all(fd, buf, len, pass_fd);
-	free(buf);
-	return rc;
-}
-
-static int send_hello(int fd, const char *client)
-{
-	Pf__Envelope env = PF__ENVELOPE__INIT;
-	Pf__Hello h = PF__HELLO__INIT;
-
-	h.version = WIRE_VERSION;
-	h.client = (char *)client;
-	env.id = 1;
-	env.msg_case = PF__ENVELOPE__MSG_HELLO;
-	env.hello = &h;
-	return send_env(fd, &env, -1);
-}
-
 /* A Release with no session (or slot) behind it: always refused. */
 static Pf__Release no_release = {.base = PROTOBUF_C_MESSAGE_INIT(&pf__release__descriptor),
 				 .slot = 12345};
@@ -153,7 +127,7 @@ static void descriptors_sent_to_the_daemon_are_closed_off_the_loop(void **state)
 	/* The finding's: the lingering socket, attached to hello. */
 	t = lingering_socket(&l);
 	fd = raw_connect();
-	assert_int_equal(send_hello(fd, "lingering"), 0);
+	assert_int_equal(td_send_hello(fd, "lingering"), 0);
 	t0 = td_now();
 	{
 		Pf__Envelope env = PF__ENVELOPE__INIT;
@@ -162,7 +136,7 @@ static void descriptors_sent_to_the_daemon_are_closed_off_the_loop(void **state)
 		env.id = 2;
 		env.msg_case = PF__ENVELOPE__MSG_STATUS;
 		env.status = &st;
-		assert_int_equal(send_env(fd, &env, t), 0);
+		assert_int_equal(td_send_env(fd, &env, t), 0);
 	}
 	close(t); /* ours: the daemon's copy is the last */
 	assert_true(closed_with(fd, why, sizeof(why)));
@@ -215,7 +189,7 @@ static void descriptors_sent_to_the_daemon_are_closed_off_the_loop(void **state)
 		cm->cmsg_len = CMSG_LEN(sizeof(many));
 		memcpy(CMSG_DATA(cm), many, sizeof(many));
 		fd = raw_connect();
-		assert_int_equal(send_hello(fd, "many"), 0);
+		assert_int_equal(td_send_hello(fd, "many"), 0);
 		assert_int_equal(sendmsg(fd, &msg, MSG_NOSIGNAL), (ssize_t)sizeof(hdr));
 		close(pair[0]);
 		close(pair[1]);
@@ -309,7 +283,7 @@ static void a_flood_of_bad_requests_gets_a_bounded_number_of_log_lines(void **st
 
 	start(NULL, NULL);
 	fd = raw_connect();
-	assert_int_equal(send_hello(fd, "flood"), 0);
+	assert_int_equal(td_send_hello(fd, "flood"), 0);
 	/* The finding's: Release frames the daemon must refuse (these
 	 * without a session), 2.6 MB of them. */
 	assert_int_equal(wire_encode(&release, &frame, &flen), 0);
@@ -415,8 +389,8 @@ static void client_strings_cannot_forge_lines_or_reach_a_terminal(void **state)
 	/* The finding's: a newline in hello's client string, then a request
 	 * that gets the client's name into a log line. */
 	fd = raw_connect();
-	assert_int_equal(send_hello(fd, "x\n<3>prefetchd: forged line"), 0);
-	assert_int_equal(send_env(fd, &release, -1), 0);
+	assert_int_equal(td_send_hello(fd, "x\n<3>prefetchd: forged line"), 0);
+	assert_int_equal(td_send_env(fd, &release, -1), 0);
 	usleep(200000);
 	close(fd);
 	assert_true(td_log_has(&td, "x?<3>prefetchd: forged line", NULL));

@@ -18,8 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,6 +29,44 @@
 #include "npygen.h"
 #include "client_int.h"
 #include "prefetch.h"
+#include "wire.h"
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TD_ASAN 1
+#endif
+#if __has_feature(thread_sanitizer)
+#define TD_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define TD_ASAN 1
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define TD_TSAN 1
+#endif
+
+const char *td_sanitizer(void)
+{
+#if defined(TD_ASAN)
+	return "ASan";
+#elif defined(TD_TSAN)
+	return "TSan";
+#else
+	return NULL;
+#endif
+}
+
+double td_slowdown(void)
+{
+#if defined(TD_TSAN)
+	return 10;
+#elif defined(TD_ASAN)
+	return 5;
+#else
+	return 1;
+#endif
+}
 
 double td_now(void)
 {
@@ -273,6 +313,51 @@ Pf__Envelope *td_status(const char *sock)
 		reply = NULL;
 	pf_close(c);
 	return reply;
+}
+
+int td_raw_connect(const char *sock)
+{
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+	int fd;
+
+	if (strlen(sock) >= sizeof(a.sun_path))
+		return -ENAMETOOLONG;
+	memcpy(a.sun_path, sock, strlen(sock) + 1);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
+		int rc = -errno;
+
+		close(fd);
+		return rc;
+	}
+	return fd;
+}
+
+int td_send_env(int fd, const Pf__Envelope *env, int pass_fd)
+{
+	uint8_t *buf;
+	size_t len;
+	int rc = wire_encode(env, &buf, &len);
+
+	if (!rc)
+		rc = wire_send_all(fd, buf, len, pass_fd);
+	free(buf);
+	return rc;
+}
+
+int td_send_hello(int fd, const char *client)
+{
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__Hello h = PF__HELLO__INIT;
+
+	h.version = WIRE_VERSION;
+	h.client = (char *)client;
+	env.id = 1;
+	env.msg_case = PF__ENVELOPE__MSG_HELLO;
+	env.hello = &h;
+	return td_send_env(fd, &env, -1);
 }
 
 Pf__SessionStatus *td_session(Pf__Envelope *status, uint64_t session)

@@ -90,6 +90,13 @@ int td_pool_control(const char *sock, const char *dataset, Pf__PoolAction action
 
 double td_now(void);
 
+/* The raw protocol, for tests that speak it as a hostile client would: a
+ * blocking connection to sock (fd, or -errno); one frame of env on it,
+ * with pass_fd attached when >= 0 (0 or -errno); a Hello saying `client`. */
+int td_raw_connect(const char *sock);
+int td_send_env(int fd, const Pf__Envelope *env, int pass_fd);
+int td_send_hello(int fd, const char *client);
+
 /*
  * A bystander (bystander.c): while a test abuses the daemon at sock, an
  * innocent trainer on threads of its own runs shuffled host epochs of
@@ -102,6 +109,13 @@ double td_now(void);
  * -1 with report.error saying what went wrong first.
  */
 #define TD_STATUS_MAX_MS 100
+/* The sanitizer this build has ("ASan", "TSan") or NULL.  Under one, the
+ * bystander's status limit is TD_STATUS_MAX_MS times td_slowdown() (the
+ * instrumented daemon is that much slower: 100 ms is the plain build's
+ * figure), and RSS is not judged (ASan's quarantine keeps freed blocks,
+ * TSan its shadow: RSS grows by design). */
+const char *td_sanitizer(void);
+double td_slowdown(void);
 struct td_bystander;
 struct td_bystander_report {
 	uint64_t epochs, batches, statuses;
@@ -112,6 +126,9 @@ struct td_bystander_report {
 struct td_bystander *td_bystander_start(const char *sock, const char *dataset, uint32_t batch,
 					uint64_t row_bytes, uint64_t seed);
 int td_bystander_stop(struct td_bystander *b, struct td_bystander_report *report);
+/* The soak judges the epochs only: its attackers saturate the machine's
+ * CPUs, which no daemon can answer for.  The slowest status is reported. */
+void td_bystander_status_not_judged(struct td_bystander *b);
 
 /*
  * Benchmarks.  They run on one thread; messages go to stderr behind the
