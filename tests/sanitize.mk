@@ -151,10 +151,11 @@ $(SAN_PY):
 
 # ---- the leak soak -----------------------------------------------------------
 # Not a test_* file: `make check` does not run it; `make soak` does.
-$(B)/tests/soak.o: tests/soak/soak.c $(GEN_H)
+$(B)/tests/soakobj/%.o: tests/soak/%.c $(GEN_H)
 	@mkdir -p $(@D)
 	$(call say,CC,$<)$(CC) $(ALL_CFLAGS) $(CUDA_CFLAGS) -c -o $@ $<
-$(B)/tests/soak: $(B)/tests/soak.o $(TEST_UTIL) $(B)/libprefetch.a $(B)/prefetchd
+$(B)/tests/soak: $(B)/tests/soakobj/soak.o $(B)/tests/soakobj/hostile.o $(TEST_UTIL) $(B)/libprefetch.a \
+		 $(B)/prefetchd
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) -ldl $(LDLIBS)
 
 soak: $(B)/tests/soak

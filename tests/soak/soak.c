@@ -23,6 +23,13 @@
  * right bytes and the daemon exits with status 0 on SIGTERM (under ASan its
  * LeakSanitizer runs then).
  *
+ * Then, for SOAK_HOSTILE seconds (default 30, 0 skips it), the hostile mix
+ * (hostile.c): attackers of every kind next to a byte-checked trainer.  It
+ * has a warm-up of its own (a round of a quarter of the time, at least 5 s:
+ * the threads it wakes make their malloc arenas, the bystander's dataset is
+ * mapped), after which fds and RSS are its baseline, taken and judged as
+ * for the cycles; the fds must also be the cycles' baseline.
+ *
  * SOAK_SEED fixes the random draws (the seed in use is printed first, so a
  * failing run can be replayed); SOAK_CYCLES the number of cycles;
  * SOAK_RSS_LIMIT the RSS allowance in percent, or "off" (`make soak-asan`:
@@ -50,8 +57,9 @@
 
 #include "npygen.h"
 #include "prefetch.h"
-#include "testutil.h"
 #include "prefetch.pb-c.h"
+#include "soak.h"
+#include "testutil.h"
 #include "wire.h"
 
 /* The dataset: two fields of different shapes, so a batch is more than one
@@ -395,18 +403,56 @@ static int settle(long want, long *fds, long *rss_kb)
 	}
 	*fds = last;
 	*rss_kb = daemon_rss_kb();
+	/* Memory freed comes back to the system a little later (the daemon
+	 * keeps big freed buffers for two ticks, bigmem.h, and trims its heap
+	 * every tick): at the end RSS is the lowest of 5 s of reads. */
+	for (double until = td_now() + 5; want >= 0 && *rss_kb >= 0 && td_now() < until;) {
+		long now;
+
+		usleep(500000);
+		now = daemon_rss_kb();
+		if (now >= 0 && now < *rss_kb)
+			*rss_kb = now;
+	}
 	return *fds >= 0 && *rss_kb >= 0 ? 0 : -1;
+}
+
+/* Prints fds and RSS against their baselines and says whether they hold:
+ * the fds exactly, the RSS within limit_pct (0: not judged). */
+static bool judge(const char *phase, long base_fds, long base_rss, long fds, long rss,
+		  unsigned limit_pct)
+{
+	bool ok = true;
+
+	printf("soak: %s: fds: baseline %ld, final %ld\n", phase, base_fds, fds);
+	printf("soak: %s: VmRSS: baseline %ld kB, final %ld kB (%+.2f%%, ", phase, base_rss, rss,
+	       100.0 * (double)(rss - base_rss) / (double)base_rss);
+	if (limit_pct)
+		printf("allowed +-%u%%)\n", limit_pct);
+	else
+		printf("not judged: SOAK_RSS_LIMIT=off)\n");
+	if (fds != base_fds) {
+		td_fail("%s: the daemon holds %ld fds, %ld at the baseline", phase, fds, base_fds);
+		ok = false;
+	}
+	if (limit_pct && (double)labs(rss - base_rss) * 100 > limit_pct * (double)base_rss) {
+		td_fail("%s: the daemon's RSS moved by more than %u%%", phase, limit_pct);
+		ok = false;
+	}
+	return ok;
 }
 
 static int write_dataset(void)
 {
-	const uint64_t xs[2] = {4, 6};
-	char x[320], y[320];
+	const uint64_t xs[2] = {4, 6}, rs[1] = {SOAK_BY_ROW_BYTES};
+	char x[320], y[320], r[320];
 
 	td_path(&td, "x.npy", x, sizeof(x));
 	td_path(&td, "y.npy", y, sizeof(y));
+	td_path(&td, "rows.npy", r, sizeof(r));
 	if (td_write_npy(x, 1, "<f4", 4, ROWS, xs, 2, SEED_X, 0) ||
-	    td_write_npy(y, 2, "<i8", 8, ROWS, NULL, 0, SEED_Y, 0))
+	    td_write_npy(y, 2, "<i8", 8, ROWS, NULL, 0, SEED_Y, 0) ||
+	    td_write_npy(r, 1, "|u1", 1, SOAK_BY_ROWS, rs, 1, SOAK_BY_SEED, 0))
 		return td_fail("writing the dataset failed");
 	return 0;
 }
@@ -426,6 +472,9 @@ static unsigned env_unsigned(const char *name, unsigned dflt)
 int main(void)
 {
 	unsigned cycles = env_unsigned("SOAK_CYCLES", 2000), done = 0;
+	unsigned hostile = getenv("SOAK_HOSTILE") && !strcmp(getenv("SOAK_HOSTILE"), "0")
+				   ? 0
+				   : env_unsigned("SOAK_HOSTILE", 30);
 	unsigned ends[END_COUNT] = {0};
 	long base_fds = -1, base_rss = -1, fds = -1, rss = -1;
 	bool failed = true;
@@ -450,7 +499,13 @@ int main(void)
 	}
 	if (write_dataset())
 		goto out;
-	rc = td_start(&td, "", "[dataset.soak]\nformat = npy\nfield.x = x.npy\nfield.y = y.npy\n");
+	/* The hostile mix's attackers are another user, with the timeouts
+	 * short enough to matter within it. */
+	chmod(td.dir, 0755);
+	rc = td_start(&td,
+		      "socket_mode = 0666\nallow_users = *\nidle_timeout = 2\nframe_timeout = 2\n",
+		      "[dataset.soak]\nformat = npy\nfield.x = x.npy\nfield.y = y.npy\n"
+		      "[dataset.rows]\nfield.x = rows.npy\n");
 	if (rc) {
 		td_fail("td_start: %s", strerror(-rc));
 		goto out;
@@ -492,21 +547,24 @@ int main(void)
 	       "midframe %u\n",
 	       done, td_now() - t0, ends[END_CLOSE], ends[END_SIGKILL], ends[END_ABANDON],
 	       ends[END_MIDFRAME]);
-	printf("soak: fds: baseline %ld, final %ld\n", base_fds, fds);
-	printf("soak: VmRSS: baseline %ld kB, final %ld kB (%+.2f%%, ", base_rss, rss,
-	       100.0 * (double)(rss - base_rss) / (double)base_rss);
-	if (rss_judged)
-		printf("allowed +-%u%%)\n", rss_limit);
-	else
-		printf("not judged: SOAK_RSS_LIMIT=off)\n");
-	failed = false;
-	if (fds != base_fds) {
-		td_fail("the daemon holds %ld fds, %ld at the baseline", fds, base_fds);
-		failed = true;
-	}
-	if (rss_judged && (double)labs(rss - base_rss) * 100 > rss_limit * (double)base_rss) {
-		td_fail("the daemon's RSS moved by more than %u%%", rss_limit);
-		failed = true;
+	failed = !judge("cycles", base_fds, base_rss, fds, rss, rss_judged ? rss_limit : 0);
+	if (hostile) {
+		unsigned warm = hostile / 4 > 5 ? hostile / 4 : 5;
+
+		if (soak_hostile(&td, warm, "warm-up") || settle(base_fds, &fds, &base_rss)) {
+			failed = true;
+			goto out;
+		}
+		printf("soak: baseline after the hostile warm-up: %ld fds, VmRSS %ld kB\n", fds,
+		       base_rss);
+		if (soak_hostile(&td, hostile, "judged (SOAK_HOSTILE)") ||
+		    settle(base_fds, &fds, &rss)) {
+			td_fail("the hostile mix failed or the daemon did not settle after it");
+			failed = true;
+			goto out;
+		}
+		failed |= !judge("hostile mix", base_fds, base_rss, fds, rss,
+				 rss_judged ? rss_limit : 0);
 	}
 	rc = td_stop(&td, 10000);
 	printf("soak: daemon exit status on SIGTERM: %d\n", rc);
