@@ -102,6 +102,10 @@ CUDA_TESTS  := $(patsubst tests/cuda/%.c,$(B)/tests/%,$(wildcard tests/cuda/test
 GPU_TESTS   := $(filter $(B)/tests/test_cuda_gather,$(CUDA_TESTS))
 TEST_UTIL   := $(patsubst %.c,$(B)/%.o,$(wildcard tests/lib/*.c))
 GPU_FAKE    := $(B)/tests/mocks/gpu_fake.o
+# Programs the tests run, not tests (run.sh is not given them):
+# build/tests/bystander is tests/lib/bystander.c from the command line, for
+# the Python tests (tests/integration/bystander_main.c).
+TEST_PROGS  := $(B)/tests/bystander
 BENCHES     := $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/*.c))
 TOOLS       := $(patsubst tools/%.c,$(B)/%,$(wildcard tools/*.c))
 
@@ -111,7 +115,7 @@ PROGS := $(B)/prefetchd $(B)/prefetchctl $(B)/libprefetch.so $(B)/libprefetch.a 
 .SECONDARY:
 .PHONY: all run check check-unit check-integration check-cuda bench-host bench-cuda \
         install uninstall clean deps format
-all: $(PROGS) $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(BENCHES)
+all: $(PROGS) $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(TEST_PROGS) $(BENCHES)
 
 # ---- generated protocol code ---------------------------------------------
 $(B)/gen/%.pb-c.c $(B)/gen/%.pb-c.h: proto/%.proto
@@ -164,6 +168,9 @@ $(UNIT_TESTS): $(B)/tests/%: $(B)/tests/unit/%.o $(DAEMON_OBJ) $(GPU_FAKE) $(WIR
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) -ldl $(LDLIBS)
 $(INTEG_TESTS): $(B)/tests/%: $(B)/tests/integration/%.o $(TEST_UTIL) $(B)/libprefetch.a $(B)/prefetchd
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) -ldl $(LDLIBS)
+$(B)/tests/bystander: $(B)/tests/integration/bystander_main.o $(TEST_UTIL) $(B)/libprefetch.a
+	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a \
+	  $(shell pkg-config --libs libprotobuf-c) -ldl $(LDLIBS)
 # CUDA tests' trainers also queue GPU work of their own through the runtime.
 $(filter-out $(GPU_TESTS),$(CUDA_TESTS)): $(B)/tests/%: $(B)/tests/cuda/%.o $(TEST_UTIL) $(B)/libprefetch.a $(B)/prefetchd
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) $(CUDA_LIBS) -ldl $(LDLIBS)

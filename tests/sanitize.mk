@@ -117,10 +117,10 @@ san-build: all $(B)/tests/soak
 # compiles a program.  Then the sanitizer's options, and the sanitized
 # binaries in place of build/'s: td_start and pfutil take the daemon from
 # $PREFETCHD_BIN, the tests that run prefetchctl take $PREFETCHCTL_BIN,
-# Python loads $PREFETCH_LIB.
+# Python loads $PREFETCH_LIB and runs its bystander from $PF_BYSTANDER_BIN.
 SAN_RUN_ENV = env -u CC -u CFLAGS -u WARN -u SAN_ENV -u SAN_PY_ENV $(SAN_ENV) \
 	PREFETCHD_BIN=$(CURDIR)/$(B)/prefetchd PREFETCHCTL_BIN=$(CURDIR)/$(B)/prefetchctl \
-	PREFETCH_LIB=$(CURDIR)/$(B)/libprefetch.so
+	PREFETCH_LIB=$(CURDIR)/$(B)/libprefetch.so PF_BYSTANDER_BIN=$(CURDIR)/$(B)/tests/bystander
 
 # After a run whose status is in $$rc: prints every report in san-logs and
 # fails if there is one, or if the run failed.

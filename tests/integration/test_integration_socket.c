@@ -12,6 +12,21 @@
  * refused, with a socket passed by systemd too, and so is a symlink in the
  * directory's place.  Each case ends with a daemon that starts and serves
  * next to what was refused.
+ *
+ * Issue 15 (findings 14 and 15) asks that another client's epoch, running
+ * at the same time, stays byte-exact and its status answers within 100 ms
+ * throughout.  The refused daemons serve no one, so the client stands
+ * beside a good daemon of its own directory (struct tdaemon good, with
+ * rows.npy): each case starts a bystander (tests/lib/bystander.c) against
+ * it before anything is refused, and ends by checking the bystander's
+ * report and that the good daemon still runs.  The good daemon is started
+ * once for the group (group setup and teardown), not once per case: one
+ * daemon then meets every refusal of the file in turn, so that harm that
+ * only shows after several (an fd leaked per attempt, a socket removed
+ * late) is seen too, and its clean exit at the group's teardown is checked
+ * last.  The bystander is per case, so that each report covers exactly one
+ * case's refusals; one left running by a case that failed is stopped by
+ * the case's teardown.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -42,13 +57,89 @@
 #define CONF_BYTES  "[daemon]\n# an operator's config, given as -s by mistake\n"
 #define DATASET_DEF "[dataset.x]\nfield.x = x.npy\n"
 
-static struct tdaemon td;
+/* The bystander's dataset, served by the good daemon: one '|u1' field. */
+#define BY_ROWS	 2048
+#define BY_BYTES 64
+#define BY_SEED	 33
+#define BY_BATCH 32
 
+static struct tdaemon td;
+static struct tdaemon good;	/* the group's: serves the bystander */
+static struct td_bystander *by; /* the case's, or NULL */
+
+/* The good daemon, in a directory of its own that no case touches. */
+static int start_good(void **state)
+{
+	char p[400];
+	uint64_t shape[1] = {BY_BYTES};
+
+	if (td_init(&good, "socket-good") != 0)
+		return -1;
+	td_path(&good, "rows.npy", p, sizeof(p));
+	if (td_write_npy(p, 1, "|u1", 1, BY_ROWS, shape, 1, BY_SEED, 0) != 0 ||
+	    td_start(&good, NULL, "[dataset.rows]\nfield.x = rows.npy\n") != 0) {
+		td_cleanup(&good);
+		return -1;
+	}
+	(void)state;
+	return 0;
+}
+
+/* It served the whole group and stops cleanly (exit status 0). */
+static int stop_good(void **state)
+{
+	int rc = td_stop(&good, 5000);
+
+	td_cleanup(&good);
+	(void)state;
+	return rc == 0 ? 0 : -1;
+}
+
+/* A case that failed left its bystander running: stop it, so that it does
+ * not run on into the next case (its report is moot, the case failed). */
+static int drop_bystander(void **state)
+{
+	struct td_bystander_report r;
+
+	if (by) {
+		td_bystander_stop(by, &r);
+		by = NULL;
+	}
+	(void)state;
+	return 0;
+}
+
+/* The bystander's epochs stayed byte-exact and its status answered within
+ * TD_STATUS_MAX_MS while the case's daemons were refused; the good daemon
+ * still runs and answers. */
+static void assert_bystander_unharmed(void)
+{
+	struct td_bystander_report r;
+	Pf__Envelope *st;
+	int rc = td_bystander_stop(by, &r);
+
+	by = NULL;
+	print_message("  bystander: %llu epochs, %llu batches, %llu statuses, slowest %.1f ms "
+		      "(at %.3f s)%s%s\n",
+		      (unsigned long long)r.epochs, (unsigned long long)r.batches,
+		      (unsigned long long)r.statuses, r.max_status_ms, r.max_status_at,
+		      r.error[0] ? ": " : "", r.error);
+	assert_int_equal(rc, 0);
+	assert_int_equal(waitpid(good.pid, NULL, WNOHANG), 0);
+	st = td_status(good.sock);
+	assert_non_null(st);
+	pf__envelope__free_unpacked(st, NULL);
+}
+
+/* A fresh directory for the case, and the bystander running against the
+ * good daemon before anything is refused. */
 static void setup_dir(void)
 {
 	char p[400];
 	uint64_t shape[1] = {ROW_BYTES};
 
+	by = td_bystander_start(good.sock, "rows", BY_BATCH, BY_BYTES, BY_SEED);
+	assert_non_null(by);
 	assert_int_equal(td_init(&td, "socket"), 0);
 	td_path(&td, "x.npy", p, sizeof(p));
 	assert_int_equal(td_write_npy(p, 1, "<u1", 1, N_ROWS, shape, 1, SEED, 0), 0);
@@ -198,12 +289,13 @@ static struct sockaddr_un unix_addr(const char *path)
 	return a;
 }
 
-/* Every case ends here: a daemon still starts and serves, then the
- * directory goes. */
+/* Every case ends here: a daemon still starts and serves, the directory
+ * goes, and the bystander saw nothing of it all. */
 static void end_case(void)
 {
 	assert_a_daemon_serves_here();
 	td_cleanup(&td);
+	assert_bystander_unharmed();
 }
 
 /* A listening socket bound at path (an impostor's, or systemd's). */
@@ -440,21 +532,23 @@ static void activated_socket_in_open_dir_is_refused(void **state)
 	assert_true(S_ISSOCK(st.st_mode));
 	close(lfd);
 	td_cleanup(&td);
+	assert_bystander_unharmed();
 	(void)state;
 }
 
 int main(void)
 {
+#define CASE(f) cmocka_unit_test_teardown(f, drop_bystander)
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(config_file_given_as_socket_is_refused_and_kept),
-		cmocka_unit_test(symlink_at_socket_path_is_refused_and_its_target_kept),
-		cmocka_unit_test(stale_socket_is_still_replaced),
-		cmocka_unit_test(runtime_dir_writable_by_others_is_refused),
-		cmocka_unit_test(runtime_dir_that_is_a_symlink_is_refused),
-		cmocka_unit_test(runtime_dir_of_another_user_is_refused),
-		cmocka_unit_test(impostor_socket_in_open_dir_is_not_served),
-		cmocka_unit_test(activated_socket_in_open_dir_is_refused),
+		CASE(config_file_given_as_socket_is_refused_and_kept),
+		CASE(symlink_at_socket_path_is_refused_and_its_target_kept),
+		CASE(stale_socket_is_still_replaced),
+		CASE(runtime_dir_writable_by_others_is_refused),
+		CASE(runtime_dir_that_is_a_symlink_is_refused),
+		CASE(runtime_dir_of_another_user_is_refused),
+		CASE(impostor_socket_in_open_dir_is_not_served),
+		CASE(activated_socket_in_open_dir_is_refused),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return cmocka_run_group_tests(tests, start_good, stop_good);
 }

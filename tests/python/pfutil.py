@@ -1,5 +1,6 @@
 """What the Python tests share: a real prefetchd on a temporary socket (as
 tests/lib/testutil.c's td_start starts one), its status through prefetchctl,
+a bystander beside it (tests/lib/bystander.c, run as build/tests/bystander),
 and the shuffle's reference implementation (docs/SHUFFLE.md).
 
 Importing this module puts the repository's python/ directory first on
@@ -22,10 +23,11 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 import prefetch  # noqa: E402  (needs the path above)
 from prefetch import _lib  # noqa: E402
 
-__all__ = ["ROOT", "Daemon", "prefetch", "shard", "shuffle"]
+__all__ = ["ROOT", "Bystander", "Daemon", "prefetch", "shard", "shuffle"]
 
 PREFETCHD = os.environ.get("PREFETCHD_BIN") or os.path.join(ROOT, "build", "prefetchd")
 PREFETCHCTL = os.environ.get("PREFETCHCTL_BIN") or os.path.join(ROOT, "build", "prefetchctl")
+BYSTANDER = os.environ.get("PF_BYSTANDER_BIN") or os.path.join(ROOT, "build", "tests", "bystander")
 
 _PR_SET_PDEATHSIG = 1
 
@@ -132,6 +134,51 @@ class Daemon:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+class Bystander:
+    """Another client of the daemon at sock while a case runs: the C tests'
+    bystander (tests/lib/bystander.c) in a process of its own, running
+    shuffled host epochs of `dataset` with every row checked and timing a
+    status every 20 ms, until stop().  A process, not a thread of this
+    interpreter, so that what it times is the daemon and not the wait for
+    the interpreter's lock.  `dataset` is one field of the file that
+    write_rows(path) wrote."""
+
+    ROWS, ROW_BYTES, SEED, BATCH = 2048, 64, 33, 32
+
+    @classmethod
+    def write_rows(cls, path):
+        subprocess.run([BYSTANDER, "write", path, str(cls.ROWS), str(cls.ROW_BYTES),
+                        str(cls.SEED)], check=True, timeout=30)
+
+    def __init__(self, sock, dataset):
+        self.proc = subprocess.Popen([BYSTANDER, "run", sock, dataset, str(self.BATCH),
+                                      str(self.ROW_BYTES), str(self.SEED)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True,
+                                     preexec_fn=_die_with_parent)
+        # It prints the line once its connections and session are open
+        # (or failed to: stop() reports why), so that it runs before the
+        # case does anything.
+        line = self.proc.stdout.readline()
+        if not line.startswith("bystander: started"):
+            self.kill()
+            raise RuntimeError("%s did not start: %s%s" % (BYSTANDER, line,
+                                                           self.proc.stdout.read()))
+
+    def stop(self):
+        """Closes its stdin: it waits for a whole epoch (20 s at most),
+        stops and reports.  Returns its exit status (0: every epoch
+        byte-exact, every status within 100 ms) and its report."""
+        out, _ = self.proc.communicate(timeout=60)
+        return self.proc.returncode, out.strip()
+
+    def kill(self):
+        """For a case that failed before stop(): harmless after it."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
 
 
 def mixed_arrays(rng, n):

@@ -12,6 +12,7 @@ import errno
 import gc
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -68,7 +69,11 @@ class HostSessions(unittest.TestCase):
         cls.late_path = os.path.join(cls.tmp, "late.npy")
         np.save(cls.late_path, cls.late)
         cls.fields = fields
-        cls.daemon = pfutil.Daemon("host", {"multi": fields, "late": {"x": cls.late_path}},
+        # The bystander's dataset (pfutil.Bystander), "by".
+        by_path = os.path.join(cls.tmp, "by.npy")
+        pfutil.Bystander.write_rows(by_path)
+        cls.daemon = pfutil.Daemon("host", {"multi": fields, "late": {"x": cls.late_path},
+                                            "by": {"x": by_path}},
                                    env={"CUDA_VISIBLE_DEVICES": ""}, tmpdir=cls.tmp)
 
     @classmethod
@@ -343,10 +348,33 @@ class HostSessions(unittest.TestCase):
             time.sleep(0.02)
         return True
 
+    def start_bystander(self):
+        """Another client (pfutil.Bystander) on this class's daemon from
+        here to assert_bystander_unharmed; killed if the case fails first."""
+        by = pfutil.Bystander(self.daemon.sock, "by")
+        self.addCleanup(by.kill)
+        return by
+
+    def assert_bystander_unharmed(self, by):
+        """Issue 15's measure: the other client's epochs stayed byte-exact
+        and its status answered within 100 ms throughout.  Its exit status
+        says so; the report is read too, so that a bystander that exits 0
+        without having run cannot pass."""
+        rc, report = by.stop()
+        print(report)
+        self.assertEqual(rc, 0, report)
+        m = re.search(r"bystander: (\d+) epochs, \d+ batches, (\d+) statuses, "
+                      r"slowest ([0-9.]+) ms", report)
+        self.assertIsNotNone(m, report)
+        self.assertGreaterEqual(int(m.group(1)), 1, report)
+        self.assertGreaterEqual(int(m.group(2)), 1, report)
+        self.assertLess(float(m.group(3)), 100, report)
+
     def test_array_read_after_close_stays_mapped_until_the_last_goes(self):
         # Once a segfault: the mapping went with pf_close.  Now every array
         # keeps the connection (and so the mapping) of its loader.
         z = self.arrays["z"]
+        by = self.start_bystander()
         with self.loader(batch_size=50, shuffle=False) as loader:
             sid = loader.stats()["session"]
             epoch = loader.epoch(0)
@@ -381,6 +409,7 @@ class HostSessions(unittest.TestCase):
         self.assertTrue(self.wait_session_gone(sid),
                         "session %d outlived the last array of its loader" % sid)
         self.assertIsNone(self.daemon.proc.poll())
+        self.assert_bystander_unharmed(by)
 
     def test_array_returned_from_a_function_outlives_its_collected_loader(self):
         def first_rows():
@@ -391,6 +420,7 @@ class HostSessions(unittest.TestCase):
             batch = next(epoch)
             return loader.stats()["session"], batch["u"]
 
+        by = self.start_bystander()
         sid, u = first_rows()
         gc.collect()
         with self.loader(batch_size=100) as other:
@@ -405,6 +435,7 @@ class HostSessions(unittest.TestCase):
         gc.collect()
         self.assertTrue(self.wait_session_gone(sid))
         self.assertIsNone(self.daemon.proc.poll())
+        self.assert_bystander_unharmed(by)
 
     # ---- errors ----------------------------------------------------------------
 
