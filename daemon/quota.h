@@ -57,8 +57,7 @@ void quota_give(struct quota *q, uid_t uid, enum quota_kind kind, uint64_t n);
 /* What uid holds now (zeroes when nothing). */
 struct quota_user quota_of(const struct quota *q, uid_t uid);
 void quota_free(struct quota *q);
-/* Invariants: the totals are the sums over users, no user holds more than
- * its limits allowed when taken. */
+/* The invariant: the totals are the sums over users.  1 when it holds. */
 int quota_check(const struct quota *q);
 
 #endif
