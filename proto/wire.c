@@ -200,13 +200,13 @@ long wire_rx_fill(struct wire_rx *rx, int sock)
 
 int wire_rx_next(struct wire_rx *rx, Pf__Envelope **env)
 {
+	const uint8_t *p;
 	uint32_t body;
 	Pf__Envelope *e;
 
-	const uint8_t *p = rx->buf + rx->off;
-
 	if (rx->len < WIRE_HDR)
 		return 0;
+	p = rx->buf + rx->off;
 	body = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 	if (body > rx->max_frame)
 		return -EMSGSIZE;
