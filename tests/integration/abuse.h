@@ -71,9 +71,10 @@ static inline void finish(void)
 	int rc = td_bystander_stop(by, &r);
 
 	print_message("  bystander: %llu epochs, %llu batches, %llu statuses, slowest %.1f ms "
-		      "(at %.3f s)%s%s\n",
+		      "(at %.3f s%s)%s%s\n",
 		      (unsigned long long)r.epochs, (unsigned long long)r.batches,
 		      (unsigned long long)r.statuses, r.max_status_ms, r.max_status_at,
+		      td_status_limit_ms() > 0 ? "" : "; not judged under TSan",
 		      r.error[0] ? ": " : "", r.error);
 	assert_int_equal(rc, 0);
 	assert_int_equal(td_stop(&td, 5000), 0);

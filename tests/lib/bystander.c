@@ -264,14 +264,13 @@ int td_bystander_stop(struct td_bystander *b, struct td_bystander_report *out)
 	if (!out->error[0] && !out->epochs)
 		snprintf(out->error, sizeof(out->error), "no whole epoch in 20 s (%llu batches)",
 			 (unsigned long long)out->batches);
-	if (!out->error[0] && b->status_judged &&
-	    out->max_status_ms > TD_STATUS_MAX_MS * td_slowdown())
+	if (!out->error[0] && b->status_judged && td_status_limit_ms() > 0 &&
+	    out->max_status_ms > td_status_limit_ms())
 		snprintf(out->error, sizeof(out->error),
 			 "status took %.1f ms at worst (more than %.0f ms%s%s, asked at %.3f s of "
 			 "CLOCK_MONOTONIC)",
-			 out->max_status_ms, TD_STATUS_MAX_MS * td_slowdown(),
-			 td_sanitizer() ? " under " : "", td_sanitizer() ? td_sanitizer() : "",
-			 out->max_status_at);
+			 out->max_status_ms, td_status_limit_ms(), td_sanitizer() ? " under " : "",
+			 td_sanitizer() ? td_sanitizer() : "", out->max_status_at);
 	rc = out->error[0] ? -1 : 0;
 	pthread_mutex_destroy(&b->lock);
 	free(b);

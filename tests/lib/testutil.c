@@ -57,14 +57,14 @@ const char *td_sanitizer(void)
 #endif
 }
 
-double td_slowdown(void)
+double td_status_limit_ms(void)
 {
 #if defined(TD_TSAN)
-	return 10;
+	return 0;
 #elif defined(TD_ASAN)
-	return 5;
+	return 5 * TD_STATUS_MAX_MS;
 #else
-	return 1;
+	return TD_STATUS_MAX_MS;
 #endif
 }
 
