@@ -10,6 +10,15 @@
  *   arena_bytes = 256M              ; largest single arena
  *   session_bytes = 2G              ; most slot memory one session may hold
  *   max_sessions = 64
+ *   max_sessions_per_uid = 16
+ *   max_conns = 256
+ *   max_conns_per_uid = 64
+ *   memory_budget = auto            ; all clients' host memory (auto: half of RAM
+ *                                   ; or of the cgroup's limit when lower)
+ *   memory_per_uid = auto           ; one uid's share (auto: half the budget)
+ *   idle_timeout = 60               ; s: a connection with no session, silent
+ *   frame_timeout = 10              ; s: a frame begun must be whole within
+ *   depth_limit = 256               ; the largest max_depth a client may ask
  *   max_epoch_picks = 2G            ; most picks in one epoch's order (N x augment);
  *                                   ; each costs the daemon 8 bytes
  *   max_frame = 16M
@@ -41,6 +50,8 @@
  * system call per row; a file truncated after load still gives an error
  * batch, never a crash.  `read = pread` makes one pread per run of
  * consecutive rows, for file systems whose mappings misbehave.
+ *
+ * The limits and what a client gets when it meets one: README, "Limits".
  *
  * Sizes take K/M/G/T suffixes (powers of 1024).  Unknown keys and sections
  * are errors that name the line, so a typo never silently falls back to a
