@@ -489,8 +489,6 @@ static void status_json_matches_what_the_consumer_did(void **state)
 	struct pf_stats s;
 	char cmd[512], json[16384];
 	const char *sess;
-	FILE *p;
-	size_t len;
 
 	assert_int_equal(pf_connect(td.sock, &c), 0);
 	assert_int_equal(pf_open(c, &oo), 0);
@@ -511,11 +509,7 @@ static void status_json_matches_what_the_consumer_did(void **state)
 	assert_int_equal(pf_stats(c, &s), 0);
 
 	snprintf(cmd, sizeof(cmd), "%s -s %s status --json", td_prefetchctl(), td.sock);
-	p = popen(cmd, "r");
-	assert_non_null(p);
-	len = fread(json, 1, sizeof(json) - 1, p);
-	json[len] = '\0';
-	assert_int_equal(pclose(p), 0);
+	assert_int_equal(td_capture(cmd, json, sizeof(json)), 0);
 	sess = strstr(json, "status-probe");
 	assert_non_null(sess);
 	/* The object of our session starts before its name. */

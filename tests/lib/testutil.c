@@ -8,6 +8,7 @@
  */
 #include "testutil.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -130,6 +131,38 @@ long td_rss_kb(pid_t pid)
 	if (f)
 		fclose(f);
 	return kb;
+}
+
+long td_fd_count(pid_t pid)
+{
+	char path[64];
+	struct dirent *e;
+	long n = 0;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	d = opendir(path);
+	if (!d)
+		return -1;
+	while ((e = readdir(d)))
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n;
+}
+
+int td_capture(const char *cmd, char *out, size_t len)
+{
+	FILE *p = popen(cmd, "r");
+	size_t got;
+	int st;
+
+	out[0] = '\0';
+	if (!p)
+		return -1;
+	got = fread(out, 1, len - 1, p);
+	out[got] = '\0';
+	st = pclose(p);
+	return st >= 0 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 int td_as_user(uid_t uid, int (*fn)(void *arg), void *arg)
@@ -358,6 +391,29 @@ int td_send_hello(int fd, const char *client)
 	env.msg_case = PF__ENVELOPE__MSG_HELLO;
 	env.hello = &h;
 	return td_send_env(fd, &env, -1);
+}
+
+int td_send_fds(int fd, const int *fds, int n)
+{
+	union {
+		struct cmsghdr h;
+		char space[CMSG_SPACE(sizeof(int) * 253)];
+	} ctl;
+	uint8_t hdr[WIRE_HDR] = {0};
+	struct iovec iov = {.iov_base = hdr, .iov_len = sizeof(hdr)};
+	struct msghdr msg = {.msg_iov = &iov,
+			     .msg_iovlen = 1,
+			     .msg_control = ctl.space,
+			     .msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)n)};
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+
+	if (n < 1 || n > 253) /* the kernel's SCM_MAX_FD */
+		return -EINVAL;
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)n);
+	memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)n);
+	return sendmsg(fd, &msg, MSG_NOSIGNAL) == (ssize_t)sizeof(hdr) ? 0 : -errno;
 }
 
 Pf__SessionStatus *td_session(Pf__Envelope *status, uint64_t session)

@@ -54,6 +54,11 @@ bool td_log_has(const struct tdaemon *t, const char *a, const char *b);
 unsigned td_log_count(const struct tdaemon *t, const char *a, const char *b, unsigned most);
 /* VmRSS of pid in kB, or -1. */
 long td_rss_kb(pid_t pid);
+/* Descriptors pid has open (/proc/PID/fd), or -1. */
+long td_fd_count(pid_t pid);
+/* Runs cmd (sh -c) and puts what it writes on stdout, NUL-terminated and
+ * cut to len - 1 bytes, in out.  Its exit status, or -1. */
+int td_capture(const char *cmd, char *out, size_t len);
 /* Runs fn(arg) in a child that has dropped to uid (its gid the same number,
  * no supplementary groups): its exit status, 99 when the drop failed, -1
  * when the child died.  Needs root. */
@@ -96,6 +101,9 @@ double td_now(void);
 int td_raw_connect(const char *sock);
 int td_send_env(int fd, const Pf__Envelope *env, int pass_fd);
 int td_send_hello(int fd, const char *client);
+/* An empty frame (a zero length) with fds[0..n) attached: a client that
+ * sends the daemon descriptors.  0 or -errno. */
+int td_send_fds(int fd, const int *fds, int n);
 
 /*
  * A bystander (bystander.c): while a test abuses the daemon at sock, an

@@ -125,25 +125,10 @@ static void attack_fds(void)
 		fd = td_raw_connect(td->sock);
 		if (fd >= 0 && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) == 0) {
 			int many[200];
-			union {
-				struct cmsghdr h;
-				char space[CMSG_SPACE(sizeof(many))];
-			} ctl;
-			uint8_t hdr[4] = {0};
-			struct iovec iov = {.iov_base = hdr, .iov_len = sizeof(hdr)};
-			struct msghdr msg = {.msg_iov = &iov,
-					     .msg_iovlen = 1,
-					     .msg_control = ctl.space,
-					     .msg_controllen = sizeof(ctl.space)};
-			struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
 
 			for (int k = 0; k < 200; k++)
 				many[k] = pair[k & 1];
-			cm->cmsg_level = SOL_SOCKET;
-			cm->cmsg_type = SCM_RIGHTS;
-			cm->cmsg_len = CMSG_LEN(sizeof(many));
-			memcpy(CMSG_DATA(cm), many, sizeof(many));
-			sendmsg(fd, &msg, MSG_NOSIGNAL);
+			td_send_fds(fd, many, 200);
 			close(pair[0]);
 			close(pair[1]);
 		}

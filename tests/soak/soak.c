@@ -328,39 +328,14 @@ static int cycle_in_process(unsigned cycle, enum ending how, unsigned batch_size
 	return rc;
 }
 
-/* Open fds of the daemon, or -1. */
 static long daemon_fds(void)
 {
-	char path[64];
-	DIR *d;
-	struct dirent *e;
-	long n = 0;
-
-	snprintf(path, sizeof(path), "/proc/%d/fd", (int)td.pid);
-	d = opendir(path);
-	if (!d)
-		return -1;
-	while ((e = readdir(d)))
-		n += e->d_name[0] != '.';
-	closedir(d);
-	return n;
+	return td_fd_count(td.pid);
 }
 
-/* VmRSS of the daemon in kB, or -1. */
 static long daemon_rss_kb(void)
 {
-	char path[64], line[256];
-	long kb = -1;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)td.pid);
-	f = fopen(path, "r");
-	while (f && fgets(line, sizeof(line), f))
-		if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
-			break;
-	if (f)
-		fclose(f);
-	return kb;
+	return td_rss_kb(td.pid);
 }
 
 /*
