@@ -465,22 +465,33 @@ class Loader:
                 self._end_epoch()
 
     def _end_epoch(self):
-        """Abandons an unfinished epoch, then releases the batch in hand: in
-        that order the daemon does not fill its slot again for the epoch
-        being left (as pf_abandon does with the batches it returns)."""
+        """Abandons an unfinished epoch and releases the batch in hand.  A
+        host batch goes back after the abandon, so that the daemon does not
+        fill its slot again for the epoch being left (as pf_abandon does
+        with the batches it returns).  A device batch is released first:
+        its release waits behind the trainer's stream, and pf_abandon, which
+        waits a little for such releases, sends it after the abandon; in
+        the other order it would wait for the next call into the loader."""
         self._active = None
         if self._client is None:
             return
+        held = self._held
+        if held is not None and held.on_device:
+            self._release_quietly(held)
         if self._epoch is not None and not self._finished:
             # An abandon that fails means the connection is gone; this may
             # run while another exception propagates (or from the garbage
             # collector), so it must not raise in its place.
             self._libref.pf_abandon(self._client)
-        if self._held is not None:
-            try:
-                self._held.release()
-            except PrefetchError:
-                pass  # the connection is broken: the next call says so
+        if held is not None and not held.on_device:
+            self._release_quietly(held)
+
+    @staticmethod
+    def _release_quietly(batch):
+        try:
+            batch.release()
+        except PrefetchError:
+            pass  # the connection is broken: the next call says so
 
     # ---- resume ----------------------------------------------------------------
 
