@@ -25,7 +25,7 @@
  *
  * Then, for SOAK_HOSTILE seconds (default 30, 0 skips it), the hostile mix
  * (hostile.c): attackers of every kind next to a byte-checked trainer.  It
- * has a warm-up of its own (a round of a quarter of the time, at least 5 s:
+ * has a warm-up of its own (a round of half the time, at least 5 s:
  * the threads it wakes make their malloc arenas, the bystander's dataset is
  * mapped), after which fds and RSS are its baseline, taken and judged as
  * for the cycles; the fds must also be the cycles' baseline.
@@ -524,7 +524,7 @@ int main(void)
 	       ends[END_MIDFRAME]);
 	failed = !judge("cycles", base_fds, base_rss, fds, rss, rss_judged ? rss_limit : 0);
 	if (hostile) {
-		unsigned warm = hostile / 4 > 5 ? hostile / 4 : 5;
+		unsigned warm = hostile / 2 > 5 ? hostile / 2 : 5;
 
 		if (soak_hostile(&td, warm, "warm-up") || settle(base_fds, &fds, &base_rss)) {
 			failed = true;
