@@ -429,10 +429,10 @@ static void gather_row(struct gather_report *r, const struct gpu_gather *g, cons
 			continue;
 		if (!in_live_mem(r->dev, src[f], g->row_bytes[f]) ||
 		    !in_live_mem(r->dev, dst[f], g->row_bytes[f])) {
-			gather_problem(r,
-				       "%s %llu field %u: %u bytes %#llx -> %#llx leave device memory",
-				       what, (unsigned long long)row, f, g->row_bytes[f],
-				       (unsigned long long)src[f], (unsigned long long)dst[f]);
+			gather_problem(
+				r, "%s %llu field %u: %u bytes %#llx -> %#llx leave device memory",
+				what, (unsigned long long)row, f, g->row_bytes[f],
+				(unsigned long long)src[f], (unsigned long long)dst[f]);
 			return;
 		}
 	}
@@ -458,11 +458,13 @@ static void run_gather(int dev, const struct gpu_gather *g)
 		desc = NULL;
 	}
 	if (g->nstaged && !in_live_mem(dev, g->admit, (size_t)g->nstaged * sizeof(*admit))) {
-		gather_problem(&r, "admit %#llx leaves device memory", (unsigned long long)g->admit);
+		gather_problem(&r, "admit %#llx leaves device memory",
+			       (unsigned long long)g->admit);
 		admit = NULL;
 	}
 	if (g->table && !in_live_mem(dev, g->table, (size_t)g->table_n * sizeof(uint64_t))) {
-		gather_problem(&r, "table %#llx leaves device memory", (unsigned long long)g->table);
+		gather_problem(&r, "table %#llx leaves device memory",
+			       (unsigned long long)g->table);
 		desc = NULL;
 	}
 	for (i = 0; desc && i < g->count; i++) {
@@ -629,7 +631,7 @@ int gpu_copy_h2d(struct gpu_stream *s, uint64_t dst, const void *src, size_t byt
 	if (!dev_ok(s->dev)) {
 		rc = -ENODEV;
 	} else if (!in_live_mem(s->dev, dst, bytes)) {
-		log_err("gpu_fake: H2D of %zu bytes to %#llx is outside every allocation of device %d",
+		log_err("gpu_fake: H2D of %zu bytes to %#llx is outside device %d's allocations",
 			bytes, (unsigned long long)dst, s->dev);
 		rc = -EFAULT;
 	} else {
@@ -649,7 +651,7 @@ int gpu_copy_d2d(struct gpu_stream *s, uint64_t dst, uint64_t src, size_t bytes)
 	if (!dev_ok(s->dev)) {
 		rc = -ENODEV;
 	} else if (!in_live_mem(s->dev, dst, bytes) || !in_live_mem(s->dev, src, bytes)) {
-		log_err("gpu_fake: D2D of %zu bytes %#llx -> %#llx leaves device memory of device %d",
+		log_err("gpu_fake: D2D of %zu bytes %#llx -> %#llx leaves device %d's memory",
 			bytes, (unsigned long long)src, (unsigned long long)dst, s->dev);
 		rc = -EFAULT;
 	} else {

@@ -39,10 +39,10 @@ static const uint32_t ROW_BYTES[] = {4, 12, 256, 4096};
 
 struct fx {
 	struct gpu_stream *s;
-	struct gpu_mem pool;	 /* NREC records of stride bytes */
+	struct gpu_mem pool;   /* NREC records of stride bytes */
 	struct gpu_mem staged; /* NSTAGED staged rows, packed per field */
-	struct gpu_mem slot;	 /* the batch */
-	struct gpu_mem idx;	 /* desc (COUNT) then admit (NSTAGED) */
+	struct gpu_mem slot;   /* the batch */
+	struct gpu_mem idx;    /* desc (COUNT) then admit (NSTAGED) */
 	uint64_t stride;
 	struct gpu_gather g;
 };

@@ -116,8 +116,8 @@ static void live_arenas_count_allocs_minus_frees(void **state)
 	int i;
 
 	for (i = 0; i < 5; i++) {
-		assert_int_equal(
-			gpu_mem_alloc(0, MiB, i % 2 ? GPU_IPC_LEGACY : GPU_IPC_FD, &a[i]), 0);
+		assert_int_equal(gpu_mem_alloc(0, MiB, i % 2 ? GPU_IPC_LEGACY : GPU_IPC_FD, &a[i]),
+				 0);
 		assert_int_equal(gpu_fake_live_allocs(), i + 1);
 	}
 	for (i = 0; i < 5; i++) {
