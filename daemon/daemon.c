@@ -378,26 +378,27 @@ void daemon_config_quota(struct daemon *d)
 	const struct config *cfg = &d->cfg;
 	struct quota_limits *l = &d->quota.lim;
 
-	l->memory = cfg->memory_budget;
-	if (!l->memory) {
+	l->all[QUOTA_MEMORY] = cfg->memory_budget;
+	if (!l->all[QUOTA_MEMORY]) {
 		char why[100];
 		uint64_t mem = memory_limit(why, sizeof(why));
 
 		/* Half: the daemon's own memory (datasets' mapped pages, the
 		 * pinned ring) and the machine's other work need the rest. */
-		l->memory = mem ? mem / 2 : 4ULL << 30;
+		l->all[QUOTA_MEMORY] = mem ? mem / 2 : 4ULL << 30;
 		snprintf(d->quota_why, sizeof(d->quota_why), "auto: half of %s",
 			 mem ? why : "an unknown total (4 GiB assumed)");
 	} else {
 		snprintf(d->quota_why, sizeof(d->quota_why), "memory_budget");
 	}
-	l->memory_per_uid = cfg->memory_per_uid ? cfg->memory_per_uid : l->memory / 2;
-	if (l->memory_per_uid > l->memory)
-		l->memory_per_uid = l->memory;
-	l->conns = cfg->max_conns;
-	l->conns_per_uid = cfg->max_conns_per_uid;
-	l->sessions = cfg->max_sessions;
-	l->sessions_per_uid = cfg->max_sessions_per_uid;
+	l->per_uid[QUOTA_MEMORY] =
+		cfg->memory_per_uid ? cfg->memory_per_uid : l->all[QUOTA_MEMORY] / 2;
+	if (l->per_uid[QUOTA_MEMORY] > l->all[QUOTA_MEMORY])
+		l->per_uid[QUOTA_MEMORY] = l->all[QUOTA_MEMORY];
+	l->all[QUOTA_CONNS] = cfg->max_conns;
+	l->per_uid[QUOTA_CONNS] = cfg->max_conns_per_uid;
+	l->all[QUOTA_SESSIONS] = cfg->max_sessions;
+	l->per_uid[QUOTA_SESSIONS] = cfg->max_sessions_per_uid;
 }
 
 void daemon_collect(struct daemon *d)

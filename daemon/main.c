@@ -274,8 +274,9 @@ int main(int argc, char **argv)
 		   (int)getpid());
 	log_info("prefetchd %s ready: %zu dataset(s), %u reader(s); clients may hold %.1f GiB "
 		 "(%s), %.1f GiB per uid",
-		 PF_VERSION, d.ndatasets, d.cfg.readers, d.quota.lim.memory / 1073741824.0,
-		 d.quota_why, d.quota.lim.memory_per_uid / 1073741824.0);
+		 PF_VERSION, d.ndatasets, d.cfg.readers,
+		 d.quota.lim.all[QUOTA_MEMORY] / 1073741824.0, d.quota_why,
+		 d.quota.lim.per_uid[QUOTA_MEMORY] / 1073741824.0);
 
 	uv_run(d.loop, UV_RUN_DEFAULT);
 

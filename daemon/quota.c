@@ -46,31 +46,10 @@ static struct quota_user *find_or_add(struct quota *q, uid_t uid)
  * connections). */
 static void drop_if_empty(struct quota *q, struct quota_user *u)
 {
-	if (!u->memory && !u->conns && !u->sessions)
-		*u = q->users[--q->nusers];
-}
-
-static uint64_t held(const struct quota_user *u, enum quota_kind kind)
-{
-	return kind == QUOTA_MEMORY ? u->memory : kind == QUOTA_CONNS ? u->conns : u->sessions;
-}
-
-static void add(struct quota *q, struct quota_user *u, enum quota_kind kind, uint64_t n, bool take)
-{
-	switch (kind) {
-	case QUOTA_MEMORY:
-		u->memory = take ? u->memory + n : u->memory - n;
-		q->memory = take ? q->memory + n : q->memory - n;
-		break;
-	case QUOTA_CONNS:
-		u->conns = take ? u->conns + (unsigned)n : u->conns - (unsigned)n;
-		q->conns = take ? q->conns + (unsigned)n : q->conns - (unsigned)n;
-		break;
-	case QUOTA_SESSIONS:
-		u->sessions = take ? u->sessions + (unsigned)n : u->sessions - (unsigned)n;
-		q->sessions = take ? q->sessions + (unsigned)n : q->sessions - (unsigned)n;
-		break;
-	}
+	for (int k = 0; k < QUOTA_KINDS; k++)
+		if (u->held[k])
+			return;
+	*u = q->users[--q->nusers];
 }
 
 /* The message of a refused take: "WHAT needs N: uid U holds H of its
@@ -102,16 +81,7 @@ static int refuse(enum quota_kind kind, bool total, uint64_t n, uint64_t have, u
 int quota_take(struct quota *q, uid_t uid, enum quota_kind kind, uint64_t n, const char *what,
 	       char *err, size_t errlen)
 {
-	const struct quota_limits *l = &q->lim;
-	uint64_t per = kind == QUOTA_MEMORY  ? l->memory_per_uid
-		       : kind == QUOTA_CONNS ? l->conns_per_uid
-					     : l->sessions_per_uid;
-	uint64_t all = kind == QUOTA_MEMORY  ? l->memory
-		       : kind == QUOTA_CONNS ? l->conns
-					     : l->sessions;
-	uint64_t total = kind == QUOTA_MEMORY  ? q->memory
-			 : kind == QUOTA_CONNS ? q->conns
-					       : q->sessions;
+	uint64_t per = q->lim.per_uid[kind], all = q->lim.all[kind], total = q->held[kind];
 	struct quota_user *u = find_or_add(q, uid);
 	uint64_t mine;
 
@@ -119,7 +89,7 @@ int quota_take(struct quota *q, uid_t uid, enum quota_kind kind, uint64_t n, con
 		set_err(err, errlen, "%s refused: out of memory", what);
 		return -ENOMEM;
 	}
-	mine = held(u, kind);
+	mine = u->held[kind];
 	if (n > per || mine > per - n || n > all || total > all - n) {
 		bool mine_hit = n > per || mine > per - n;
 		int rc = refuse(kind, !mine_hit, n, mine_hit ? mine : total, mine_hit ? per : all,
@@ -128,7 +98,8 @@ int quota_take(struct quota *q, uid_t uid, enum quota_kind kind, uint64_t n, con
 		drop_if_empty(q, u);
 		return rc;
 	}
-	add(q, u, kind, n, true);
+	u->held[kind] += n;
+	q->held[kind] += n;
 	return 0;
 }
 
@@ -138,15 +109,9 @@ void quota_give(struct quota *q, uid_t uid, enum quota_kind kind, uint64_t n)
 
 	if (!u)
 		return;
-	add(q, u, kind, n, false);
+	u->held[kind] -= n;
+	q->held[kind] -= n;
 	drop_if_empty(q, u);
-}
-
-struct quota_user quota_of(const struct quota *q, uid_t uid)
-{
-	const struct quota_user *u = find(q, uid);
-
-	return u ? *u : (struct quota_user){.uid = uid};
 }
 
 void quota_free(struct quota *q)
@@ -158,13 +123,13 @@ void quota_free(struct quota *q)
 
 int quota_check(const struct quota *q)
 {
-	uint64_t memory = 0;
-	unsigned conns = 0, sessions = 0;
+	for (int k = 0; k < QUOTA_KINDS; k++) {
+		uint64_t sum = 0;
 
-	for (size_t i = 0; i < q->nusers; i++) {
-		memory += q->users[i].memory;
-		conns += q->users[i].conns;
-		sessions += q->users[i].sessions;
+		for (size_t i = 0; i < q->nusers; i++)
+			sum += q->users[i].held[k];
+		if (sum != q->held[k])
+			return 0;
 	}
-	return memory == q->memory && conns == q->conns && sessions == q->sessions;
+	return 1;
 }

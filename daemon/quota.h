@@ -24,28 +24,25 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+enum quota_kind { QUOTA_MEMORY, QUOTA_CONNS, QUOTA_SESSIONS, QUOTA_KINDS };
+
+/* Indexed by kind: bytes for memory, counts otherwise. */
 struct quota_limits {
-	uint64_t memory;	 /* memory_budget: bytes, all users */
-	uint64_t memory_per_uid; /* memory_per_uid */
-	unsigned conns, conns_per_uid;
-	unsigned sessions, sessions_per_uid;
+	uint64_t all[QUOTA_KINDS];     /* memory_budget, max_conns, max_sessions */
+	uint64_t per_uid[QUOTA_KINDS]; /* memory_per_uid, max_conns_per_uid, ... */
 };
 
 struct quota_user {
 	uid_t uid;
-	uint64_t memory;
-	unsigned conns, sessions;
+	uint64_t held[QUOTA_KINDS];
 };
 
 struct quota {
-	struct quota_limits lim; /* the configuration's (a reload updates it) */
-	uint64_t memory;	 /* all users */
-	unsigned conns, sessions;
-	struct quota_user *users; /* owned */
+	struct quota_limits lim;    /* the configuration's (a reload updates it) */
+	uint64_t held[QUOTA_KINDS]; /* all users */
+	struct quota_user *users;   /* owned */
 	size_t nusers, cap;
 };
-
-enum quota_kind { QUOTA_MEMORY, QUOTA_CONNS, QUOTA_SESSIONS };
 
 /* Takes n of kind for uid (bytes for memory, a count otherwise).  0, or
  * -ENOMEM (memory) / -EMFILE (connections, sessions) with err saying which
@@ -54,8 +51,6 @@ int quota_take(struct quota *q, uid_t uid, enum quota_kind kind, uint64_t n, con
 	       char *err, size_t errlen);
 /* Gives back what a take of the same uid and kind took. */
 void quota_give(struct quota *q, uid_t uid, enum quota_kind kind, uint64_t n);
-/* What uid holds now (zeroes when nothing). */
-struct quota_user quota_of(const struct quota *q, uid_t uid);
 void quota_free(struct quota *q);
 /* The invariant: the totals are the sums over users.  1 when it holds. */
 int quota_check(const struct quota *q);

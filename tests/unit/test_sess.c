@@ -258,8 +258,8 @@ static int teardown(void **state)
 	assert_int_equal(uv_loop_close(&f->loop), 0);
 	/* Every byte and session the session took went back. */
 	assert_true(quota_check(&f->d.quota));
-	assert_int_equal(f->d.quota.memory, 0);
-	assert_int_equal(f->d.quota.sessions, 0);
+	assert_int_equal(f->d.quota.held[QUOTA_MEMORY], 0);
+	assert_int_equal(f->d.quota.held[QUOTA_SESSIONS], 0);
 	quota_free(&f->d.quota);
 	config_free(&f->d.cfg);
 	for (int i = 0; i < f->nmsgs; i++)
