@@ -487,7 +487,6 @@ void sess_detach(struct sess *s)
 	s->peer = NULL;
 	s->dead = true;
 	sess_stop_epoch(s);
-	sess_cancel_build(s);
 	ahead_cancel(&s->ahead);
 	sess_maybe_free(s);
 }

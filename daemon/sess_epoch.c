@@ -57,11 +57,22 @@ void sess_drop_slot(struct slot *sl)
 	}
 }
 
+/* The running epoch's order, still being built, is not wanted any more:
+ * thrown away when it comes back (build_done). */
+static void cancel_build(struct sess *s)
+{
+	if (s->building) {
+		s->building->cancelled = true;
+		s->building = NULL;
+	}
+}
+
 void sess_stop_epoch(struct sess *s)
 {
 	for (uint32_t i = 0; i < s->nslots; i++)
 		sess_drop_slot(&s->slots[i]);
 	sess_drop_requests(s);
+	cancel_build(s);
 	s->running = false;
 }
 
@@ -90,14 +101,6 @@ static void start_free(struct sess_start *st)
 	free(st);
 }
 
-void sess_cancel_build(struct sess *s)
-{
-	if (s->building) {
-		s->building->cancelled = true;
-		s->building = NULL;
-	}
-}
-
 /* An epoch with no order: the client's LoadBatch requests are its batches
  * (sess_load).  The governor loads target of them ahead, as for ordered
  * epochs; the rest wait, up to SESS_PACED_MAX. */
@@ -123,7 +126,6 @@ static int start_paced(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 			return peer_error(s->peer, id, -ENOMEM, "out of memory");
 		}
 	}
-	sess_cancel_build(s);
 	new_epoch(s, req->epoch, 0);
 	free(s->picks);
 	sess_give(s, &s->order_held, s->order_held);
@@ -385,7 +387,6 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 	}
 
 	/* Accepted: the epoch switches now. */
-	sess_cancel_build(s);
 	new_epoch(s, req->epoch, req->start_batch);
 	s->paced = false;
 	free(s->picks);
@@ -462,7 +463,6 @@ int sess_abandon(struct sess *s, uint64_t id, const Pf__Abandon *req)
 			  " of %" PRIu64 " batches",
 			  s->id, s->epoch, s->gov.consumed, s->nbatches - s->start_batch);
 		sess_stop_epoch(s);
-		sess_cancel_build(s);
 	}
 	env.id = id;
 	env.msg_case = PF__ENVELOPE__MSG_OK;

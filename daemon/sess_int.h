@@ -45,14 +45,12 @@ void sess_give(struct sess *s, uint64_t *held, uint64_t n);
 
 /* ---- sess_epoch.c ---- */
 
-/* The running epoch's order still building is not wanted any more (a
- * newer epoch, an abandon, the session's end): thrown away when back. */
-void sess_cancel_build(struct sess *s);
 /* The order built ahead came back: its quota shrinks to what it keeps. */
 void sess_ahead_back(struct sess *s);
 
 /* Stops the current epoch: READY slots are free again at once, FILLING ones
- * become ORPHAN and come free when their reader is done. */
+ * become ORPHAN and come free when their reader is done, paced requests go,
+ * and an order still being built is thrown away when it is back. */
 void sess_stop_epoch(struct sess *s);
 /* The same for one slot, whose batch will not be sent. */
 void sess_drop_slot(struct slot *sl);
