@@ -100,7 +100,7 @@ uint64_t fill_plan(struct pool *p, const struct dataset *ds, const uint64_t *pic
 
 int fill_split(struct reader_job **jobs, const struct dataset *ds, const uint64_t *rows,
 	       const uint64_t *picks, uint32_t main_rows, uint32_t extra, unsigned readers,
-	       uint64_t *scratch)
+	       uint64_t *scratch, bool augmented)
 {
 	uint32_t parts, nparts;
 	uint64_t *base = (uint64_t *)rows, wrap = 0;
@@ -117,10 +117,11 @@ int fill_split(struct reader_job **jobs, const struct dataset *ds, const uint64_
 	if (!rows && nparts) {
 		/* One plain copy on this thread, no per-row work (4M rows of
 		 * a byte each are 32 MiB of picks): the picks of an
-		 * augmented share wrap to their sample on the readers. */
+		 * augmented share wrap to their sample on the readers, and
+		 * only those (a pick of any other is its sample). */
 		memcpy(scratch, picks, sizeof(uint64_t) * ((uint64_t)main_rows + extra));
 		base = scratch;
-		wrap = ds->num_samples;
+		wrap = augmented ? ds->num_samples : 0;
 	}
 	for (uint32_t p = 0; p < nparts; p++) {
 		uint32_t first =

@@ -14,6 +14,7 @@
 #ifndef PF_FILL_H
 #define PF_FILL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "gpu.h"
@@ -80,12 +81,13 @@ uint64_t fill_plan(struct pool *p, const struct dataset *ds, const uint64_t *pic
  * `extra` admit-only rows (back-fill) as a part of their own, so that rows
  * read only for the pool cannot fail the batch.  The jobs borrow the rows:
  * rows[k], or when rows is NULL the picks, copied into scratch (room for
- * main_rows + extra) and taken mod N by the readers.  Each job gets samples,
+ * main_rows + extra) and, when augmented (picks range over k * N), taken
+ * mod N by the readers.  Each job gets samples,
  * wrap, first and count; the caller fills the rest.  Returns the number of
  * jobs (0 when there are no rows) or -ENOMEM, with nothing left allocated. */
 int fill_split(struct reader_job **jobs, const struct dataset *ds, const uint64_t *rows,
 	       const uint64_t *picks, uint32_t main_rows, uint32_t extra, unsigned readers,
-	       uint64_t *scratch);
+	       uint64_t *scratch, bool augmented);
 
 /* The device assembly of a planned batch whose ring slot prefix (laid out
  * by fill_stage_layout) lands at offset 0 of the transfer thread's staging

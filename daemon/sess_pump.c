@@ -259,8 +259,8 @@ static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 			return -ENOMEM;
 		}
 	}
-	nparts =
-		fill_split(jobs, s->ds, rows, picks, main_rows, extra, s->d->cfg.readers, sl->rows);
+	nparts = fill_split(jobs, s->ds, rows, picks, main_rows, extra, s->d->cfg.readers, sl->rows,
+			    s->augment > 1);
 	if (nparts < 0) {
 		if (sl->plan.active)
 			pool_plan_done(s->cuda.pool, &sl->plan, false);
