@@ -171,14 +171,16 @@ static int conn_send(void *conn, const Pf__Envelope *env, int pass_fd)
 	/* A big frame (the BatchReady of a batch of millions) comes in huge
 	 * pages: its first touch would otherwise hold the loop. */
 	f->cap = pass_fd < 0 && len < CONN_OUT_CHUNK ? CONN_OUT_CHUNK : len;
-	f->fd = -1;
-	rc = c->last_words ? 0 : conn_take(c, f->cap, "a reply waiting to be sent");
-	f->buf = rc ? NULL : big_alloc(f->cap);
+	if (!c->last_words && (rc = conn_take(c, f->cap, "a reply waiting to be sent"))) {
+		free(f);
+		goto fail;
+	}
+	f->buf = big_alloc(f->cap);
 	if (!f->buf) {
-		if (!rc && !c->last_words)
+		if (!c->last_words)
 			conn_give(c, f->cap);
 		free(f);
-		rc = rc ? rc : -ENOMEM;
+		rc = -ENOMEM;
 		goto fail;
 	}
 	wire_encode_into(env, f->buf, len);
