@@ -198,11 +198,17 @@ void order_lower_priority(void)
 	}
 }
 
+/* Every rank gets ceil(len / world) picks (order_build says how). */
+static uint64_t share_len(uint64_t len, uint32_t world)
+{
+	return len / world + (len % world != 0);
+}
+
 void order_memory(const struct order_spec *spec, uint64_t space, uint64_t *peak, uint64_t *keep)
 {
 	uint32_t world = spec->world ? spec->world : 1;
 	uint64_t len = spec->kind == ORDER_EXPLICIT ? spec->nindices : space;
-	uint64_t nshare = len / world + (len % world != 0);
+	uint64_t nshare = share_len(len, world);
 
 	*keep = nshare * sizeof(uint64_t);
 	*peak = *keep;
@@ -259,8 +265,7 @@ int order_check(const struct order_spec *spec, uint64_t space, uint64_t *nshare,
 		break;
 	default: set_err(err, errlen, "unknown order kind %d", (int)spec->kind); return -EINVAL;
 	}
-	/* Every rank gets ceil(len / world) picks (order_build says how). */
-	*nshare = len / world + (len % world != 0);
+	*nshare = share_len(len, world);
 	return 0;
 }
 
