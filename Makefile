@@ -58,7 +58,7 @@ LDLIBS  := -lpthread -lm
 NVCC    ?= $(CUDA_HOME)/bin/nvcc
 NVCC_GENCODE ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 NVCC_FLAGS := -O3 -std=c++17 $(NVCC_GENCODE) -Xcompiler -fPIC,-fno-exceptions,-fno-threadsafe-statics \
-           -Idaemon -MMD -MP
+           -Idaemon -Iproto -MMD -MP
 
 ifeq ($(CUDA),1)
 CUDA_CFLAGS := -DPF_CUDA=1 -I$(CUDA_HOME)/include
@@ -88,6 +88,11 @@ GPU_OBJ     := $(GPU_SRC:%.c=$(B)/%.o) $(GATHER_OBJ)
 # but not part of it.
 CLIENT_SRC  := $(filter-out client/prefetchctl.c client/ctl_%.c,$(wildcard client/*.c))
 CLIENT_OBJ  := $(CLIENT_SRC:%.c=$(B)/%.o)
+# The client's gather kernel (daemon/gather.cu built as a module), embedded
+# in the library as a byte array.
+ifeq ($(CUDA),1)
+CLIENT_OBJ  += $(B)/client/gather_fatbin.o
+endif
 CTL_OBJ     := $(patsubst %.c,$(B)/%.o,client/prefetchctl.c $(wildcard client/ctl_*.c))
 
 # Tests by kind, each binary at build/tests/NAME:
@@ -140,6 +145,18 @@ $(B)/%.o: %.c
 $(B)/daemon/gather.o: daemon/gather.cu
 	@mkdir -p $(@D)
 	$(call say,NVCC,$<)$(NVCC) $(NVCC_FLAGS) -MF $(@:.o=.d) -c -o $@ $<
+
+$(B)/client/gather.fatbin: daemon/gather.cu
+	@mkdir -p $(@D)
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -DGATHER_MODULE -MF $(@:.fatbin=.fatbin.d) -fatbin -o $@ $<
+$(B)/client/gather_fatbin.c: $(B)/client/gather.fatbin
+	$(call say,GEN,$@){ echo '/* generated from $< */'; \
+	  echo '__attribute__((aligned(8), visibility("hidden"))) extern const unsigned char pf_gather_fatbin[];'; \
+	  echo '__attribute__((aligned(8))) const unsigned char pf_gather_fatbin[] = {'; \
+	  od -An -v -tx1 $< | sed 's/\([0-9a-f][0-9a-f]\)/0x\1,/g'; echo '};'; } > $@.tmp && mv $@.tmp $@
+$(B)/client/gather_fatbin.o: $(B)/client/gather_fatbin.c
+	$(call say,CC,$<)$(CC) $(ALL_CFLAGS) -c -o $@ $<
+-include $(B)/client/gather.fatbin.d
 
 # ---- link ------------------------------------------------------------------
 $(B)/prefetchd: $(B)/daemon/main.o $(DAEMON_OBJ) $(GPU_OBJ) $(WIRE_OBJ)

@@ -38,12 +38,65 @@
 
 /* ---- slots, arenas, batches -------------------------------------------------- */
 
+static void event_put(void *event);
+
 void pfc_free_batch(struct pfc_batch *b)
 {
 	if (!b)
 		return;
+	if (b->gather_ev)
+		event_put(b->gather_ev);
 	free(b->message);
 	free(b);
+}
+
+/* An idle event of c, or a new one: 0, or -errno with c's error set. */
+static int event_get(struct pf_client *c, const char *what, struct pfc_event **out)
+{
+	struct pfc_event *e = c->events;
+	char why[256];
+	int rc;
+
+	if (e) {
+		c->events = e->next;
+		*out = e;
+		return 0;
+	}
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return pfc_set_err(c, -ENOMEM, "out of memory");
+	e->c = c;
+	rc = pfcuda_event_create(c->cuda, &e->ev, why, sizeof(why));
+	if (rc) {
+		free(e);
+		return pfc_set_err(c, rc, "%s: %s", what, why);
+	}
+	*out = e;
+	return 0;
+}
+
+static int event_done(void *event);
+
+/* Queues the release of batch b (not taken) for when event e has
+ * completed: its gather still writes the slot until then. */
+static int release_after_gather(struct pf_client *c, struct pfc_batch *b)
+{
+	struct pfc_release *r = calloc(1, sizeof(*r));
+
+	if (!r) {
+		pfcuda_gather_sync(c->gather, NULL, 0);
+		return pfc_send_release(c, b->pub.epoch, b->pub.seq, b->slot);
+	}
+	r->epoch = b->pub.epoch;
+	r->seq = b->pub.seq;
+	r->slot = b->slot;
+	r->event = b->gather_ev;
+	r->done = event_done;
+	r->free_event = event_put;
+	r->next = c->releases;
+	c->releases = r;
+	b->gather_ev = NULL;
+	return 0;
 }
 
 int pfc_send_release(struct pf_client *c, uint64_t epoch, uint64_t seq, int32_t slot)
@@ -111,7 +164,9 @@ int pfc_release_queue(struct pf_client *c)
 		c->nqueued--;
 		if (b->slot >= 0) {
 			if (!c->dead) {
-				int src = pfc_send_release(c, b->pub.epoch, b->pub.seq, b->slot);
+				int src = b->gather_ev ? release_after_gather(c, b)
+						       : pfc_send_release(c, b->pub.epoch,
+									  b->pub.seq, b->slot);
 
 				if (src && !rc)
 					rc = src;
@@ -362,6 +417,194 @@ static void copy_picks(uint64_t *out, const Pf__BatchReady *b)
 #endif
 }
 
+/* ---- the client's gather ------------------------------------------------------ */
+
+/* Pool slab ids index a table; the daemon's slabs number a few hundred. */
+#define PFC_MAX_POOL_SLABS (1u << 20)
+
+int pfc_keep_pool(struct pf_client *c, const Pf__SessionOpened *so)
+{
+	const Pf__PoolLayout *pl = so->pool;
+
+	memset(&c->layout, 0, sizeof(c->layout));
+	c->gathers = false;
+	if (!pl)
+		return 0;
+	if (!c->gather)
+		return pfc_conn_fail(c, -EPROTO,
+				     "%s sent a pool layout to a client that does not gather",
+				     c->where);
+	if (c->nfields > GPU_GATHER_MAX_FIELDS || pl->n_rec_off != c->nfields ||
+	    pl->n_row_bytes != c->nfields || pl->slab_shift >= 32 || pl->rec_stride == 0)
+		return pfc_conn_fail(c, -EPROTO,
+				     "%s sent a pool layout that does not fit the session's %" PRIu32
+				     " fields",
+				     c->where, c->nfields);
+	for (uint32_t f = 0; f < c->nfields; f++) {
+		if (pl->row_bytes[f] != c->fields[f].sample_bytes ||
+		    (uint64_t)pl->rec_off[f] + pl->row_bytes[f] > pl->rec_stride)
+			return pfc_conn_fail(c, -EPROTO,
+					     "%s sent a pool layout whose field %s does not fit "
+					     "its records",
+					     c->where, c->fields[f].name);
+		c->layout.slot_off[f] = c->fields[f].offset;
+		c->layout.rec_off[f] = pl->rec_off[f];
+		c->layout.row_bytes[f] = pl->row_bytes[f];
+	}
+	c->layout.nfields = c->nfields;
+	c->layout.slab_shift = pl->slab_shift;
+	c->layout.rec_stride = pl->rec_stride;
+	c->gathers = true;
+	return 0;
+}
+
+/* Unmaps slab id once no queued gather can read it. */
+static int drop_slab(struct pf_client *c, uint32_t id)
+{
+	struct pfc_slab *sl = &c->pool_slabs[id];
+	char why[256];
+	int rc;
+
+	rc = pfcuda_gather_sync(c->gather, why, sizeof(why));
+	if (!rc)
+		rc = pfcuda_gather_set_slab(c->gather, id, 0, why, sizeof(why));
+	if (!rc)
+		rc = pfcuda_unmap(c->cuda, &sl->map, why, sizeof(why));
+	sl->gen = 0;
+	return rc ? pfc_conn_fail(c, rc, "cannot let go of pool slab %" PRIu32 ": %s", id, why)
+		  : 0;
+}
+
+void pfc_unmap_slabs(struct pf_client *c)
+{
+	if (c->npool_slabs)
+		pfcuda_gather_sync(c->gather, NULL, 0);
+	for (uint32_t j = 0; j < c->npool_slabs; j++) {
+		if (!c->pool_slabs[j].gen)
+			continue;
+		pfcuda_gather_set_slab(c->gather, j, 0, NULL, 0);
+		pfcuda_unmap(c->cuda, &c->pool_slabs[j].map, NULL, 0);
+	}
+	free(c->pool_slabs);
+	c->pool_slabs = NULL;
+	c->npool_slabs = 0;
+}
+
+static int add_pool_slab(struct pf_client *c, const Pf__PoolSlab *m)
+{
+	bool fd_kind = m->kind == PF__ARENA_KIND__ARENA_CUDA_FD;
+	int fd = fd_kind ? wire_rx_take_fd(&c->rx) : -1;
+	struct pfc_slab *sl;
+	char why[256];
+	int rc;
+
+	if (!c->gathers || m->id >= PFC_MAX_POOL_SLABS || !m->gen || !m->bytes ||
+	    (!fd_kind && m->kind != PF__ARENA_KIND__ARENA_CUDA_LEGACY) ||
+	    (fd_kind ? fd < 0 : m->legacy_handle.len != PFCUDA_IPC_HANDLE_BYTES)) {
+		if (fd >= 0)
+			close(fd);
+		return pfc_conn_fail(c, -EPROTO,
+				     "%s pushed pool slab %" PRIu32 " (gen %" PRIu32 ", kind %d, %" PRIu64
+				     " bytes) that this session cannot take",
+				     c->where, m->id, m->gen, (int)m->kind, m->bytes);
+	}
+	if (m->id >= c->npool_slabs) {
+		uint32_t n = m->id + 1 > 2 * c->npool_slabs ? m->id + 1 : 2 * c->npool_slabs;
+		struct pfc_slab *t = realloc(c->pool_slabs, n * sizeof(*t));
+
+		if (!t) {
+			if (fd >= 0)
+				close(fd);
+			return pfc_conn_fail(c, -ENOMEM, "out of memory");
+		}
+		memset(t + c->npool_slabs, 0, (n - c->npool_slabs) * sizeof(*t));
+		c->pool_slabs = t;
+		c->npool_slabs = n;
+	}
+	sl = &c->pool_slabs[m->id];
+	if (sl->gen) {
+		/* A new allocation in place of one whose end we have not
+		 * heard of: the old one is gone all the same. */
+		rc = drop_slab(c, m->id);
+		if (rc) {
+			if (fd >= 0)
+				close(fd);
+			return rc;
+		}
+	}
+	rc = fd_kind ? pfcuda_import_fd(c->cuda, fd, m->bytes, &sl->map, why, sizeof(why))
+		     : pfcuda_import_legacy(c->cuda, m->legacy_handle.data, m->bytes, &sl->map,
+					    why, sizeof(why));
+	if (!rc) {
+		sl->gen = m->gen;
+		rc = pfcuda_gather_set_slab(c->gather, m->id, sl->map.base, why, sizeof(why));
+	}
+	if (rc)
+		return pfc_conn_fail(c, rc, "cannot map pool slab %" PRIu32 " (%.1f MiB) of %s: %s",
+				     m->id, m->bytes / 1048576.0, c->where, why);
+	return 0;
+}
+
+static int pool_slab_gone(struct pf_client *c, const Pf__PoolSlabGone *m)
+{
+	if (m->id >= c->npool_slabs || c->pool_slabs[m->id].gen != m->gen)
+		return 0; /* one we never had, or replaced since */
+	return drop_slab(c, m->id);
+}
+
+/* Checks a batch the client is to gather: its index and staged rows lie
+ * in its arena (the kernel reads them in this process's context). */
+static int check_gather(struct pf_client *c, const Pf__BatchReady *b, const struct pfc_arena *a)
+{
+	uint64_t end;
+
+	if (!c->gathers || a->kind == PF__ARENA_KIND__ARENA_HOST_MEMFD ||
+	    b->n_staged_off != c->nfields || b->nstaged > INT32_MAX ||
+	    __builtin_add_overflow(b->gather_desc, (uint64_t)b->count * 8, &end) || end > a->bytes)
+		return pfc_conn_fail(c, -EPROTO,
+				     "batch %" PRIu64 "/%" PRIu64 " asks for a gather this session "
+				     "cannot do",
+				     b->epoch, b->seq);
+	for (uint32_t f = 0; f < c->nfields; f++)
+		if (__builtin_add_overflow(b->staged_off[f],
+					   (uint64_t)b->nstaged * c->layout.row_bytes[f], &end) ||
+		    end > a->bytes)
+			return pfc_conn_fail(c, -EPROTO,
+					     "batch %" PRIu64 "/%" PRIu64
+					     ": staged rows of field %s lie outside arena %" PRIu32,
+					     b->epoch, b->seq, c->fields[f].name, b->arena);
+	return 0;
+}
+
+/* Queues the batch's assembly on the gather stream, with its end event. */
+static int launch_gather(struct pf_client *c, struct pfc_batch *q, const Pf__BatchReady *b,
+			 const struct pfc_arena *a)
+{
+	struct gpu_gather g = c->layout;
+	struct pfc_event *e;
+	char why[256];
+	int rc;
+
+	rc = event_get(c, "gather", &e);
+	if (rc)
+		return pfc_conn_fail(c, rc, "%s", c->err);
+	g.slot = a->garena.base + b->offset;
+	g.desc = a->garena.base + b->gather_desc;
+	g.count = b->count;
+	g.nstaged = b->nstaged;
+	g.staged = a->garena.base;
+	for (uint32_t f = 0; f < c->nfields; f++)
+		g.staged_off[f] = b->staged_off[f];
+	rc = pfcuda_gather_launch(c->gather, &g, e->ev, why, sizeof(why));
+	if (rc) {
+		event_put(e);
+		return pfc_conn_fail(c, rc, "batch %" PRIu64 "/%" PRIu64 ": gather: %s", b->epoch,
+				     b->seq, why);
+	}
+	q->gather_ev = e;
+	return 0;
+}
+
 static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
 {
 	bool data = b->slot >= 0;
@@ -377,6 +620,8 @@ static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
 				     b->epoch, b->seq, b->slot, b->error);
 	if (data) {
 		rc = check_data_batch(c, b);
+		if (!rc && b->gather)
+			rc = check_gather(c, b, &c->arenas[b->arena]);
 		if (rc)
 			return rc;
 	}
@@ -416,6 +661,13 @@ static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
 		q->pub.nfields = c->nfields;
 		q->pub.data = ptrs;
 		q->pub.on_device = a->kind != PF__ARENA_KIND__ARENA_HOST_MEMFD;
+		if (b->gather) {
+			rc = launch_gather(c, q, b, a);
+			if (rc) {
+				free(q);
+				return rc;
+			}
+		}
 		c->slot_mine[b->slot] = 1;
 	} else {
 		q->message = strdup(b->message ? b->message : "");
@@ -438,6 +690,8 @@ int pfc_handle_push(struct pf_client *c, Pf__Envelope *env)
 	switch (env->msg_case) {
 	case PF__ENVELOPE__MSG_ARENA: rc = add_arena(c, env->arena); break;
 	case PF__ENVELOPE__MSG_BATCH: rc = add_batch(c, env->batch); break;
+	case PF__ENVELOPE__MSG_POOL_SLAB: rc = add_pool_slab(c, env->pool_slab); break;
+	case PF__ENVELOPE__MSG_POOL_SLAB_GONE: rc = pool_slab_gone(c, env->pool_slab_gone); break;
 	case PF__ENVELOPE__MSG_END:
 		if (env->end->epoch == c->epoch && c->epoch_live)
 			c->epoch_ended = true;
@@ -523,27 +777,16 @@ static void event_put(void *event)
 int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream)
 {
 	struct pfc_release *r = calloc(1, sizeof(*r));
-	struct pfc_event *e = c->events;
+	struct pfc_event *e;
 	char why[256];
 	int rc;
 
 	if (!r)
 		return pfc_set_err(c, -ENOMEM, "out of memory");
-	if (e) {
-		c->events = e->next;
-	} else {
-		e = calloc(1, sizeof(*e));
-		if (!e) {
-			free(r);
-			return pfc_set_err(c, -ENOMEM, "out of memory");
-		}
-		e->c = c;
-		rc = pfcuda_event_create(c->cuda, &e->ev, why, sizeof(why));
-		if (rc) {
-			free(e);
-			free(r);
-			return pfc_set_err(c, rc, "pf_release: %s", why);
-		}
+	rc = event_get(c, "pf_release", &e);
+	if (rc) {
+		free(r);
+		return rc;
 	}
 	rc = pfcuda_event_record(c->cuda, e->ev, stream, why, sizeof(why));
 	if (rc) {
@@ -594,6 +837,15 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 				 b->pub.seq, b->message);
 		pfc_free_batch(b);
 		return rc;
+	}
+	if (b->gather_ev) {
+		/* The trainer's stream waits for the batch's assembly; the
+		 * event may be recorded again at once (the wait has taken its
+		 * mark).  Should the wait fail, the CPU waits instead. */
+		if (pfcuda_stream_wait(c->cuda, c->use_stream, b->gather_ev->ev, NULL, 0))
+			pfcuda_gather_sync(c->gather, NULL, 0);
+		event_put(b->gather_ev);
+		b->gather_ev = NULL;
 	}
 	b->next = c->held;
 	c->held = b;

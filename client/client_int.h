@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "gather.h"
 #include "pfcuda.h"
 #include "prefetch.h"
 #include "prefetch.pb-c.h"
@@ -135,8 +136,14 @@ struct pfc_arena {
 	struct pfcuda_arena garena; /* CUDA: owned import, unmapped by pf_close */
 };
 
+/* A slab of the session's VRAM pool, mapped for the client's gather. */
+struct pfc_slab {
+	uint32_t gen; /* 0: not mapped */
+	struct pfcuda_arena map;
+};
+
 /* A release event of a CUDA batch: recorded on the trainer's stream, kept
- * for reuse once done. */
+ * for reuse once done.  The same events mark the end of a batch's gather. */
 struct pfc_event {
 	struct pf_client *c; /* borrowed: its owner */
 	void *ev;	     /* owned CUevent */
@@ -155,6 +162,7 @@ struct pfc_batch {
 	char *message;		 /* owned: an error batch's text */
 	uint64_t bytes;		 /* sample bytes of all fields */
 	uint64_t gen;		 /* the connection it came on (pf_client.gen) */
+	struct pfc_event *gather_ev; /* owned: its gather's end, until taken */
 	struct fifo_node queued; /* in pf_client.queue until taken */
 	struct pfc_batch *next;	 /* in pf_client.held once taken */
 };
@@ -202,6 +210,16 @@ struct pf_client {
 	char *device;		  /* owned: what the daemon granted */
 	struct pfcuda_dev *cuda;  /* owned: CUDA sessions' device, else NULL */
 	struct pfc_event *events; /* owned: idle release events */
+	/* The client's gather (SessionOpened.pool): the kernel and its stream
+	 * (made at pf_open unless $PREFETCH_CLIENT_GATHER is 0), the pool's
+	 * record layout in a parameter block each batch starts from, and the
+	 * pool's slabs mapped here, by id. */
+	struct pfcuda_gather *gather; /* owned: NULL when the daemon gathers */
+	bool gathers;		      /* this connection's session sends gathers */
+	struct gpu_gather layout;
+	struct pfc_slab *pool_slabs; /* owned, npool_slabs */
+	uint32_t npool_slabs;
+	void *use_stream; /* pf_next_stream: the stream the next batch is used on */
 	double probe_interval_s;  /* CUDA: 0 = only the first probe */
 	int64_t last_probe_ns;	  /* 0: not probed yet */
 	struct pfc_arena *arenas; /* owned, indexed by arena id */
@@ -294,6 +312,8 @@ int pfc_hello(struct pf_client *c, int timeout_ms);
 /* ---- batch.c: arenas, pushes, taking and releasing batches ----------------- */
 
 void pfc_free_batch(struct pfc_batch *b);
+int pfc_keep_pool(struct pf_client *c, const Pf__SessionOpened *so);
+void pfc_unmap_slabs(struct pf_client *c);
 int pfc_send_release(struct pf_client *c, uint64_t epoch, uint64_t seq, int32_t slot);
 int pfc_flush_releases(struct pf_client *c, int wait_ms);
 int pfc_release_queue(struct pf_client *c);

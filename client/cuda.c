@@ -21,6 +21,7 @@
  * dlclose while it has contexts and threads.
  */
 #include "pfcuda.h"
+#include "gather.h"
 #include "util.h"
 
 #include <errno.h>
@@ -87,6 +88,21 @@ static struct {
 	PFN_cuMemUnmap_v10020 mem_unmap;
 	PFN_cuMemSetAccess_v10020 mem_set_access;
 	PFN_cuMemRelease_v10020 mem_release;
+
+	/* The client's gather (pfcuda_gather_*): optional, gather is false
+	 * when one is missing and the daemon then gathers itself. */
+	bool gather;
+	PFN_cuModuleLoadData_v2000 module_load_data;
+	PFN_cuModuleGetFunction_v2000 module_get_function;
+	PFN_cuModuleUnload_v2000 module_unload;
+	PFN_cuLaunchKernel_v4000 launch_kernel;
+	PFN_cuStreamCreate_v2000 stream_create;
+	PFN_cuStreamDestroy_v4000 stream_destroy;
+	PFN_cuStreamWaitEvent_v3020 stream_wait_event;
+	PFN_cuStreamSynchronize_v2000 stream_synchronize;
+	PFN_cuMemcpyHtoDAsync_v3020 memcpy_htod_async;
+	PFN_cuMemAllocHost_v3020 mem_alloc_host;
+	PFN_cuMemFreeHost_v2000 mem_free_host;
 } drv;
 
 static int cu_errno(CUresult r)
@@ -197,6 +213,18 @@ static void load(void)
 	missing = NULL;
 	SYM(mem_alloc, "cuMemAlloc");
 	SYM(mem_free, "cuMemFree");
+	SYM(module_load_data, "cuModuleLoadData");
+	SYM(module_get_function, "cuModuleGetFunction");
+	SYM(module_unload, "cuModuleUnload");
+	SYM(launch_kernel, "cuLaunchKernel");
+	SYM(stream_create, "cuStreamCreate");
+	SYM(stream_destroy, "cuStreamDestroy");
+	SYM(stream_wait_event, "cuStreamWaitEvent");
+	SYM(stream_synchronize, "cuStreamSynchronize");
+	SYM(memcpy_htod_async, "cuMemcpyHtoDAsync");
+	SYM(mem_alloc_host, "cuMemAllocHost");
+	SYM(mem_free_host, "cuMemFreeHost");
+	drv.gather = !missing;
 	drv.rc = 0;
 #undef SYM
 }
@@ -574,6 +602,191 @@ int pfcuda_mem_free(struct pfcuda_dev *d, uint64_t devptr)
 	return cu_errno(r);
 }
 
+/* ---- the client's gather --------------------------------------------------- */
+
+/* The fatbin of daemon/gather.cu built with GATHER_MODULE (the Makefile
+ * embeds it as a byte array). */
+extern const unsigned char pf_gather_fatbin[];
+
+/* 128 threads a block, one block a row: gather.cu's GATHER_THREADS. */
+#define GATHER_BLOCK 128
+
+struct pfcuda_gather {
+	struct pfcuda_dev *d; /* borrowed */
+	CUmodule mod;
+	CUfunction fn;
+	CUstream stream; /* non-blocking: ordered with the trainer's only by events */
+	uint64_t *hbases; /* pinned host copy of the slab bases, cap entries */
+	CUdeviceptr dbases;
+	uint32_t cap;
+};
+
+int pfcuda_gather_open(struct pfcuda_dev *d, struct pfcuda_gather **out, char *msg, size_t msglen)
+{
+	struct pfcuda_gather *g;
+	CUresult r = CUDA_SUCCESS;
+	const char *what = "";
+	int rc;
+
+	*out = NULL;
+	if (!drv.gather || !drv.mem_alloc) {
+		set_err(msg, msglen, "the CUDA driver lacks the module and launch entry points");
+		return -EOPNOTSUPP;
+	}
+	g = calloc(1, sizeof(*g));
+	if (!g) {
+		set_err(msg, msglen, "out of memory");
+		return -ENOMEM;
+	}
+	g->d = d;
+	rc = push(d, msg, msglen);
+	if (rc < 0) {
+		free(g);
+		return rc;
+	}
+	if ((r = drv.module_load_data(&g->mod, pf_gather_fatbin)) != CUDA_SUCCESS)
+		what = "cuModuleLoadData (the embedded gather kernel)";
+	else if ((r = drv.module_get_function(&g->fn, g->mod, "pf_gather")) != CUDA_SUCCESS)
+		what = "cuModuleGetFunction(pf_gather)";
+	else if ((r = drv.stream_create(&g->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
+		what = "cuStreamCreate";
+	pop();
+	if (r != CUDA_SUCCESS) {
+		rc = cu_fail(r, what, msg, msglen);
+		pfcuda_gather_close(g);
+		return rc;
+	}
+	*out = g;
+	return 0;
+}
+
+void pfcuda_gather_close(struct pfcuda_gather *g)
+{
+	if (!g)
+		return;
+	if (push(g->d, NULL, 0) == 0) {
+		if (g->stream) {
+			drv.stream_synchronize(g->stream);
+			drv.stream_destroy(g->stream);
+		}
+		if (g->dbases)
+			drv.mem_free(g->dbases);
+		if (g->hbases)
+			drv.mem_free_host(g->hbases);
+		if (g->mod)
+			drv.module_unload(g->mod);
+		pop();
+	}
+	free(g);
+}
+
+int pfcuda_gather_sync(struct pfcuda_gather *g, char *msg, size_t msglen)
+{
+	CUresult r;
+	int rc = push(g->d, msg, msglen);
+
+	if (rc < 0)
+		return rc;
+	r = drv.stream_synchronize(g->stream);
+	pop();
+	return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuStreamSynchronize", msg, msglen);
+}
+
+/* Makes room for slab ids below want (pushed context): a larger pinned
+ * copy and device array, the old ones freed once the stream is idle. */
+static int grow_bases(struct pfcuda_gather *g, uint32_t want, char *msg, size_t msglen)
+{
+	uint32_t cap = g->cap ? g->cap : 64;
+	uint64_t *h = NULL;
+	CUdeviceptr dv = 0;
+	CUresult r;
+
+	while (cap < want)
+		cap *= 2;
+	if ((r = drv.mem_alloc_host((void **)&h, cap * sizeof(*h))) != CUDA_SUCCESS)
+		return cu_fail(r, "cuMemAllocHost", msg, msglen);
+	if ((r = drv.mem_alloc(&dv, cap * sizeof(*h))) != CUDA_SUCCESS) {
+		drv.mem_free_host(h);
+		return cu_fail(r, "cuMemAlloc", msg, msglen);
+	}
+	memset(h, 0, cap * sizeof(*h));
+	drv.stream_synchronize(g->stream);
+	if (g->cap)
+		memcpy(h, g->hbases, g->cap * sizeof(*h));
+	r = drv.memcpy_htod_async(dv, h, cap * sizeof(*h), g->stream);
+	if (r != CUDA_SUCCESS) {
+		drv.mem_free(dv);
+		drv.mem_free_host(h);
+		return cu_fail(r, "cuMemcpyHtoDAsync", msg, msglen);
+	}
+	if (g->dbases)
+		drv.mem_free(g->dbases);
+	if (g->hbases)
+		drv.mem_free_host(g->hbases);
+	g->hbases = h;
+	g->dbases = dv;
+	g->cap = cap;
+	return 0;
+}
+
+int pfcuda_gather_set_slab(struct pfcuda_gather *g, uint32_t slab, uint64_t base, char *msg,
+			   size_t msglen)
+{
+	CUresult r;
+	int rc = push(g->d, msg, msglen);
+
+	if (rc < 0)
+		return rc;
+	if (slab >= g->cap) {
+		rc = grow_bases(g, slab + 1, msg, msglen);
+		if (rc < 0) {
+			pop();
+			return rc;
+		}
+	}
+	/* Ordered before every later gather on the stream; the entry is
+	 * changed again only after a pfcuda_gather_sync. */
+	g->hbases[slab] = base;
+	r = drv.memcpy_htod_async(g->dbases + slab * sizeof(uint64_t), &g->hbases[slab],
+				  sizeof(uint64_t), g->stream);
+	pop();
+	return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuMemcpyHtoDAsync", msg, msglen);
+}
+
+int pfcuda_gather_launch(struct pfcuda_gather *g, struct gpu_gather *p, void *event, char *msg,
+			 size_t msglen)
+{
+	void *args[] = {p};
+	CUresult r;
+	int rc;
+
+	p->bases = g->dbases;
+	p->nbases = g->cap;
+	p->admit = 0;
+	rc = push(g->d, msg, msglen);
+	if (rc < 0)
+		return rc;
+	r = p->count ? drv.launch_kernel(g->fn, p->count, 1, 1, GATHER_BLOCK, 1, 1, 0, g->stream,
+					 args, NULL)
+		     : CUDA_SUCCESS;
+	if (r == CUDA_SUCCESS)
+		r = drv.event_record((CUevent)event, g->stream);
+	pop();
+	return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuLaunchKernel(pf_gather)", msg, msglen);
+}
+
+int pfcuda_stream_wait(struct pfcuda_dev *d, void *stream, void *event, char *msg, size_t msglen)
+{
+	CUresult r;
+	int rc = push(d, msg, msglen);
+
+	if (rc < 0)
+		return rc;
+	r = drv.stream_wait_event((CUstream)stream, (CUevent)event, 0);
+	pop();
+	return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuStreamWaitEvent", msg, msglen);
+}
+
 #else /* !PF_CUDA: built without the CUDA toolkit */
 
 #include <unistd.h>
@@ -671,6 +884,39 @@ int pfcuda_mem_alloc(struct pfcuda_dev *d, uint64_t bytes, uint64_t *devptr, cha
 int pfcuda_mem_free(struct pfcuda_dev *d, uint64_t devptr)
 {
 	return devptr ? -ENOSYS : 0;
+}
+
+
+int pfcuda_gather_open(struct pfcuda_dev *d, struct pfcuda_gather **out, char *msg, size_t msglen)
+{
+	*out = NULL;
+	return NO_CUDA(msg, msglen);
+}
+
+void pfcuda_gather_close(struct pfcuda_gather *g)
+{
+}
+
+int pfcuda_gather_sync(struct pfcuda_gather *g, char *msg, size_t msglen)
+{
+	return NO_CUDA(msg, msglen);
+}
+
+int pfcuda_gather_set_slab(struct pfcuda_gather *g, uint32_t slab, uint64_t base, char *msg,
+			   size_t msglen)
+{
+	return NO_CUDA(msg, msglen);
+}
+
+int pfcuda_gather_launch(struct pfcuda_gather *g, struct gpu_gather *p, void *event, char *msg,
+			 size_t msglen)
+{
+	return NO_CUDA(msg, msglen);
+}
+
+int pfcuda_stream_wait(struct pfcuda_dev *d, void *stream, void *event, char *msg, size_t msglen)
+{
+	return NO_CUDA(msg, msglen);
 }
 
 #endif

@@ -102,4 +102,30 @@ int pfcuda_mem_alloc(struct pfcuda_dev *d, uint64_t bytes, uint64_t *devptr, cha
 		     size_t msglen);
 int pfcuda_mem_free(struct pfcuda_dev *d, uint64_t devptr);
 
+/* ---- the client's gather ----
+ * Pool hits are assembled in the trainer's own context (DESIGN.md: no SM
+ * work in the daemon's context on a trainer's GPU): the kernel of
+ * daemon/gather.cu in entry mode, from a module embedded in the library,
+ * on a non-blocking stream of its own.  The trainer's stream waits on the
+ * event each launch records (pfcuda_stream_wait), so the CPU never blocks. */
+struct gpu_gather;
+struct pfcuda_gather;
+/* Loads the module and makes the stream.  -EOPNOTSUPP when the driver
+ * lacks an entry point (the daemon then gathers for this client). */
+int pfcuda_gather_open(struct pfcuda_dev *d, struct pfcuda_gather **out, char *msg, size_t msglen);
+/* Waits for the stream's work, then frees everything.  NULL is a no-op. */
+void pfcuda_gather_close(struct pfcuda_gather *g);
+/* Blocks until every queued gather has finished. */
+int pfcuda_gather_sync(struct pfcuda_gather *g, char *msg, size_t msglen);
+/* Slab `slab` is mapped at base (0: no longer): later launches see it.
+ * Call pfcuda_gather_sync before changing an entry a queued launch reads. */
+int pfcuda_gather_set_slab(struct pfcuda_gather *g, uint32_t slab, uint64_t base, char *msg,
+			   size_t msglen);
+/* Queues one batch (p in entry mode: bases, nbases and admit are filled
+ * in here), then records event (a pfcuda_event_create event) after it. */
+int pfcuda_gather_launch(struct pfcuda_gather *g, struct gpu_gather *p, void *event, char *msg,
+			 size_t msglen);
+/* Makes stream (NULL: the legacy default stream) wait for event. */
+int pfcuda_stream_wait(struct pfcuda_dev *d, void *stream, void *event, char *msg, size_t msglen);
+
 #endif

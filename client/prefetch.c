@@ -128,7 +128,7 @@ static int keep_session(struct pf_client *c, const Pf__SessionOpened *so)
 	c->slots = so->slots;
 	c->probe_interval_s = so->probe_interval_s;
 	c->opened = true;
-	return 0;
+	return pfc_keep_pool(c, so);
 }
 
 static void free_open_opts(struct pf_client *c)
@@ -172,6 +172,7 @@ int pfc_send_open(struct pf_client *c, Pf__Envelope **reply)
 	msg.max_depth = o->max_depth;
 	msg.ipc = (Pf__Ipc)o->ipc;
 	msg.name = (char *)o->name;
+	msg.gather = c->gather != NULL;
 	if (c->pci_bus_id[0])
 		msg.pci_bus_id = c->pci_bus_id;
 	env.msg_case = PF__ENVELOPE__MSG_OPEN;
@@ -220,12 +221,19 @@ PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
 			return pfc_set_err(c, rc, "pf_open: %s: %s", opts->device, why);
 		if (pfcuda_pci_bus_id(c->cuda, c->pci_bus_id, sizeof(c->pci_bus_id), NULL, 0) != 0)
 			c->pci_bus_id[0] = '\0';
+		/* Pool hits are gathered here, in the trainer's context, when
+		 * the kernel loads ($PREFETCH_CLIENT_GATHER=0: never; then, or
+		 * when it does not load, the daemon gathers). */
+		if (!getenv("PREFETCH_CLIENT_GATHER") || strcmp(getenv("PREFETCH_CLIENT_GATHER"), "0"))
+			pfcuda_gather_open(c->cuda, &c->gather, NULL, 0);
 	}
 	rc = keep_open_opts(c, opts);
 	if (!rc)
 		rc = pfc_send_open(c, &reply);
 	if (rc) {
 		free_open_opts(c);
+		pfcuda_gather_close(c->gather);
+		c->gather = NULL;
 		pfcuda_close(c->cuda);
 		c->cuda = NULL;
 		c->pci_bus_id[0] = '\0';
@@ -479,11 +487,18 @@ static int next_batch(struct pf_client *c, int timeout_ms, struct pf_batch **bat
 
 PF_API int pf_next(struct pf_client *c, int timeout_ms, struct pf_batch **batch)
 {
+	return pf_next_stream(c, timeout_ms, NULL, batch);
+}
+
+PF_API int pf_next_stream(struct pf_client *c, int timeout_ms, void *stream,
+			  struct pf_batch **batch)
+{
 	int64_t entry = mono();
 	int rc;
 
 	if (!c || !batch)
 		return -EINVAL;
+	c->use_stream = stream;
 	*batch = NULL;
 	if (c->have_last_return)
 		c->busy_s += (entry - c->last_return_ns) / 1e9;
@@ -697,6 +712,8 @@ PF_API void pf_close(struct pf_client *c)
 	 * has finished with them (pfc_unmap_arenas): a queued kernel must not
 	 * fault. */
 	pfc_drop_releases(c);
+	pfc_unmap_slabs(c);
+	pfcuda_gather_close(c->gather);
 	pfc_unmap_arenas(c, c->arenas, c->narenas);
 	while (c->retired) {
 		struct pfc_retired *r = c->retired;

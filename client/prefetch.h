@@ -182,6 +182,16 @@ PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts,
  * batch; the epoch goes on with the next call), or the connection's error
  * (-ECONNRESET when the daemon went away and reconnect_s is 0 or spent). */
 PF_API int pf_next(struct pf_client *c, int timeout_ms, struct pf_batch **batch);
+/* pf_next for a CUDA session whose trainer uses its batches on `stream`
+ * (a cudaStream_t; NULL: the legacy default stream, which every blocking
+ * stream waits for).  A batch assembled from the VRAM pool is gathered by
+ * this library in the trainer's context, on a stream of its own: the
+ * batch's stream is made to wait for that (cuStreamWaitEvent, the CPU does
+ * not block), so work queued on it after pf_next returns sees the data.
+ * Use the batch on another non-blocking stream only after making that one
+ * wait for `stream`.  Other batches are complete when announced. */
+PF_API int pf_next_stream(struct pf_client *c, int timeout_ms, void *stream,
+			  struct pf_batch **batch);
 /* Gives the batch's slot back.  stream: the cudaStream_t whose queued work
  * still reads the batch (CUDA sessions; NULL = the legacy default stream),
  * ignored for host sessions.  The batch must not be used afterwards.  A

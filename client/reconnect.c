@@ -79,6 +79,7 @@ static void drop_connection(struct pf_client *c)
 
 	pfc_release_queue(c);
 	pfc_drop_releases(c);
+	pfc_unmap_slabs(c);
 	for (struct pfc_batch *b = c->held; b; b = b->next)
 		users += b->gen == c->gen;
 	if (c->narenas && users) {
@@ -174,7 +175,7 @@ static int refresh_session(struct pf_client *c, const Pf__SessionOpened *so)
 	c->slot_bytes = so->slot_bytes;
 	c->slots = so->slots;
 	c->probe_interval_s = so->probe_interval_s;
-	return 0;
+	return pfc_keep_pool(c, so);
 }
 
 /* One try: a new socket, hello, the session opened again with pf_open's

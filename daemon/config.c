@@ -228,8 +228,8 @@ void config_defaults(struct config *cfg)
 	/* Allocation failures leave these NULL; config_load reports them. */
 	cfg->socket_path = strdup("/run/prefetchd/prefetchd.sock");
 	cfg->socket_mode = 0660;
-	cfg->readers = 4;
-	cfg->ring_bytes = 256ULL << 20;
+	cfg->readers = 0;    /* auto: daemon_config_machine */
+	cfg->ring_bytes = 0; /* auto: daemon_config_machine */
 	cfg->arena_bytes = 256ULL << 20;
 	cfg->session_bytes = 2ULL << 30;
 	cfg->max_sessions = 64;

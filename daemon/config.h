@@ -5,8 +5,9 @@
  *   socket = /run/prefetchd/prefetchd.sock
  *   socket_mode = 0660
  *   socket_group = prefetch         ; group owning the socket (optional)
- *   readers = 4                     ; reader threads
- *   ring_bytes = 256M               ; pinned reader ring (CUDA sessions)
+ *   readers = auto                  ; reader threads (auto: usable CPUs - 3, >= 2)
+ *   ring_bytes = auto               ; pinned reader ring (CUDA sessions; auto:
+ *                                   ; 1/256 of the memory, 256M .. 1G)
  *   arena_bytes = 256M              ; largest single arena
  *   session_bytes = 2G              ; most slot memory one session may hold
  *   max_sessions = 64
@@ -108,8 +109,8 @@ struct config {
 	char *socket_path; /* owned */
 	mode_t socket_mode;
 	char *socket_group; /* owned, NULL: leave the group alone */
-	unsigned readers;
-	uint64_t ring_bytes;
+	unsigned readers;    /* 0: auto until daemon_config_machine */
+	uint64_t ring_bytes; /* 0: auto until daemon_config_machine */
 	uint64_t arena_bytes;
 	uint64_t session_bytes;
 	unsigned max_sessions;

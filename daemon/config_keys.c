@@ -318,8 +318,13 @@ int config_daemon_key(struct parse *st, const char *name, const char *value)
 		if (!all_digits(value) && !getgrnam(value))
 			return fail(st, "socket_group: no such group '%s'", value);
 		return replace_str(st, &cfg->socket_group, strdup(value));
-	case K_READERS: return key_uint(st, name, value, 1, 256, &cfg->readers);
-	case K_RING_BYTES: return key_size(st, name, value, 4096, UINT64_MAX, &cfg->ring_bytes);
+	case K_READERS:
+		if (strcmp(value, "auto") == 0) {
+			cfg->readers = 0;
+			return 1;
+		}
+		return key_uint(st, name, value, 1, 256, &cfg->readers);
+	case K_RING_BYTES: return key_size_or_auto(st, name, value, 4096, &cfg->ring_bytes);
 	case K_ARENA_BYTES: return key_size(st, name, value, 4096, UINT64_MAX, &cfg->arena_bytes);
 	case K_SESSION_BYTES:
 		return key_size(st, name, value, 4096, UINT64_MAX, &cfg->session_bytes);

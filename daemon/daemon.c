@@ -15,13 +15,16 @@
 #include "daemon.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "pool.h"
+#include "sess.h"
 
 struct dataset *daemon_dataset(const struct daemon *d, const char *name)
 {
@@ -259,6 +262,7 @@ int daemon_reload(struct daemon *d, char *summary, size_t len, char *err, size_t
 		ds->retired = true;
 		d->retired[d->nretired++] = ds;
 	}
+	daemon_config_machine(&cfg, NULL, 0);
 	restart_keys(&d->cfg, &cfg, d->socket_override, summary, len);
 	/* The running values of the restart-only keys stay. */
 	cfg.readers = d->cfg.readers;
@@ -314,6 +318,12 @@ void daemon_config_pools(struct daemon *d)
 {
 	d->pools.cfg.slab_bytes = d->cfg.pool_slab;
 	d->pools.cfg.cap_bytes = d->cfg.pool_bytes;
+	/* Slabs are exported so that clients gather in their own context;
+	 * new slabs follow a reloaded `ipc`, old ones keep their kind. */
+	d->pools.cfg.slab_ipc =
+		d->cfg.ipc && strcmp(d->cfg.ipc, "legacy") == 0 ? GPU_IPC_LEGACY : GPU_IPC_FD;
+	d->pools.slab_gone = sess_cuda_slab_gone;
+	d->pools.gone_arg = d;
 	for (struct pool *p = d->pools.head; p; p = p->next) {
 		bool on = !p->ds->retired && daemon_pool_enabled(d, p->ds);
 
@@ -371,6 +381,39 @@ static uint64_t memory_limit(char *why, size_t len)
 	}
 	snprintf(why, len, "MemTotal %.1f GiB", total / 1073741824.0);
 	return total;
+}
+
+void daemon_config_machine(struct config *cfg, char *why, size_t len)
+{
+	char memwhy[100] = "";
+	cpu_set_t set;
+	int cpus = 0;
+	uint64_t mem, ring;
+	char rwhy[100] = "", bwhy[140] = "";
+
+	if (!cfg->readers) {
+		cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+		if (cpus <= 0)
+			cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
+		cfg->readers = cpus > 5 ? (unsigned)cpus - 3 : 2;
+		if (cfg->readers > 32)
+			cfg->readers = 32;
+		snprintf(rwhy, sizeof(rwhy), "readers = %u (auto: %d usable CPUs)", cfg->readers,
+			 cpus);
+	}
+	if (!cfg->ring_bytes) {
+		mem = memory_limit(memwhy, sizeof(memwhy));
+		ring = mem / 256;
+		if (ring < (256ULL << 20))
+			ring = 256ULL << 20;
+		if (ring > (1ULL << 30))
+			ring = 1ULL << 30;
+		cfg->ring_bytes = ring & ~((2ULL << 20) - 1);
+		snprintf(bwhy, sizeof(bwhy), "ring_bytes = %.0f MiB (auto: 1/256 of %s)",
+			 cfg->ring_bytes / 1048576.0, mem ? memwhy : "an unknown total");
+	}
+	if (why && len)
+		snprintf(why, len, "%s%s%s", rwhy, rwhy[0] && bwhy[0] ? ", " : "", bwhy);
 }
 
 void daemon_config_quota(struct daemon *d)

@@ -60,6 +60,7 @@ struct daemon {
 	struct pool_set pools; /* owned: VRAM pools, one per (dataset, GPU) used */
 	struct quota quota;    /* what each uid holds, against the limits */
 	char quota_why[160];   /* how memory_budget was chosen, for the log */
+	char machine_why[200]; /* how auto readers and ring_bytes were chosen */
 	int test_fail_allocs;  /* PREFETCHD_TEST_FAIL_ALLOCS: forced OOMs left */
 	bool stopping;
 };
@@ -99,6 +100,14 @@ void daemon_config_pools(struct daemon *d);
  * auto is half the memory the daemon may use (the machine's, or its
  * cgroup's limit when lower), memory_per_uid auto half of the budget. */
 void daemon_config_quota(struct daemon *d);
+/* readers and ring_bytes set to auto (the default) take values that fit
+ * the machine the daemon may use: readers = usable CPUs (its affinity
+ * mask) - 3, for the loop, the transfer thread and the trainer's own
+ * thread, at least 2 and at most 32; ring_bytes = 1/256 of its memory (the
+ * machine's, or its cgroup's limit), 256 MiB .. 1 GiB.  why (may be NULL)
+ * says what was chosen from what.  Startup and reload alike, so that a
+ * reload of an unchanged file changes nothing. */
+void daemon_config_machine(struct config *cfg, char *why, size_t len);
 /* Housekeeping tick: frees retired datasets nobody reads any more. */
 void daemon_collect(struct daemon *d);
 /* Frees every dataset (shutdown, after the sessions and pools). */

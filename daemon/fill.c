@@ -87,13 +87,13 @@ uint64_t fill_pooled_stride(const struct dataset *ds, uint32_t batch_size, uint6
 }
 
 uint64_t fill_plan(struct pool *p, const struct dataset *ds, const uint64_t *picks, uint32_t count,
-		   uint32_t stage_cap, uint8_t *ring_slot, struct pool_plan *plan,
+		   uint32_t stage_cap, bool ids, uint8_t *ring_slot, struct pool_plan *plan,
 		   uint64_t *stage_off)
 {
 	uint64_t admit_off;
 
 	fill_stage_layout(ds, count, 0, &admit_off, NULL);
-	pool_plan_batch(p, picks, count, stage_cap - count, plan, (uint64_t *)ring_slot,
+	pool_plan_batch(p, picks, count, stage_cap - count, ids, plan, (uint64_t *)ring_slot,
 			(uint64_t *)(ring_slot + admit_off));
 	return fill_stage_layout(ds, count, plan->nstaged, &admit_off, stage_off);
 }

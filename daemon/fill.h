@@ -73,7 +73,7 @@ uint64_t fill_pooled_stride(const struct dataset *ds, uint32_t batch_size, uint6
  * offsets into stage_off, and returns the bytes of the ring slot that go to
  * the device.  plan->staged[0..plan->nstaged) are the rows to read. */
 uint64_t fill_plan(struct pool *p, const struct dataset *ds, const uint64_t *picks, uint32_t count,
-		   uint32_t stage_cap, uint8_t *ring_slot, struct pool_plan *plan,
+		   uint32_t stage_cap, bool ids, uint8_t *ring_slot, struct pool_plan *plan,
 		   uint64_t *stage_off);
 
 /* Cuts a batch's rows into reader jobs: main_rows of the batch's own in up

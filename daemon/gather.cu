@@ -33,8 +33,18 @@
 #include <cuda_runtime.h>
 
 extern "C" {
-#include "gpu.h"
+#include "gather.h"
 }
+
+/* Built twice: into the daemon (gpu_gather_launch below, a static kernel),
+ * and, with GATHER_MODULE defined, as the fatbin that libprefetch embeds,
+ * where the kernel is an extern "C" entry the driver API finds by name. */
+#ifdef GATHER_MODULE
+#define GATHER_LINKAGE extern "C"
+#define gather_kernel  pf_gather
+#else
+#define GATHER_LINKAGE static
+#endif
 
 /* 128 threads x 4 loads of 16 B in flight = 8 KiB per block per round: a
  * 4 KiB row is one round, 2 loads per thread.  The kernel uses 40 registers
@@ -92,7 +102,7 @@ static __device__ __forceinline__ void copy_row(uint64_t dst, uint64_t src, uint
 
 /* __grid_constant__: g stays in the kernel parameter space and is indexed
  * there (the field loop indexes its arrays), never copied to local memory. */
-static __global__ void __launch_bounds__(GATHER_THREADS)
+GATHER_LINKAGE __global__ void __launch_bounds__(GATHER_THREADS)
 	gather_kernel(const __grid_constant__ struct gpu_gather g)
 {
 	const uint32_t nfields =
@@ -119,12 +129,25 @@ static __global__ void __launch_bounds__(GATHER_THREADS)
 				copy_row(g.slot + g.slot_off[f] + b * g.row_bytes[f],
 					 g.staged + g.staged_off[f] + k * g.row_bytes[f],
 					 g.row_bytes[f]);
+		} else if (g.bases) {
+			const uint64_t slab = src >> g.slab_shift;
+			uint64_t rec;
+
+			if (slab >= g.nbases)
+				return;
+			rec = ((const uint64_t *)g.bases)[slab];
+			if (!rec)
+				return;
+			rec += (src & ((1ull << g.slab_shift) - 1)) * g.rec_stride;
+			for (uint32_t f = 0; f < nfields; f++)
+				copy_row(g.slot + g.slot_off[f] + b * g.row_bytes[f],
+					 rec + g.rec_off[f], g.row_bytes[f]);
 		} else if (src) {
 			for (uint32_t f = 0; f < nfields; f++)
 				copy_row(g.slot + g.slot_off[f] + b * g.row_bytes[f],
 					 src + g.rec_off[f], g.row_bytes[f]);
 		}
-	} else {
+	} else if (g.admit) {
 		const uint64_t k = b - g.count;
 		const uint64_t rec = ((const uint64_t *)g.admit)[k];
 
@@ -136,6 +159,7 @@ static __global__ void __launch_bounds__(GATHER_THREADS)
 	}
 }
 
+#ifndef GATHER_MODULE
 /* Queues the kernel on cuda_stream (a cudaStream_t); returns the launch's
  * cudaError_t (0: queued).  Errors of the kernel's execution surface later,
  * at the next event or synchronisation on the stream. */
@@ -153,3 +177,4 @@ extern "C" int gpu_gather_launch(void *cuda_stream, const struct gpu_gather *g)
 	gather_kernel<<<(unsigned int)blocks, GATHER_THREADS, 0, (cudaStream_t)cuda_stream>>>(*g);
 	return (int)cudaGetLastError();
 }
+#endif

@@ -31,6 +31,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gather.h"
+
 #define GPU_IPC_HANDLE_BYTES 64
 /* Allocation sizes are rounded up to this (and to the allocation granularity):
  * the VMM granularity on current GPUs, and large enough that a legacy
@@ -106,37 +108,8 @@ int gpu_copy_d2d(struct gpu_stream *s, uint64_t dst, uint64_t src, size_t bytes)
 
 /* ---- batch assembly from the VRAM pool (gather.cu) ---- */
 
-/* Datasets with more fields than this are served without the pool. */
-#define GPU_GATHER_MAX_FIELDS 16
-/* A desc entry with this bit set names staged row k (its low bits); one
- * without it is the device address of a pool record. */
-#define GPU_GATHER_STAGED (1ull << 63)
-
-/* One batch's assembly.  Every address is a device address on the stream's
- * device.  A pool record holds one sample: field f at record + rec_off[f].
- * Staged rows (a batch's misses, plus rows staged only to be admitted) are
- * packed field by field: field f of staged row k at
- * staged + staged_off[f] + k * row_bytes[f]. */
-struct gpu_gather {
-	uint64_t slot;	  /* the batch's slot: field f of row i at slot + slot_off[f] + i *
-			     row_bytes[f] */
-	uint64_t desc;	  /* count uint64: row i's source (a record, or GPU_GATHER_STAGED | k) */
-	uint32_t count;	  /* rows of the batch */
-	uint32_t nstaged; /* staged rows */
-	uint64_t staged;  /* the staged rows */
-	uint64_t admit;	  /* nstaged uint64: the record staged row k is copied into, or 0 */
-	uint32_t nfields;
-	uint64_t slot_off[GPU_GATHER_MAX_FIELDS];
-	uint64_t staged_off[GPU_GATHER_MAX_FIELDS];
-	uint32_t rec_off[GPU_GATHER_MAX_FIELDS];
-	uint32_t row_bytes[GPU_GATHER_MAX_FIELDS];
-	/* Table mode (table != 0), for a pool that holds every sample: desc
-	 * holds the batch's picks instead, and row i's source is the record
-	 * table[desc[i] mod table_n] (a device array of table_n addresses),
-	 * so the host looks nothing up per row.  nstaged must be 0. */
-	uint64_t table;
-	uint64_t table_n;
-};
+/* struct gpu_gather, the kernel's parameter block: proto/gather.h, shared
+ * with libprefetch, which launches the same kernel in the trainer. */
 
 /* Queues the assembly of one batch on s, ordered after everything queued
  * before (so desc, admit and the staged rows may come from an H2D copy
@@ -193,6 +166,8 @@ void gpu_fake_set_mem(uint64_t free_bytes, uint64_t total_bytes);
 void gpu_fake_set_event_delay(int queries);
 /* Device allocations made and not yet freed, on all devices. */
 int gpu_fake_live_allocs(void);
+/* Gather kernels the fake GPU has run (compare two readings). */
+int gpu_fake_gathers_run(void);
 /* Host ranges currently registered with gpu_host_register. */
 int gpu_fake_host_registrations(void);
 

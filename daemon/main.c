@@ -188,6 +188,9 @@ int main(int argc, char **argv)
 		d.cfg.socket_path = strdup(socket_path);
 		d.socket_override = true;
 	}
+	daemon_config_machine(&d.cfg, d.machine_why, sizeof(d.machine_why));
+	if (d.machine_why[0])
+		log_info("%s", d.machine_why);
 	daemon_load_datasets(&d);
 	daemon_config_pools(&d);
 	daemon_config_quota(&d);

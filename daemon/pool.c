@@ -156,6 +156,8 @@ static void slab_free_now(struct pool *p, uint32_t j)
 {
 	struct pool_slab *sl = &p->slabs[j];
 
+	if (sl->mem.kind != GPU_IPC_NONE && p->set->slab_gone)
+		p->set->slab_gone(p->set->gone_arg, p, j, sl->gen);
 	xfer_free_mem(p->xfer, &sl->mem);
 	sl->used = 0;
 	sl->dying = false;
@@ -235,6 +237,7 @@ static void slab_alloc_done(struct xfer_job *job)
 		return;
 	}
 	p->slabs[j].mem = job->mem;
+	p->slabs[j].gen = ++p->gens;
 	p->slabs[j].used = 0;
 	p->slabs[j].pins = 0;
 	p->slabs[j].stamp = 0;
@@ -337,7 +340,8 @@ static void maybe_table(struct pool *p)
 	struct xfer_job *job;
 
 	/* The table takes 8 bytes a sample, within the budget. */
-	if (!p->enabled || p->table_valid || p->table_pending || p->sessions == 0 || p->rows != n ||
+	if (!p->enabled || p->table_valid || p->table_pending || p->daemon_gathers == 0 ||
+	    p->rows != n ||
 	    (!p->table.base && p->bytes + n * sizeof(uint64_t) > p->budget))
 		return;
 	if (p->table.base) {
@@ -408,7 +412,7 @@ static void maybe_grow(struct pool *p)
 	job->owner = p;
 	job->slot = j;
 	job->bytes = p->slab_bytes;
-	job->ipc = GPU_IPC_NONE;
+	job->ipc = p->set->cfg.slab_ipc;
 	job->done = slab_alloc_done;
 	p->slab_pending = true;
 	p->admits = 0;
@@ -512,7 +516,8 @@ static void admit_row(struct pool *p, struct pool_plan *plan, uint32_t k, uint64
 }
 
 void pool_plan_batch(struct pool *p, const uint64_t *picks, uint32_t count, uint32_t max_extra,
-		     struct pool_plan *plan, uint64_t *restrict desc, uint64_t *admit_addr)
+		     bool ids, struct pool_plan *plan, uint64_t *restrict desc,
+		     uint64_t *admit_addr)
 {
 	const uint64_t n = p->ds->num_samples;
 	const uint32_t *restrict loc = p->loc;
@@ -526,7 +531,9 @@ void pool_plan_batch(struct pool *p, const uint64_t *picks, uint32_t count, uint
 	plan->npinned = 0;
 	plan->stamp = stamp;
 	plan->table = false;
-	if (pool_table(p)) {
+	plan->ids = ids;
+	plan->published = false;
+	if (!ids && pool_table(p)) {
 		/* Every sample is resident and the device has the table: the
 		 * picks themselves are the index.  Every live slab is pinned
 		 * (a batch may read any of them). */
@@ -561,7 +568,7 @@ void pool_plan_batch(struct pool *p, const uint64_t *picks, uint32_t count, uint
 		if (e < POOL_PENDING) {
 			struct pool_slab *sl = &p->slabs[e >> shift];
 
-			desc[i] = sl->mem.base + (uint64_t)(e & mask) * stride;
+			desc[i] = ids ? e : sl->mem.base + (uint64_t)(e & mask) * stride;
 			if (sl->stamp != stamp)
 				pin(p, plan, e >> shift);
 			hits++;
@@ -610,10 +617,11 @@ void pool_plan_batch(struct pool *p, const uint64_t *picks, uint32_t count, uint
 	p->saved += plan->hits * p->ds->sample_bytes;
 }
 
-void pool_plan_done(struct pool *p, struct pool_plan *plan, bool ok)
+void pool_plan_publish(struct pool *p, struct pool_plan *plan, bool ok)
 {
-	if (!plan->active)
+	if (!plan->active || plan->published)
 		return;
+	plan->published = true;
 	for (uint32_t k = 0; k < plan->nstaged; k++) {
 		uint32_t e = plan->admit[k];
 		uint64_t sample = plan->staged[k];
@@ -638,6 +646,13 @@ void pool_plan_done(struct pool *p, struct pool_plan *plan, bool ok)
 				missed_set(p, sample);
 		}
 	}
+}
+
+void pool_plan_done(struct pool *p, struct pool_plan *plan, bool ok)
+{
+	if (!plan->active)
+		return;
+	pool_plan_publish(p, plan, ok);
 	for (uint32_t i = 0; i < plan->npinned; i++) {
 		uint32_t j = plan->pinned[i];
 		struct pool_slab *sl = &p->slabs[j];
@@ -646,6 +661,7 @@ void pool_plan_done(struct pool *p, struct pool_plan *plan, bool ok)
 			slab_free_now(p, j);
 	}
 	plan->active = false;
+	plan->published = false;
 	plan->read_failed = false;
 	plan->npinned = 0;
 	plan->nstaged = plan->nmiss = 0;

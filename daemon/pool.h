@@ -60,7 +60,8 @@ struct xfer_job;
 #define POOL_PENDING (UINT32_MAX - 1) /* loc: admitted by a batch in flight */
 
 struct pool_slab {
-	struct gpu_mem mem; /* owned: GPU_IPC_NONE, zeroed when not allocated */
+	struct gpu_mem mem; /* owned: pool_config.slab_ipc, zeroed when not allocated */
+	uint32_t gen;	    /* this allocation's number in the pool (PoolSlab.gen), > 0 */
 	uint32_t used;	    /* entries handed out, 0..per_slab */
 	uint32_t pins;	    /* batches in flight that read or write it */
 	uint64_t stamp;	    /* the last plan that pinned it (pins once per plan) */
@@ -83,6 +84,8 @@ struct pool_plan {
 	uint32_t hits;
 	uint64_t stamp;	  /* unique per planning, for pinning each slab once */
 	bool table;	  /* planned in table mode: desc holds the picks */
+	bool ids;	  /* planned in entry mode: desc holds entry ids (client gather) */
+	bool published;	  /* its admissions are settled (pool_plan_publish) */
 	bool read_failed; /* its rows could not be read: not back-filled */
 };
 
@@ -90,12 +93,21 @@ struct pool_plan {
 struct pool_config {
 	uint64_t slab_bytes; /* pool_slab: unit of allocation and of release */
 	uint64_t cap_bytes;  /* pool_bytes: most one pool may hold, 0: the budget only */
+	/* How slabs are allocated: exportable (GPU_IPC_FD, the daemon's
+	 * `ipc`, or GPU_IPC_LEGACY), so that clients gather from them in their
+	 * own context, or GPU_IPC_NONE (the daemon gathers for everyone). */
+	enum gpu_ipc slab_ipc;
 };
 
 /* Every pool of a daemon, and their settings (updated by a reload). */
 struct pool_set {
 	struct pool *head; /* owned */
 	struct pool_config cfg;
+	/* Called (loop thread) when an exported slab's memory is given back,
+	 * after every batch that read it was done: the sessions it was sent
+	 * to tell their clients to unmap it.  NULL: nobody to tell. */
+	void (*slab_gone)(void *arg, const struct pool *p, uint32_t slab, uint32_t gen);
+	void *gone_arg;
 };
 
 enum pool_action { POOL_ON, POOL_OFF, POOL_DROP };
@@ -132,6 +144,7 @@ struct pool {
 	bool table_pending;	/* an allocation or upload is on the transfer thread */
 	bool table_valid;	/* batches may use it */
 	uint64_t stamps;	/* plans made, for pool_plan.stamp */
+	uint32_t gens;		/* slab allocations made, for pool_slab.gen */
 	uint32_t *loc;		/* owned, ds->num_samples entries */
 	uint64_t *owner;	/* owned, nslabs << slab_shift: sample of each entry */
 	uint64_t *missed;	/* owned bitmap: samples to back-fill */
@@ -142,6 +155,9 @@ struct pool {
 	char budget_reason[160];
 	bool slab_pending; /* an allocation is on the transfer thread */
 	unsigned sessions; /* sessions using it */
+	/* Of those, the ones whose batches the daemon gathers (their clients
+	 * cannot): only they use the record table, so it is built for them. */
+	unsigned daemon_gathers;
 	/* Figures for status. */
 	uint64_t epoch; /* highest epoch started by its sessions */
 	uint64_t hits_cur, lookups_cur, hits_last, lookups_last;
@@ -166,13 +182,21 @@ void pool_destroy_all(struct pool_set *set);
 
 /* Planning: plan->cap must be at least count.  picks are the batch's picks
  * in order (sample = pick mod N).  Writes desc[0..count) (a record's
- * device address or GPU_GATHER_STAGED | k), admit_addr[k] for the staged
- * rows, and fills plan.  Up to max_extra admit-only rows are added when
- * room allows. */
+ * device address, or with ids its entry id, else GPU_GATHER_STAGED | k),
+ * admit_addr[k] for the staged rows, and fills plan.  Up to max_extra
+ * admit-only rows are added when room allows.  ids: the batch is
+ * gathered by the client (entry mode, never table mode): every slab a row
+ * reads is in plan->pinned, for the session to export. */
 void pool_plan_batch(struct pool *p, const uint64_t *picks, uint32_t count, uint32_t max_extra,
-		     struct pool_plan *plan, uint64_t *restrict desc, uint64_t *admit_addr);
-/* The batch's copy job is back (ok: its gather completed) or the batch was
- * dropped before (ok false): publishes or cancels its admissions, unpins. */
+		     bool ids, struct pool_plan *plan, uint64_t *restrict desc,
+		     uint64_t *admit_addr);
+/* The batch's admissions have been written (ok) or will not be: publishes
+ * or cancels them.  The slabs stay pinned: a client gather may still read
+ * them until the batch is released. */
+void pool_plan_publish(struct pool *p, struct pool_plan *plan, bool ok);
+/* The batch is done with the pool: its copy (and gather) is back and, for
+ * a client gather, the client released it; or it was dropped before (ok
+ * false).  Publishes what pool_plan_publish has not, then unpins. */
 void pool_plan_done(struct pool *p, struct pool_plan *plan, bool ok);
 /* Admit-only rows k in [first, first + n) of an in-flight plan could not be
  * read: they are not admitted (nor back-filled again), and admit_addr[k]

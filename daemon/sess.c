@@ -256,6 +256,8 @@ static int reply_opened(struct sess *s, uint64_t id)
 	Pf__SessionOpened msg = PF__SESSION_OPENED__INIT;
 	Pf__Field *fields = calloc(ds->nfields, sizeof(*fields));
 	Pf__Field **fieldp = calloc(ds->nfields, sizeof(*fieldp));
+	Pf__PoolLayout layout = PF__POOL_LAYOUT__INIT;
+	const struct pool *p = s->cuda.pool;
 	int rc = -ENOMEM;
 
 	if (!fields || !fieldp)
@@ -270,6 +272,14 @@ static int reply_opened(struct sess *s, uint64_t id)
 	msg.target = s->gov.target;
 	msg.device = s->device;
 	msg.probe_interval_s = s->gpu >= 0 ? s->d->cfg.probe_interval : 0;
+	if (s->cuda.gather) {
+		layout.n_rec_off = layout.n_row_bytes = p->nfields;
+		layout.rec_off = (uint32_t *)p->rec_off;
+		layout.row_bytes = (uint32_t *)p->row_bytes;
+		layout.rec_stride = p->rec_stride;
+		layout.slab_shift = p->slab_shift;
+		msg.pool = &layout;
+	}
 	env.id = id;
 	env.msg_case = PF__ENVELOPE__MSG_OPENED;
 	env.opened = &msg;

@@ -147,6 +147,15 @@ struct sess_cuda {
 	struct ring_lease lease; /* ring slots of ring_stride bytes (>= slot_stride) */
 	struct pool *pool;	 /* borrowed (counted): NULL when not pooled */
 	uint32_t stage_cap;	 /* staged rows per batch at most */
+	/* The client gathers its pooled batches (OpenSession.gather): each
+	 * device slot has a tail at tail_off where the batch's index and
+	 * staged rows land, and the pool's slabs are exported to it once
+	 * (slab_sent[j]: the gen of slab j it has, 0: none). */
+	bool gather;
+	uint64_t dev_stride; /* device slot stride: slot_stride, plus the tail */
+	uint64_t tail_off;
+	uint32_t *slab_sent; /* owned, nslab_sent */
+	uint32_t nslab_sent;
 	/* Figures for status. */
 	uint64_t copy_bytes, copy_ns; /* H2D totals */
 	uint64_t h2d_bytes;	      /* sample bytes that crossed PCIe */
@@ -254,5 +263,10 @@ void sess_fields(const struct dataset *ds, const uint64_t *offsets, Pf__Field *f
 struct sess *sess_find(struct daemon *d, uint64_t id);
 /* Invariants, for asserts and tests. */
 bool sess_check(const struct sess *s);
+
+/* pool_set.slab_gone (arg: the daemon): tells the clients that were sent
+ * slab `slab` of p that it went (PoolSlabGone). */
+struct pool;
+void sess_cuda_slab_gone(void *arg, const struct pool *p, uint32_t slab, uint32_t gen);
 
 #endif

@@ -18,6 +18,7 @@
 #include "sess_int.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,12 +83,13 @@ int sess_cuda_pick_gpu(struct daemon *d, const Pf__OpenSession *req, int *gpu, c
  * misses plus up to a quarter of a batch of back-filled rows, so ring slots
  * grow by that much; a dataset that cannot be pooled is served without.
  * Returns the ring slots' stride. */
-static int setup_pool(struct sess *s, uint64_t *ring_stride)
+static int setup_pool(struct sess *s, const Pf__OpenSession *req, uint64_t *ring_stride)
 {
 	struct sess_cuda *c = &s->cuda;
 	char why[160] = "";
 
 	*ring_stride = s->lay.slot_stride;
+	c->dev_stride = s->lay.slot_stride;
 	c->pool = pool_get(&s->d->pools, s->ds, s->gpu, c->xfer, daemon_pool_enabled(s->d, s->ds),
 			   why, sizeof(why));
 	if (!c->pool) {
@@ -107,6 +109,20 @@ static int setup_pool(struct sess *s, uint64_t *ring_stride)
 		s->slots[i].stage_off = calloc(s->ds->nfields, sizeof(uint64_t));
 		if (!s->slots[i].stage_off || pool_plan_alloc(&s->slots[i].plan, c->stage_cap))
 			return -ENOMEM;
+	}
+	if (req->gather && c->pool->set->cfg.slab_ipc != GPU_IPC_NONE) {
+		uint64_t admit_off;
+
+		/* The client gathers: each device slot carries the largest
+		 * staged prefix after its samples. */
+		c->gather = true;
+		c->tail_off = s->lay.slot_stride;
+		c->dev_stride = s->lay.slot_stride +
+				align_up(fill_stage_layout(s->ds, s->batch_size, c->stage_cap,
+							   &admit_off, NULL),
+					 FILL_SLOT_ALIGN);
+	} else {
+		c->pool->daemon_gathers++;
 	}
 	return 0;
 }
@@ -132,7 +148,7 @@ int sess_cuda_setup(struct sess *s, const Pf__OpenSession *req, char *err, size_
 		log_info("GPU %d: transfer thread started", s->gpu);
 	}
 	c->xfer = d->xfers[s->gpu];
-	rc = setup_pool(s, &ring_stride);
+	rc = setup_pool(s, req, &ring_stride);
 	if (rc) {
 		snprintf(err, errlen, "out of memory for the pool's batch plans");
 		return rc;
@@ -157,8 +173,11 @@ void sess_cuda_release(struct sess *s)
 {
 	struct sess_cuda *c = &s->cuda;
 
+	if (c->pool && !c->gather)
+		c->pool->daemon_gathers--;
 	if (c->pool)
 		pool_put(c->pool);
+	free(c->slab_sent);
 	/* Device arenas are released on their transfer thread (the calls
 	 * block); by now every copy into them has completed. */
 	for (uint32_t i = 0; i < c->narenas; i++)
@@ -211,7 +230,7 @@ void sess_cuda_grow(struct sess *s)
 	    c->npresent >= slots_wanted(s))
 		return;
 	k = slots_wanted(s) - c->npresent;
-	per_arena = s->d->cfg.arena_bytes / s->lay.slot_stride;
+	per_arena = s->d->cfg.arena_bytes / c->dev_stride;
 	if (per_arena == 0)
 		per_arena = 1; /* one slot larger than arena_bytes: an arena of its own */
 	if (k > per_arena)
@@ -223,7 +242,7 @@ void sess_cuda_grow(struct sess *s)
 	}
 	job->kind = XFER_ALLOC;
 	job->owner = s;
-	job->bytes = k * s->lay.slot_stride;
+	job->bytes = k * c->dev_stride;
 	job->ipc = c->ipc;
 	if (s->d->test_fail_allocs > 0) {
 		s->d->test_fail_allocs--;
@@ -312,7 +331,7 @@ static void alloc_done(struct sess *s, struct xfer_job *job)
 	*a = job->mem;
 	job->mem = (struct gpu_mem){.export_fd = -1}; /* the session owns it now */
 	c->oom_tries = 0;
-	k = a->bytes / s->lay.slot_stride; /* the rounding may hold more */
+	k = a->bytes / c->dev_stride; /* the rounding may hold more */
 	if (k > s->nslots - c->npresent)
 		k = s->nslots - c->npresent;
 	for (uint64_t i = 0; i < k; i++) {
@@ -320,7 +339,7 @@ static void alloc_done(struct sess *s, struct xfer_job *job)
 
 		sl->present = true;
 		sl->arena = c->narenas;
-		sl->offset = i * s->lay.slot_stride;
+		sl->offset = i * c->dev_stride;
 		sl->dev_addr = a->base + sl->offset;
 	}
 	c->npresent += (uint32_t)k;
@@ -359,7 +378,12 @@ void sess_xfer_done(struct xfer_job *job, void *arg)
 				job->bytes - (uint64_t)sl->plan.nstaged * s->ds->sample_bytes;
 			c->pool_hits += sl->plan.hits;
 		}
-		pool_plan_done(c->pool, &sl->plan, job->rc == 0);
+		/* A batch its client gathers keeps its slabs pinned until the
+		 * client has released it: its kernel reads them till then. */
+		if (sl->plan.ids && !job->rc && !s->dead && sl->state != SLOT_ORPHAN)
+			pool_plan_publish(c->pool, &sl->plan, true);
+		else
+			pool_plan_done(c->pool, &sl->plan, job->rc == 0);
 	} else if (!job->rc) {
 		c->h2d_bytes += job->bytes;
 	}
@@ -411,6 +435,12 @@ void sess_cuda_copy(struct sess *s, struct slot *sl)
 		job->gather = true;
 		job->bytes = sl->stage_bytes;
 		fill_gather(&job->g, c->pool, s->ds, &sl->plan, s->lay.field_offset, sl->stage_off);
+	}
+	if (sl->plan.active && sl->plan.ids) {
+		job->client_gather = true;
+		job->dst = sl->dev_addr + c->tail_off;
+		for (uint32_t k = 0; k < sl->plan.nstaged && !job->admits; k++)
+			job->admits = sl->plan.admit[k] != POOL_NONE;
 	}
 	sl->state = SLOT_COPYING;
 	sl->t_copy = now_ns();
@@ -471,4 +501,101 @@ void sess_cuda_probe(struct sess *s, uint64_t free_bytes, uint64_t total_bytes)
 			 s->gov.reason);
 	if (s->cuda.pool)
 		size_pool(s, free_bytes, total_bytes);
+}
+
+/* ---- the client's gather ---------------------------------------------------- */
+
+/* Sends slab j of the session's pool (its fd, a duplicate, goes with it:
+ * the slab keeps its own for the next session). */
+static int push_slab(struct sess *s, uint32_t j)
+{
+	struct sess_cuda *c = &s->cuda;
+	const struct pool_slab *sl = &c->pool->slabs[j];
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__PoolSlab msg = PF__POOL_SLAB__INIT;
+	int fd = -1;
+
+	if (j >= c->nslab_sent) {
+		uint32_t n = c->pool->nslabs > j + 1 ? c->pool->nslabs : j + 1;
+		uint32_t *t = realloc(c->slab_sent, n * sizeof(*t));
+
+		if (!t)
+			return -ENOMEM;
+		memset(t + c->nslab_sent, 0, (n - c->nslab_sent) * sizeof(*t));
+		c->slab_sent = t;
+		c->nslab_sent = n;
+	}
+	msg.id = j;
+	msg.gen = sl->gen;
+	msg.bytes = sl->mem.bytes;
+	if (sl->mem.kind == GPU_IPC_FD) {
+		msg.kind = PF__ARENA_KIND__ARENA_CUDA_FD;
+		fd = fcntl(sl->mem.export_fd, F_DUPFD_CLOEXEC, 0);
+		if (fd < 0)
+			return -errno;
+	} else {
+		msg.kind = PF__ARENA_KIND__ARENA_CUDA_LEGACY;
+		msg.legacy_handle.data = (uint8_t *)sl->mem.legacy_handle;
+		msg.legacy_handle.len = GPU_IPC_HANDLE_BYTES;
+	}
+	env.msg_case = PF__ENVELOPE__MSG_POOL_SLAB;
+	env.pool_slab = &msg;
+	c->slab_sent[j] = sl->gen;
+	return peer_send(s->peer, &env, fd);
+}
+
+int sess_cuda_gather_msg(struct sess *s, struct slot *sl, Pf__BatchReady *msg,
+			 uint64_t *staged_off)
+{
+	struct sess_cuda *c = &s->cuda;
+	uint64_t base = sl->offset + c->tail_off;
+	int rc;
+
+	/* Every slab a row reads is pinned by the plan: the client gets each
+	 * once, before the first batch that needs it. */
+	for (uint32_t i = 0; i < sl->plan.npinned; i++) {
+		uint32_t j = sl->plan.pinned[i];
+
+		if (j < c->nslab_sent && c->slab_sent[j] == c->pool->slabs[j].gen)
+			continue;
+		rc = push_slab(s, j);
+		if (rc)
+			return rc;
+	}
+	for (uint32_t f = 0; f < s->ds->nfields; f++)
+		staged_off[f] = base + sl->stage_off[f];
+	msg->gather = true;
+	msg->gather_desc = base;
+	msg->nstaged = sl->plan.nstaged;
+	msg->n_staged_off = s->ds->nfields;
+	msg->staged_off = staged_off;
+	return 0;
+}
+
+void sess_cuda_unpin(struct sess *s, struct slot *sl)
+{
+	if (sl->plan.active)
+		pool_plan_done(s->cuda.pool, &sl->plan, true);
+}
+
+void sess_cuda_slab_gone(void *arg, const struct pool *p, uint32_t slab, uint32_t gen)
+{
+	struct daemon *d = arg;
+
+	for (struct sess *s = d->sessions; s; s = s->next) {
+		struct sess_cuda *c = &s->cuda;
+		Pf__Envelope env = PF__ENVELOPE__INIT;
+		Pf__PoolSlabGone msg = PF__POOL_SLAB_GONE__INIT;
+
+		if (c->pool != p || slab >= c->nslab_sent || c->slab_sent[slab] != gen)
+			continue;
+		c->slab_sent[slab] = 0;
+		if (!s->peer)
+			continue;
+		msg.id = slab;
+		msg.gen = gen;
+		env.msg_case = PF__ENVELOPE__MSG_POOL_SLAB_GONE;
+		env.pool_slab_gone = &msg;
+		peer_send(s->peer, &env, -1);
+	}
 }

@@ -45,9 +45,10 @@ void sess_drop_requests(struct sess *s)
 		sess_req_clear(s, sess_paced_req(s, q));
 }
 
-void sess_drop_slot(struct slot *sl)
+void sess_drop_slot(struct sess *s, struct slot *sl)
 {
 	if (sl->state == SLOT_READY) {
+		sess_cuda_unpin(s, sl);
 		free(sl->errmsg);
 		sl->errmsg = NULL;
 		sl->error = 0;
@@ -70,7 +71,7 @@ static void cancel_build(struct sess *s)
 void sess_stop_epoch(struct sess *s)
 {
 	for (uint32_t i = 0; i < s->nslots; i++)
-		sess_drop_slot(&s->slots[i]);
+		sess_drop_slot(s, &s->slots[i]);
 	sess_drop_requests(s);
 	cancel_build(s);
 	s->running = false;
@@ -446,6 +447,7 @@ void sess_release(struct sess *s, const Pf__Release *req)
 			   req->slot, req->epoch, req->seq);
 		return;
 	}
+	sess_cuda_unpin(s, sl);
 	sl->state = SLOT_FREE;
 	if (sl->t_sent && sl->epoch == s->epoch)
 		s->timing.client += now_ns() - sl->t_sent;

@@ -53,7 +53,7 @@ void sess_ahead_back(struct sess *s);
  * and an order still being built is thrown away when it is back. */
 void sess_stop_epoch(struct sess *s);
 /* The same for one slot, whose batch will not be sent. */
-void sess_drop_slot(struct slot *sl);
+void sess_drop_slot(struct sess *s, struct slot *sl);
 /* Paced requests not yet sent go (an epoch ends or the session does). */
 void sess_drop_requests(struct sess *s);
 
@@ -68,6 +68,13 @@ int sess_cuda_pick_gpu(struct daemon *d, const Pf__OpenSession *req, int *gpu, c
 int sess_cuda_setup(struct sess *s, const Pf__OpenSession *req, char *err, size_t errlen);
 /* Gives back the ring slots and device arenas (every job is back). */
 void sess_cuda_release(struct sess *s);
+/* A batch its client gathers is about to be announced: exports the slabs
+ * it reads that the client does not have yet (PoolSlab), and fills msg's
+ * gather fields (staged_off: room for the dataset's fields). */
+int sess_cuda_gather_msg(struct sess *s, struct slot *sl, Pf__BatchReady *msg,
+			 uint64_t *staged_off);
+/* The slot's batch is done with the pool (released, or dropped unsent). */
+void sess_cuda_unpin(struct sess *s, struct slot *sl);
 /* The pump is short of slots: ask for another device arena if none is on
  * the way and the target wants more. */
 void sess_cuda_grow(struct sess *s);

@@ -87,6 +87,7 @@ static int send_batch(struct sess *s, struct slot *sl)
 	Pf__Envelope env = PF__ENVELOPE__INIT;
 	Pf__BatchReady msg = PF__BATCH_READY__INIT;
 	uint32_t count = batch_count(s, sl->seq);
+	uint64_t staged_off[GPU_GATHER_MAX_FIELDS];
 	int rc;
 
 	msg.epoch = sl->epoch;
@@ -112,6 +113,11 @@ static int send_batch(struct sess *s, struct slot *sl)
 		msg.slot = (int32_t)(sl - s->slots);
 		msg.arena = sl->arena;
 		msg.offset = sl->offset;
+		if (sl->plan.active && sl->plan.ids) {
+			rc = sess_cuda_gather_msg(s, sl, &msg, staged_off);
+			if (rc)
+				return rc;
+		}
 	}
 	env.msg_case = PF__ENVELOPE__MSG_BATCH;
 	env.batch = &msg;
@@ -195,7 +201,7 @@ static void end_epoch_at(struct sess *s, uint64_t last)
 		return;
 	for (uint32_t i = 0; i < s->nslots; i++)
 		if (s->slots[i].epoch == s->epoch && s->slots[i].seq > last)
-			sess_drop_slot(&s->slots[i]);
+			sess_drop_slot(s, &s->slots[i]);
 	if (s->paced) {
 		for (uint64_t q = last + 1; q < s->nbatches; q++)
 			sess_req_clear(s, sess_paced_req(s, q));
@@ -239,7 +245,8 @@ static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 	if (s->cuda.pool && s->cuda.pool->enabled) {
 		sl->stage_bytes =
 			fill_plan(s->cuda.pool, s->ds, picks, count, s->cuda.stage_cap,
-				  ring_slot_mem(&s->cuda.lease, ring), &sl->plan, sl->stage_off);
+				  s->cuda.gather, ring_slot_mem(&s->cuda.lease, ring), &sl->plan,
+				  sl->stage_off);
 		rows = sl->plan.staged;
 		main_rows = sl->plan.nstaged;
 		field_offset = sl->stage_off;

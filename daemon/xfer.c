@@ -153,6 +153,28 @@ static int queue_gather(struct xfer *x, struct xfer_job *job, char *err, size_t 
 	return rc;
 }
 
+/* The copy of a batch its client gathers: index and staged rows to the
+ * slot's tail, then the admissions alone when there are any. */
+static int queue_client_copy(struct xfer *x, struct xfer_job *job, char *err, size_t errlen)
+{
+	struct gpu_gather g = job->g;
+	int rc;
+
+	rc = gpu_copy_h2d(x->stream, job->dst, job->src, (size_t)job->bytes);
+	if (rc || !job->admits)
+		return rc;
+	g.count = 0;
+	g.slot = 0;
+	g.desc = 0;
+	g.table = 0;
+	g.admit += job->dst;
+	g.staged += job->dst;
+	rc = gpu_gather(x->stream, &g);
+	if (rc)
+		snprintf(err, errlen, "pool admission on the device failed: %s", strerror(-rc));
+	return rc;
+}
+
 /* Queues one copy and its event; on failure the job is finished at once. */
 static void queue_copy(struct xfer *x, struct xfer_job *job, struct fifo *inflight)
 {
@@ -161,7 +183,9 @@ static void queue_copy(struct xfer *x, struct xfer_job *job, struct fifo *inflig
 	job->queued_ns = now_ns();
 	job->err[0] = '\0';
 	rc = get_event(x, &job->event);
-	if (!rc && job->gather)
+	if (!rc && job->client_gather)
+		rc = queue_client_copy(x, job, job->err, sizeof(job->err));
+	else if (!rc && job->gather)
 		rc = queue_gather(x, job, job->err, sizeof(job->err));
 	else if (!rc)
 		rc = gpu_copy_h2d(x->stream, job->dst, job->src, (size_t)job->bytes);

@@ -57,6 +57,15 @@ struct xfer_job {
 	 * its stream runs the copy into it after the previous gather. */
 	bool gather;
 	struct gpu_gather g;
+	/* XFER_COPY of a batch its client gathers (gather set too): the bytes
+	 * go to dst, the tail of the batch's own device slot, where the
+	 * client's kernel reads the index and the staged rows; g.desc,
+	 * g.admit and g.staged are offsets from dst.  The daemon only admits:
+	 * when `admits`, it runs the kernel over the staged rows alone, into
+	 * their pool records (never in steady state: a full pool admits
+	 * nothing). */
+	bool client_gather;
+	bool admits;
 	/* XFER_ALLOC: bytes and ipc in, mem out.  XFER_FREE: mem in. */
 	enum gpu_ipc ipc;
 	struct gpu_mem mem;

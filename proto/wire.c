@@ -267,6 +267,8 @@ const char *wire_msg_name(int msg_case)
 	case PF__ENVELOPE__MSG_STATUS_REPLY: return "status_reply";
 	case PF__ENVELOPE__MSG_POOL: return "pool";
 	case PF__ENVELOPE__MSG_LOAD: return "load";
+	case PF__ENVELOPE__MSG_POOL_SLAB: return "pool_slab";
+	case PF__ENVELOPE__MSG_POOL_SLAB_GONE: return "pool_slab_gone";
 	case PF__ENVELOPE__MSG_POOL_REPLY: return "pool_reply";
 	case PF__ENVELOPE__MSG_OK: return "ok";
 	case PF__ENVELOPE__MSG_ERROR: return "error";

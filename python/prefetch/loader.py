@@ -44,6 +44,8 @@ from . import _lib
 # for a stalled daemon is seen within this time (a signal only reaches
 # Python code once the C call returns).
 _WAIT_SLICE_MS = 200
+# Views kept for reuse (Loader._view): a few per slot and field.
+_MAX_VIEWS = 4096
 
 
 class PrefetchError(Exception):
@@ -107,26 +109,30 @@ class DeviceArray:
     that imported the memory alive; so does a tensor made from it, since
     torch holds the interface object for the tensor's life."""
 
-    __slots__ = ("ptr", "shape", "dtype", "_owner", "__weakref__")
+    __slots__ = ("ptr", "shape", "dtype", "stream", "_owner", "__weakref__")
 
-    def __init__(self, ptr, shape, dtype, owner=None):
+    def __init__(self, ptr, shape, dtype, owner=None, stream=None):
         self.ptr = ptr
         self.shape = shape
         self.dtype = dtype
+        self.stream = stream
         self._owner = owner
 
     @property
     def __cuda_array_interface__(self):
-        # "stream": None: nothing to synchronise with, a batch is announced
-        # only after its copy has completed.  Not marked read-only although
-        # it is the daemon's slot: torch refuses read-only interfaces.
+        # "stream": the stream whose work completes the batch (1, the
+        # legacy default stream, which libprefetch orders after a batch
+        # gathered from the VRAM pool), or None when torch consumes it on
+        # the stream pf_next_stream was given.  Not marked read-only
+        # although it is the daemon's slot: torch refuses read-only
+        # interfaces.
         return {
             "shape": self.shape,
             "typestr": self.dtype.str,
             "data": (self.ptr, False),
             "strides": None,
             "version": 3,
-            "stream": None,
+            "stream": self.stream,
         }
 
     def __repr__(self):
@@ -144,18 +150,21 @@ class Batch(Mapping):
     this one is released (see the module's release rule); ``batch[field]``
     after the release raises RuntimeError."""
 
+    __slots__ = ("_loader", "_ptr", "_data", "_cache", "on_device", "count", "seq", "epoch",
+                 "picks")
+
     def __init__(self, loader, ptr, epoch):
         b = ptr.contents
         self._loader = loader
         self._ptr = ptr  # None once released
-        self._data = [b.data[i] for i in range(b.nfields)]
-        self._cache = {}
+        self._data = b.data
+        self._cache = None
         self.on_device = bool(b.on_device)
         self.count = b.count
         self.seq = b.seq
         self.epoch = epoch
-        self.picks = np.frombuffer(bytearray(ctypes.string_at(b.picks, 8 * b.count)),
-                                   dtype=np.uint64)
+        # A copy (bytes), read-only: kept after the release frees b.
+        self.picks = np.frombuffer(ctypes.string_at(b.picks, 8 * b.count), dtype=np.uint64)
 
     @property
     def released(self):
@@ -165,6 +174,8 @@ class Batch(Mapping):
         if self._ptr is None:
             raise RuntimeError("batch %d of epoch %d was released; copy its arrays to keep "
                                "their data" % (self.seq, self.epoch))
+        if self._cache is None:
+            self._cache = {}
         arr = self._cache.get(name)
         if arr is None:
             index = self._loader._field_index[name]  # KeyError for a field it lacks
@@ -247,6 +258,7 @@ class Loader:
         self._owner = None  # the _Client that closes it
         self._held = None  # the batch last yielded, until released
         self._active = None  # token of the epoch generator that may call pf_next
+        self._views = {}  # (address, field, rows) -> array or tensor (Loader._view)
         self.dataset = dataset
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
@@ -370,15 +382,28 @@ class Loader:
 
     def _view(self, addr, index, count):
         """Field `index` of a batch at addr: a read-only numpy view of host
-        memory, or a tensor / DeviceArray on the GPU."""
+        memory, or a tensor / DeviceArray on the GPU.  Slots are reused, so
+        each view is made once per (address, rows) and handed out again
+        for every later batch in that slot (building a tensor costs more
+        than the rest of a batch); a view read after its batch's release
+        shows whatever the slot holds, as the release rule says."""
+        key = (addr, index, count)
+        view = self._views.get(key)
+        if view is not None:
+            return view
         dtype, shape = self._layout[index]
         full = (count,) + shape
         if self.device == "host":
-            return np.asarray(_HostMemory(addr, full, dtype, self._owner))
-        dev = DeviceArray(addr, full, dtype, self._owner)
-        if self._torch is None:
-            return dev
-        return self._torch.as_tensor(dev, device=self._torch_device)
+            view = np.asarray(_HostMemory(addr, full, dtype, self._owner))
+        else:
+            view = DeviceArray(addr, full, dtype, self._owner,
+                               stream=1 if self._torch is None else None)
+            if self._torch is not None:
+                view = self._torch.as_tensor(view, device=self._torch_device)
+        if len(self._views) >= _MAX_VIEWS:
+            self._views.clear()  # a reconnect moved the arenas: start again
+        self._views[key] = view
+        return view
 
     def _stream(self):
         """The cudaStream_t a CUDA release waits for: torch's current stream
@@ -389,7 +414,7 @@ class Loader:
 
     def _release(self, batch):
         ptr, batch._ptr = batch._ptr, None
-        batch._cache.clear()
+        batch._cache = None
         if self._held is batch:
             self._held = None
         if self._client is None:
@@ -406,8 +431,12 @@ class Loader:
         at the end of the epoch."""
         ptr = ctypes.POINTER(_lib.Batch)()
         waited = 0.0
+        # CUDA: the batch is used on torch's current stream, which
+        # libprefetch orders after the batch's assembly (pf_next_stream).
+        stream = self._stream()
         while True:
-            rc = self._libref.pf_next(self._client, _WAIT_SLICE_MS, ctypes.byref(ptr))
+            rc = self._libref.pf_next_stream(self._client, _WAIT_SLICE_MS, stream,
+                                             ctypes.byref(ptr))
             if rc != -errno.ETIMEDOUT:
                 self._check(rc)
                 return ptr if ptr else None

@@ -104,6 +104,7 @@ static struct {
 	uint64_t total_bytes[FAKE_MAX_DEV];
 	struct fake_mem *mems; /* owned: live allocations */
 	int live_mems;
+	int gathers_run; /* gather kernels run (gpu_fake_gathers_run) */
 	uint64_t serial;
 	struct {
 		char *p;
@@ -195,6 +196,16 @@ int gpu_fake_live_allocs(void)
 
 	lock();
 	n = fake.live_mems;
+	unlock();
+	return n;
+}
+
+int gpu_fake_gathers_run(void)
+{
+	int n;
+
+	lock();
+	n = fake.gathers_run;
 	unlock();
 	return n;
 }
@@ -457,7 +468,8 @@ static void run_gather(int dev, const struct gpu_gather *g)
 		gather_problem(&r, "desc %#llx leaves device memory", (unsigned long long)g->desc);
 		desc = NULL;
 	}
-	if (g->nstaged && !in_live_mem(dev, g->admit, (size_t)g->nstaged * sizeof(*admit))) {
+	if (g->nstaged && g->admit &&
+	    !in_live_mem(dev, g->admit, (size_t)g->nstaged * sizeof(*admit))) {
 		gather_problem(&r, "admit %#llx leaves device memory",
 			       (unsigned long long)g->admit);
 		admit = NULL;
@@ -485,6 +497,21 @@ static void run_gather(int dev, const struct gpu_gather *g)
 			}
 			for (f = 0; f < g->nfields; f++)
 				src[f] = g->staged + g->staged_off[f] + k * g->row_bytes[f];
+		} else if (g->bases) {
+			/* Entry mode (the client's gather): the slab's base
+			 * from the bases array, as the kernel reads it. */
+			uint64_t slab = desc[i] >> g->slab_shift, rec;
+
+			if (slab >= g->nbases ||
+			    !in_live_mem(dev, g->bases + slab * sizeof(uint64_t), sizeof(uint64_t)) ||
+			    !(rec = ((const uint64_t *)(uintptr_t)g->bases)[slab])) {
+				gather_problem(&r, "row %llu names entry %#llx of a slab not mapped",
+					       (unsigned long long)i, (unsigned long long)desc[i]);
+				continue;
+			}
+			rec += (desc[i] & ((1ull << g->slab_shift) - 1)) * g->rec_stride;
+			for (f = 0; f < g->nfields; f++)
+				src[f] = rec + g->rec_off[f];
 		} else {
 			for (f = 0; f < g->nfields; f++)
 				src[f] = desc[i] + g->rec_off[f];
@@ -500,7 +527,7 @@ static void run_gather(int dev, const struct gpu_gather *g)
 
 		if (!admit[k])
 			continue;
-		for (i = 0; desc && !g->table && i < g->count && !race; i++)
+		for (i = 0; desc && !g->table && !g->bases && i < g->count && !race; i++)
 			race = !(desc[i] & GPU_GATHER_STAGED) &&
 			       records_overlap(desc[i], admit[k], lo, hi);
 		for (j = 0; j < k && !race; j++)
@@ -534,6 +561,7 @@ static void run_ops(struct gpu_stream *s, uint64_t mark)
 		switch (op->kind) {
 		case FAKE_COPY: memmove((void *)(uintptr_t)op->dst, op->src, op->bytes); break;
 		case FAKE_GATHER:
+			fake.gathers_run++;
 			run_gather(s->dev, op->gather);
 			free(op->gather);
 			op->gather = NULL;
@@ -677,7 +705,8 @@ static int gather_ranges_check(int dev, const struct gpu_gather *g, char *what, 
 		snprintf(what, len, "desc %#llx", (unsigned long long)g->desc);
 		return -EFAULT;
 	}
-	if (g->nstaged && !in_live_mem(dev, g->admit, (size_t)g->nstaged * sizeof(uint64_t))) {
+	if (g->nstaged && g->admit &&
+	    !in_live_mem(dev, g->admit, (size_t)g->nstaged * sizeof(uint64_t))) {
 		snprintf(what, len, "admit %#llx", (unsigned long long)g->admit);
 		return -EFAULT;
 	}
@@ -713,7 +742,7 @@ int gpu_gather(struct gpu_stream *s, const struct gpu_gather *g)
 	/* The argument checks of gpu.c, then ours: what can be checked before
 	 * desc and admit are known fails at once, as a bad copy does. */
 	if (g->nfields > GPU_GATHER_MAX_FIELDS || (uint64_t)g->count + g->nstaged > INT32_MAX ||
-	    (g->count && (!g->slot || !g->desc)) || (g->nstaged && (!g->staged || !g->admit)) ||
+	    (g->count && (!g->slot || !g->desc)) || (g->nstaged && (!g->staged || (!g->admit && !g->bases))) ||
 	    (g->table && (!g->table_n || g->nstaged))) {
 		rc = -EINVAL;
 		goto out;

@@ -95,8 +95,9 @@ static void defaults_are_the_documented_values(void **state)
 	assert_string_equal(cfg->socket_path, "/run/prefetchd/prefetchd.sock");
 	assert_int_equal(cfg->socket_mode, 0660);
 	assert_null(cfg->socket_group);
-	assert_int_equal(cfg->readers, 4);
-	assert_int_equal(cfg->ring_bytes, 256ULL << 20);
+	/* auto: the daemon sizes them from the machine (daemon_config_machine). */
+	assert_int_equal(cfg->readers, 0);
+	assert_int_equal(cfg->ring_bytes, 0);
 	assert_int_equal(cfg->arena_bytes, 256ULL << 20);
 	assert_int_equal(cfg->session_bytes, 2ULL << 30);
 	assert_int_equal(cfg->max_sessions, 64);
@@ -127,8 +128,13 @@ static void file_of_comments_keeps_the_defaults(void **state)
 
 	assert_int_equal(load_text(fx, "; nothing here\n# nor here\n\n[daemon]\n"), 0);
 	assert_string_equal(fx->err, "");
-	assert_int_equal(fx->cfg.readers, 4);
+	assert_int_equal(fx->cfg.readers, 0);
 	assert_string_equal(fx->cfg.socket_path, "/run/prefetchd/prefetchd.sock");
+	config_free(&fx->cfg);
+	assert_int_equal(load_text(fx, "[daemon]\nreaders = auto\nring_bytes = auto\n"),
+			 0);
+	assert_int_equal(fx->cfg.readers, 0);
+	assert_int_equal(fx->cfg.ring_bytes, 0);
 	assert_true(uid_allowed(&fx->cfg, getuid()));
 	assert_true(uid_allowed(&fx->cfg, 0));
 }

@@ -300,7 +300,7 @@ static void batch_plan(struct fixture *f, struct batch *b, const uint64_t *sampl
 	assert_false(b->plan.active);
 	memcpy(b->samples, samples, count * sizeof(*samples));
 	b->count = count;
-	b->stage_bytes = fill_plan(f->p, &g.ds, b->samples, count, STAGE_CAP, b->ring, &b->plan,
+	b->stage_bytes = fill_plan(f->p, &g.ds, b->samples, count, STAGE_CAP, false, b->ring, &b->plan,
 				   b->stage_off);
 	assert_true(pool_check(f->p));
 	check_plan(f, b);
@@ -566,6 +566,9 @@ static int setup(void **state)
 
 	f->p = pool_get(&f->set, &g.ds, 0, f->x, true, why, sizeof(why));
 	assert_non_null(f->p);
+	/* These batches are gathered by the daemon (the record table's
+	 * users); test_sess covers the client's gather. */
+	f->p->daemon_gathers = 1;
 	assert_ptr_equal(f->set.head, f->p);
 	/* The record layout the header of this file describes. */
 	assert_true(f->p->enabled);

@@ -17,6 +17,7 @@
  * until what it waits for has come back, or fails after 5 s.
  */
 #include <errno.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -68,7 +69,10 @@ struct msg {
 	char text[512];	  /* Error, or an error batch's message */
 	uint64_t epoch;	  /* BatchReady, EpochStarted, EpochEnd */
 	uint64_t batches; /* EpochStarted, EpochEnd */
-	Pf__BatchReady b; /* BatchReady; b.picks owned, b.message unset */
+	Pf__BatchReady b; /* BatchReady; b.picks owned, b.message unset,
+			   * b.staged_off points at staged_off */
+	uint64_t staged_off[2];
+	uint32_t slab, gen; /* PoolSlab, PoolSlabGone */
 	uint32_t arena;	  /* Arena */
 	uint32_t slots;	  /* Opened */
 	uint64_t field_offset[2];
@@ -79,6 +83,14 @@ struct arena_map {
 	uint64_t bytes;
 };
 
+/* A pool slab as the client sees it: mapped from its fd, gen 0 once gone. */
+struct slab_map {
+	const uint8_t *base; /* owned mapping, kept until teardown */
+	uint64_t bytes;
+	uint32_t gen;
+};
+#define MAX_SLABS 64
+
 struct fixture {
 	uv_loop_t loop;
 	struct daemon d;
@@ -87,6 +99,11 @@ struct fixture {
 	struct msg msgs[MAX_MSGS];
 	int nmsgs, seen; /* seen: taken by next_msg */
 	struct arena_map arenas[MAX_ARENAS];
+	struct slab_map slabs[MAX_SLABS];
+	/* SessionOpened.pool, when the session gathers client-side. */
+	bool gathers;
+	uint32_t rec_off[2], slab_shift;
+	uint64_t rec_stride;
 	uint64_t last_id;
 };
 
@@ -111,6 +128,46 @@ static int fake_send(void *conn, const struct Pf__Envelope *penv, int fd)
 		m->slots = env->opened->slots;
 		for (size_t i = 0; i < env->opened->n_fields && i < 2; i++)
 			m->field_offset[i] = env->opened->fields[i]->offset;
+		f->gathers = env->opened->pool != NULL;
+		if (f->gathers) {
+			const Pf__PoolLayout *pl = env->opened->pool;
+
+			assert_int_equal(pl->n_rec_off, 2);
+			assert_int_equal(pl->row_bytes[0], X_BYTES);
+			assert_int_equal(pl->row_bytes[1], Y_BYTES);
+			f->rec_off[0] = pl->rec_off[0];
+			f->rec_off[1] = pl->rec_off[1];
+			f->slab_shift = pl->slab_shift;
+			f->rec_stride = pl->rec_stride;
+		}
+		break;
+	case PF__ENVELOPE__MSG_POOL_SLAB: {
+		const Pf__PoolSlab *ps = env->pool_slab;
+		struct slab_map *sm;
+
+		assert_true(f->gathers);
+		assert_int_equal(ps->kind, PF__ARENA_KIND__ARENA_CUDA_FD);
+		assert_true(fd >= 0 && ps->id < MAX_SLABS && ps->gen > 0);
+		sm = &f->slabs[ps->id];
+		/* Sent once per allocation: never again while the client has it. */
+		assert_int_not_equal(sm->gen, ps->gen);
+		if (sm->base)
+			munmap((void *)sm->base, sm->bytes);
+		sm->base = mmap(NULL, ps->bytes, PROT_READ, MAP_SHARED, fd, 0);
+		assert_true(sm->base != MAP_FAILED);
+		sm->bytes = ps->bytes;
+		sm->gen = ps->gen;
+		m->slab = ps->id;
+		m->gen = ps->gen;
+		close(fd);
+		break;
+	}
+	case PF__ENVELOPE__MSG_POOL_SLAB_GONE:
+		assert_true(env->pool_slab_gone->id < MAX_SLABS);
+		assert_int_equal(f->slabs[env->pool_slab_gone->id].gen, env->pool_slab_gone->gen);
+		f->slabs[env->pool_slab_gone->id].gen = 0;
+		m->slab = env->pool_slab_gone->id;
+		m->gen = env->pool_slab_gone->gen;
 		break;
 	case PF__ENVELOPE__MSG_ARENA: {
 		const Pf__Arena *a = env->arena;
@@ -134,6 +191,12 @@ static int fake_send(void *conn, const struct Pf__Envelope *penv, int fd)
 		m->b.picks = malloc((m->b.count ? m->b.count : 1) * sizeof(uint64_t));
 		assert_non_null(m->b.picks);
 		memcpy(m->b.picks, env->batch->picks, m->b.count * sizeof(uint64_t));
+		if (m->b.gather) {
+			assert_true(f->gathers);
+			assert_int_equal(m->b.n_staged_off, 2);
+			memcpy(m->staged_off, env->batch->staged_off, sizeof(m->staged_off));
+			m->b.staged_off = m->staged_off;
+		}
 		break;
 	case PF__ENVELOPE__MSG_STARTED:
 		m->epoch = env->started->epoch;
@@ -267,6 +330,9 @@ static int teardown(void **state)
 	for (int a = 0; a < MAX_ARENAS; a++)
 		if (f->arenas[a].base)
 			munmap((void *)f->arenas[a].base, f->arenas[a].bytes);
+	for (int j = 0; j < MAX_SLABS; j++)
+		if (f->slabs[j].base)
+			munmap((void *)f->slabs[j].base, f->slabs[j].bytes);
 	free(f);
 	return 0;
 }
@@ -279,11 +345,14 @@ static struct msg *last(struct fixture *f)
 	return &f->msgs[f->nmsgs - 1];
 }
 
+static bool open_gather; /* open_session asks to gather client-side */
+
 static void open_session(struct fixture *f, const char *device, uint32_t batch, uint32_t max_depth)
 {
 	Pf__OpenSession req = PF__OPEN_SESSION__INIT;
 	int before = f->nmsgs;
 
+	req.gather = open_gather;
 	req.dataset = "ds";
 	req.name = "";
 	req.device = (char *)device;
@@ -354,7 +423,9 @@ static struct msg *next_msg(struct fixture *f)
 
 		run_until(f, have_unseen);
 		m = &f->msgs[f->seen++];
-		if (m->what != PF__ENVELOPE__MSG_ARENA && m->what != CHECKED)
+		if (m->what != PF__ENVELOPE__MSG_ARENA && m->what != CHECKED &&
+		    m->what != PF__ENVELOPE__MSG_POOL_SLAB &&
+		    m->what != PF__ENVELOPE__MSG_POOL_SLAB_GONE)
 			return m;
 	}
 }
@@ -374,17 +445,61 @@ static struct msg *first_batch(struct fixture *f, const char *device, uint32_t b
 	return m;
 }
 
-/* Every row of batch m holds its sample's bytes, read through the arena. */
+/* The client's gather, as libprefetch's kernel does it (gather.cu, entry
+ * mode), on the CPU: every row of batch m from the pool slab its index
+ * entry names or from its staged row, through the client's mappings. */
+static void client_gather(const struct fixture *f, const struct msg *m, uint8_t *slot)
+{
+	const struct arena_map *a = &f->arenas[m->b.arena];
+	const uint64_t *off = f->msgs[0].field_offset;
+	const uint32_t rows[2] = {X_BYTES, Y_BYTES};
+	const uint64_t *desc = (const uint64_t *)(a->base + m->b.gather_desc);
+
+	assert_true(m->b.gather_desc + (uint64_t)m->b.count * 8 <= a->bytes);
+	for (uint64_t i = 0; i < m->b.count; i++) {
+		for (int fl = 0; fl < 2; fl++) {
+			const uint8_t *src;
+
+			if (desc[i] & GPU_GATHER_STAGED) {
+				uint64_t k = desc[i] & ~GPU_GATHER_STAGED;
+
+				assert_true(k < m->b.nstaged);
+				src = a->base + m->b.staged_off[fl] + k * rows[fl];
+				assert_true(m->b.staged_off[fl] + (k + 1) * rows[fl] <= a->bytes);
+			} else {
+				uint64_t j = desc[i] >> f->slab_shift;
+				uint64_t idx = desc[i] & ((1ull << f->slab_shift) - 1);
+
+				/* A slab the client has, never one announced gone. */
+				assert_true(j < MAX_SLABS && f->slabs[j].gen > 0);
+				assert_true((idx + 1) * f->rec_stride <= f->slabs[j].bytes);
+				src = f->slabs[j].base + idx * f->rec_stride + f->rec_off[fl];
+			}
+			memcpy(slot + off[fl] + i * rows[fl], src, rows[fl]);
+		}
+	}
+}
+
+/* Every row of batch m holds its sample's bytes, read through the arena
+ * (after the client's gather, for a batch the client assembles). */
 static void check_rows(const struct fixture *f, const struct msg *m)
 {
 	const struct arena_map *a = &f->arenas[m->b.arena];
 	const uint64_t *off = f->msgs[0].field_offset;
+	uint8_t *gathered = NULL;
+	const uint8_t *slot;
 
 	assert_non_null(a->base);
 	assert_true(m->b.offset + f->s->lay.slot_bytes <= a->bytes);
+	slot = a->base + m->b.offset;
+	if (m->b.gather) {
+		gathered = calloc(1, f->s->lay.slot_bytes);
+		assert_non_null(gathered);
+		client_gather(f, m, gathered);
+		slot = gathered;
+	}
 	for (uint64_t i = 0; i < m->b.count; i++) {
 		uint64_t row = m->b.picks[i] % N;
-		const uint8_t *slot = a->base + m->b.offset;
 
 		if (!td_row_ok(slot + off[0] + i * X_BYTES, X_BYTES, SEED_X, row) ||
 		    !td_row_ok(slot + off[1] + i * Y_BYTES, Y_BYTES, SEED_Y, row))
@@ -392,6 +507,7 @@ static void check_rows(const struct fixture *f, const struct msg *m)
 				 (unsigned long long)m->b.seq, (unsigned long long)i,
 				 (unsigned long long)row);
 	}
+	free(gathered);
 }
 
 /* Runs epoch `epoch` to its end as a trainer does: takes each batch (ack),
@@ -675,6 +791,96 @@ static void a_cuda_epoch_on_the_fake_gpu_is_byte_exact_through_device_arenas(voi
 	assert_int_equal(f->s->cuda.h2d_bytes, h2d);
 }
 
+/* The client gathers its pooled batches (OpenSession.gather): the daemon
+ * copies each batch's index and misses into the slot's tail and admits,
+ * but once the pool holds every sample it runs no kernel at all; each slab
+ * is exported once, before the first batch that reads it; a slab dropped
+ * while a batch that reads it is held stays allocated (and its bytes
+ * right) until that batch is released, and only then is the client told
+ * it is gone. */
+static void a_client_gather_epoch_is_byte_exact_and_slabs_outlive_the_batches_that_read_them(
+	void **state)
+{
+	struct fixture *f = *state;
+	struct order_spec spec = {.kind = ORDER_SHUFFLE, .seed = 5};
+	Pf__Probe probe = PF__PROBE__INIT;
+	uint64_t hits, h2d, freed = 0;
+	int gathers, live, slabs_out = 0, gone = 0, drop_at;
+	struct msg *held;
+
+	open_gather = true;
+	open_session(f, "cuda:0", 32, 0);
+	open_gather = false;
+	assert_true(f->gathers);
+	assert_true(f->s->cuda.gather);
+	assert_true(f->s->cuda.dev_stride > f->s->lay.slot_stride);
+	start_epoch(f, 1, PF__ORDER__ORDER_SHUFFLE, 5);
+	assert_int_equal(consume_epoch(f, 1, &spec, 32), 10);
+	probe.free_bytes = 60ull << 30;
+	probe.total_bytes = 80ull << 30;
+	sess_probe(f->s, &probe);
+	for (uint64_t e = 2; f->s->cuda.pool->rows < N; e++) {
+		assert_true(e <= 8);
+		spec.seed = e;
+		start_epoch(f, e, PF__ORDER__ORDER_SHUFFLE, e);
+		consume_epoch(f, e, &spec, 32);
+		assert_true(pool_check(f->s->cuda.pool));
+	}
+	/* A whole pool: every row a hit, gathered by the client alone. */
+	hits = f->s->cuda.pool_hits;
+	h2d = f->s->cuda.h2d_bytes;
+	gathers = gpu_fake_gathers_run();
+	spec.seed = 100;
+	start_epoch(f, 100, PF__ORDER__ORDER_SHUFFLE, 100);
+	consume_epoch(f, 100, &spec, 32);
+	assert_int_equal(f->s->cuda.pool_hits - hits, N);
+	assert_int_equal(f->s->cuda.h2d_bytes, h2d);
+	assert_int_equal(gpu_fake_gathers_run(), gathers);
+	for (int i = 0; i < f->nmsgs; i++)
+		slabs_out += f->msgs[i].what == PF__ENVELOPE__MSG_POOL_SLAB;
+	assert_int_equal(slabs_out, (int)f->s->cuda.pool->nlive);
+
+	/* Hold the first batch of the next epoch and drop the pool. */
+	start_epoch(f, 101, PF__ORDER__ORDER_SHUFFLE, 101);
+	held = next_msg(f);
+	assert_int_equal(held->what, PF__ENVELOPE__MSG_STARTED);
+	held = next_msg(f);
+	assert_int_equal(held->what, PF__ENVELOPE__MSG_BATCH);
+	assert_true(held->b.gather);
+	ack(f, 101);
+	live = gpu_fake_live_allocs();
+	assert_int_equal(pool_control(&f->d.pools, "ds", POOL_DROP, &freed), 1);
+	assert_true(freed > 0);
+	run_until(f, no_jobs);
+	/* The slabs left the index, but the held batch still reads them:
+	 * nothing freed, nothing announced gone, its bytes still right. */
+	assert_int_equal(f->s->cuda.pool->rows, 0);
+	for (int i = f->seen; i < f->nmsgs; i++)
+		assert_int_not_equal(f->msgs[i].what, PF__ENVELOPE__MSG_POOL_SLAB_GONE);
+	assert_true(gpu_fake_live_allocs() >= live);
+	check_rows(f, held);
+	drop_at = f->nmsgs;
+	release(f, held->b.slot, 101, held->b.seq);
+	/* The rest of the epoch: misses again, staged, gathered by the
+	 * client from the slot's tail; every byte right.  Once the batches
+	 * sent before the drop are back, every old slab is announced gone. */
+	for (uint64_t seq = 1;; seq++) {
+		struct msg *m = next_msg(f);
+
+		if (m->what == PF__ENVELOPE__MSG_END)
+			break;
+		assert_int_equal(m->what, PF__ENVELOPE__MSG_BATCH);
+		assert_int_equal(m->b.seq, seq);
+		check_rows(f, m);
+		ack(f, 101);
+		release(f, m->b.slot, 101, m->b.seq);
+	}
+	run_until(f, no_jobs);
+	for (int i = drop_at; i < f->nmsgs; i++)
+		gone += f->msgs[i].what == PF__ENVELOPE__MSG_POOL_SLAB_GONE;
+	assert_int_equal(gone, slabs_out);
+}
+
 static void a_device_allocation_failing_every_try_is_an_error_batch(void **state)
 {
 	struct fixture *f = *state;
@@ -740,9 +946,37 @@ static void a_request_that_cannot_be_met_is_refused_with_the_reason(void **state
 	assert_int_equal(f->s->epoch, 2);
 }
 
+/* readers and ring_bytes left at auto fit the machine; set ones stay. */
+static void auto_readers_and_ring_fit_the_machine_and_set_values_stay(void **state)
+{
+	struct config cfg;
+	cpu_set_t set;
+	int cpus;
+	char why[200];
+
+	(void)state;
+	assert_int_equal(sched_getaffinity(0, sizeof(set), &set), 0);
+	cpus = CPU_COUNT(&set);
+	config_defaults(&cfg);
+	daemon_config_machine(&cfg, why, sizeof(why));
+	assert_int_equal(cfg.readers, cpus > 5 ? (cpus - 3 > 32 ? 32 : cpus - 3) : 2);
+	assert_true(cfg.ring_bytes >= (256ULL << 20) && cfg.ring_bytes <= (1ULL << 30));
+	assert_int_equal(cfg.ring_bytes % (2ULL << 20), 0);
+	assert_non_null(strstr(why, "readers = "));
+	assert_non_null(strstr(why, "ring_bytes = "));
+	cfg.readers = 7;
+	cfg.ring_bytes = 64ULL << 20;
+	daemon_config_machine(&cfg, why, sizeof(why));
+	assert_int_equal(cfg.readers, 7);
+	assert_int_equal(cfg.ring_bytes, 64ULL << 20);
+	assert_string_equal(why, "");
+	config_free(&cfg);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(auto_readers_and_ring_fit_the_machine_and_set_values_stay),
 		cmocka_unit_test_setup_teardown(
 			a_host_epoch_delivers_every_sample_once_with_its_bytes, setup, teardown),
 		cmocka_unit_test_setup_teardown(the_pump_keeps_target_batches_ahead_and_no_more,
@@ -761,6 +995,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(
 			a_cuda_epoch_on_the_fake_gpu_is_byte_exact_through_device_arenas, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(
+			a_client_gather_epoch_is_byte_exact_and_slabs_outlive_the_batches_that_read_them,
+			setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			a_device_allocation_failing_every_try_is_an_error_batch, setup, teardown),
 		cmocka_unit_test_setup_teardown(
