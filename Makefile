@@ -7,7 +7,7 @@
 #   make check      the whole test suite, Python's included (CUDA tests skip
 #                   without a GPU)
 #   make check-cuda the CUDA tests, C and torch (needs a GPU)
-#   make bench-host / bench-cuda
+#   make bench-host / bench-cuda / bench-train
 #   make install PREFIX=/usr/local DESTDIR=   (builds only what it installs)
 #   make uninstall PREFIX=/usr/local DESTDIR=
 #   make deps       install missing Debian packages with apt-get
@@ -118,7 +118,7 @@ PROGS := $(B)/prefetchd $(B)/prefetchctl $(B)/libprefetch.so $(B)/libprefetch.a 
          $(B)/libprefetch.pc $(TOOLS)
 
 .SECONDARY:
-.PHONY: all run check check-unit check-integration check-cuda bench-host bench-cuda \
+.PHONY: all run check check-unit check-integration check-cuda bench-host bench-cuda bench-train \
         install uninstall clean deps format
 all: $(PROGS) $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(TEST_PROGS) $(BENCHES)
 
@@ -261,6 +261,12 @@ bench-host: all
 
 bench-cuda: all
 	@$(B)/bench/cuda_throughput
+
+# A compute-bound PyTorch training step fed by prefetchd (pool off and on),
+# by the DataLoader, and in a tight loop; with the readers x ring_bytes
+# sweep next to the default configuration (GPU machine, torch).
+bench-train: all
+	@python3 bench/train_step.py
 
 # What `make install` puts in place, and all it builds.
 INSTALLED := $(B)/prefetchd $(B)/prefetchctl $(B)/libprefetch.so $(B)/libprefetch.a \

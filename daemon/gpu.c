@@ -153,6 +153,8 @@ static void describe_version(char *buf, size_t len, int v)
 	snprintf(buf, len, "%d.%d", v / 1000, (v % 1000) / 10);
 }
 
+static const char *mps_state(void);
+
 int gpu_init(char *desc, size_t len)
 {
 	char dv[16], rv[16];
@@ -203,9 +205,24 @@ int gpu_init(char *desc, size_t len)
 		 ENTRY(mem_unmap, "cuMemUnmap") && ENTRY(mem_set_access, "cuMemSetAccess");
 
 	gpu_ndev = n;
-	snprintf(desc, len, "%d CUDA device%s, driver %s, runtime %s%s", n, n == 1 ? "" : "s", dv,
-		 rv, vmm_ok ? "" : ", no VMM entry points (ipc = legacy only)");
+	snprintf(desc, len, "%d CUDA device%s, driver %s, runtime %s%s%s", n, n == 1 ? "" : "s", dv,
+		 rv, vmm_ok ? "" : ", no VMM entry points (ipc = legacy only)", mps_state());
 	return n;
+}
+
+/* Whether this process's contexts go through MPS (the daemon's and, on the
+ * same node with the same pipe directory, its trainers'): with MPS the
+ * GPU runs every client's kernels in one shared context instead of
+ * time-slicing between contexts.  Told in the description status shows. */
+static const char *mps_state(void)
+{
+	CUdevice cd;
+	int on = 0;
+
+	if (drv.device_get(&cd, 0) != CUDA_SUCCESS ||
+	    drv.device_get_attribute(&on, CU_DEVICE_ATTRIBUTE_MPS_ENABLED, cd) != CUDA_SUCCESS)
+		return ", MPS unknown";
+	return on ? ", MPS on" : ", MPS off";
 }
 
 int gpu_device_count(void)

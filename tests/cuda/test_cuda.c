@@ -82,7 +82,8 @@ static const char *DATASETS = "[dataset.d]\n"
 
 struct topts {
 	const char *sock;
-	const char *mode; /* epochs | stream | hold | restart | probe | oom | pool | lag */
+	const char *mode; /* epochs | stream | hold | restart | probe | oom | pool | lag |
+			   * poolkill */
 	enum pf_ipc ipc;
 	uint32_t epochs;
 	uint64_t seed;
@@ -617,6 +618,41 @@ static void mode_hold(struct trainer *t)
 	t_close(t);
 }
 
+static uint64_t t_pool_settled(struct trainer *t);
+
+/* mode=poolkill: epoch 1 fills the pool, then epochs stream from it (each
+ * batch gathered here, in this process's context, by libprefetch) until
+ * the test SIGKILLs the trainer; "gathering <session>" once epoch 2 is
+ * under way is its cue. */
+static void mode_poolkill(struct trainer *t)
+{
+	bool said = false;
+
+	t_open(t, t->o.min_depth, t->o.max_depth);
+	t_start(t, t->o.seed);
+	t_finish_epoch(t);
+	t_pool_settled(t);
+	for (uint64_t e = 1;; e++) {
+		struct pf_batch *b;
+		int rc;
+
+		t_start(t, t->o.seed + e);
+		while ((rc = t_next(t, &b)) == 0 && b) {
+			t_release(t, b);
+			if (!said && t->ep.delivered >= 5 * t->o.batch) {
+				tsay("gathering %" PRIu64, t_session(t));
+				said = true;
+			}
+		}
+		if (rc)
+			tfail("pf_next in epoch %" PRIu64 ": %d %s", e + 1, rc, pf_errmsg(t->c));
+		t_epoch_complete(t);
+		if (told_to_stop())
+			break;
+	}
+	t_close(t);
+}
+
 /* Takes device memory in this process until about 3.5 GiB are left.
  * Returns the number of allocations stored in ptrs. */
 static size_t fill_gpu(struct trainer *t, uint64_t *ptrs, size_t cap)
@@ -1052,6 +1088,8 @@ static int trainer_main(int argc, char **argv)
 		mode_oom(&t);
 	else if (!strcmp(t.o.mode, "pool"))
 		mode_pool(&t);
+	else if (!strcmp(t.o.mode, "poolkill"))
+		mode_poolkill(&t);
 	else
 		tfail("unknown mode '%s'", t.o.mode);
 	return 0;
@@ -1656,6 +1694,90 @@ static void allocation_failing_four_times_is_one_error_batch_and_the_epoch_goes_
 	fx.done = true;
 }
 
+/*
+ * Trainers streaming from a full pool, so that the gather kernel runs in
+ * their own context, are SIGKILLed: each time the session goes, the pool
+ * (its last session gone) gives its slabs back, and the device's free
+ * memory comes back to what it was before the trainer started, within
+ * 2 MiB, although the dead process may have had gathers in flight that
+ * read the slabs.
+ */
+static void pooled_trainers_killed_mid_gather_test(const char *daemon_extra, const char *ipc_arg)
+{
+	const char *args[] = {"mode=poolkill", "seed=700", ipc_arg, NULL};
+	uint64_t base, prev, now = 0, worst = 0;
+	double worst_back = 0;
+	char line[256];
+
+	need_gpu();
+	start_daemon(daemon_extra, NULL);
+	base = gpu_free();
+	for (int i = 0; i < 20; i++) {
+		usleep(100000);
+		prev = base;
+		base = gpu_free();
+		if (prev == base)
+			break;
+	}
+	print_message("baseline: %.1f MiB free, daemon idle\n", base / (double)MiB);
+	for (int cycle = 0; cycle < 3; cycle++) {
+		uint64_t session;
+		double deadline, killed;
+		struct kid *v;
+		char name[32];
+
+		snprintf(name, sizeof(name), "gatherer%d", cycle);
+		v = spawn(name, args);
+		kid_line(v, "gathering ", 120000, false, line, sizeof(line));
+		session = strtoull(line + strlen("gathering "), NULL, 10);
+		assert_true(session > 0);
+		usleep(20000 + 10000 * cycle);
+		killed = td_now();
+		kill(v->pid, SIGKILL);
+		kid_reap(v, 10000);
+		kid_close_fds(v);
+		v->name[0] = '\0';
+		deadline = td_now() + 5;
+		while (session_held(session) >= 0 && td_now() < deadline)
+			usleep(2000);
+		if (session_held(session) >= 0)
+			fail_msg("cycle %d: killed session %" PRIu64 " still in status after 5 s",
+				 cycle, session);
+		deadline = td_now() + 5;
+		do {
+			now = gpu_free();
+			if (absdiff(now, base) <= 2 * MiB)
+				break;
+			usleep(10000);
+		} while (td_now() < deadline);
+		if (absdiff(now, base) > 2 * MiB)
+			fail_msg("cycle %d: free device memory %.1f MiB, baseline %.1f MiB (%+.1f "
+				 "MiB) 5 s after the kill",
+				 cycle, now / (double)MiB, base / (double)MiB,
+				 ((double)now - (double)base) / MiB);
+		if (absdiff(now, base) > worst)
+			worst = absdiff(now, base);
+		if (td_now() - killed > worst_back)
+			worst_back = td_now() - killed;
+	}
+	print_message("3 trainers killed while gathering from the pool: worst deviation from "
+		      "baseline %.2f MiB, memory back at most %.0f ms after the kill\n",
+		      worst / (double)MiB, worst_back * 1000);
+	stop_daemon();
+	fx.done = true;
+}
+
+static void pooled_trainers_killed_mid_gather_give_back_all_device_memory_over_fd(void **state)
+{
+	pooled_trainers_killed_mid_gather_test("pool = on\nipc = fd\n", "ipc=fd");
+}
+
+static void pooled_trainers_killed_mid_gather_give_back_all_device_memory_over_legacy(
+	void **state)
+{
+	pooled_trainers_killed_mid_gather_test("pool = on\nipc = legacy\n", "ipc=default");
+}
+
 static void pool_test(const char *daemon_extra, const char *how, const char *seed)
 {
 	const char *args[] = {"mode=pool", how, seed, NULL};
@@ -1670,6 +1792,20 @@ static void pool_test(const char *daemon_extra, const char *how, const char *see
 static void pool_holding_every_row_serves_epoch_two_with_no_pcie_sample_bytes(void **state)
 {
 	pool_test("pool = on\n", "pool=all", "seed=61");
+}
+
+static void pool_holding_every_row_is_gathered_byte_exact_over_legacy_ipc(void **state)
+{
+	pool_test("pool = on\nipc = legacy\n", "pool=all", "seed=65");
+}
+
+/* $PREFETCH_CLIENT_GATHER=0: a client that does not gather; the daemon's
+ * own kernel assembles its pooled batches, as for an old libprefetch. */
+static void pool_gathered_by_the_daemon_for_a_client_that_cannot_is_byte_exact(void **state)
+{
+	setenv("PREFETCH_CLIENT_GATHER", "0", 1);
+	pool_test("pool = on\npool_slab = 2M\npool_bytes = 2M\n", "pool=part", "seed=66");
+	unsetenv("PREFETCH_CLIENT_GATHER");
 }
 
 static void pool_holding_part_of_the_rows_serves_hits_and_misses_byte_exact(void **state)
@@ -1761,9 +1897,13 @@ int main(int argc, char **argv)
 		CASE(failed_device_allocation_halves_the_target_and_loses_no_sample),
 		CASE(allocation_failing_four_times_is_one_error_batch_and_the_epoch_goes_on),
 		CASE(pool_holding_every_row_serves_epoch_two_with_no_pcie_sample_bytes),
+		CASE(pool_holding_every_row_is_gathered_byte_exact_over_legacy_ipc),
+		CASE(pool_gathered_by_the_daemon_for_a_client_that_cannot_is_byte_exact),
 		CASE(pool_holding_part_of_the_rows_serves_hits_and_misses_byte_exact),
 		CASE(pool_losing_slabs_mid_epoch_loses_no_sample),
 		CASE(trainer_grabbing_the_gpu_shrinks_the_pool_and_its_epoch_completes),
+		CASE(pooled_trainers_killed_mid_gather_give_back_all_device_memory_over_fd),
+		CASE(pooled_trainers_killed_mid_gather_give_back_all_device_memory_over_legacy),
 		CASE(killed_daemon_is_ridden_through_by_a_reconnecting_trainer_over_fd),
 		CASE(killed_daemon_is_ridden_through_by_a_reconnecting_trainer_over_legacy_ipc),
 	};
