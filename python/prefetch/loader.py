@@ -602,6 +602,7 @@ class Loader:
             self._held = None
             self._client = None
             self._owner = None
+            self._views = {}  # the views hold the client: only the trainer's may now
 
     def __enter__(self):
         return self
