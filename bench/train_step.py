@@ -25,7 +25,8 @@ One run on a GPU machine, everything measured in the same run:
   tight     the same loaders with no compute, through Python: GB/s delivered (each batch's
             x tensor taken, nothing else), against `make bench-cuda`'s delivered rate from
             --cuda-bench run in this call; and the Python per-batch cost beyond pf_next
-            (the time of a loop iteration less the time inside pf_next_stream).
+            (the time of a loop iteration less the time inside libprefetch's pf_release_next,
+            which releases the batch before and takes the next).
   sweep     readers x ring_bytes over a grid, tight loop with the pool off, next to the
             default (auto) configuration: the default's rate over the best's.
   checks    a verification epoch per prefetchd loader: every pick once, the float64 sum of
@@ -243,7 +244,8 @@ def calibrate(torch, args):
 
 
 class PfNextTimer:
-    """Stands in for the Loader's ctypes library: the time spent inside pf_next_stream."""
+    """Stands in for the Loader's ctypes library: the time spent inside libprefetch's
+    pf_release_next (the previous batch's release and pf_next_stream, one call)."""
 
     def __init__(self, lib):
         self._lib = lib
@@ -253,12 +255,58 @@ class PfNextTimer:
     def __getattr__(self, name):
         return getattr(self._lib, name)
 
-    def pf_next_stream(self, *a):
+    def pf_release_next(self, *a):
         t0 = time.perf_counter()
-        rc = self._lib.pf_next_stream(*a)
+        rc = self._lib.pf_release_next(*a)
         self.inside += time.perf_counter() - t0
         self.calls += 1
         return rc
+
+
+def timeline(evs, n):
+    """GPU view of the last timed epoch: each step's own time (event to event on the
+    trainer's stream) and the idle gaps between steps."""
+    steps = [evs[2 * i].elapsed_time(evs[2 * i + 1]) * 1e3 for i in range(n)]
+    gaps = [evs[2 * i + 1].elapsed_time(evs[2 * i + 2]) * 1e3 for i in range(n - 1)]
+    steps.sort()
+    return {"step_us_mean": sum(steps) / n, "step_us_p50": steps[n // 2],
+            "step_us_p99": steps[int(n * 0.99)], "gap_us_mean": sum(gaps) / max(1, len(gaps)),
+            "gaps_over_20us": sum(1 for g in gaps if g > 20)}
+
+
+def run_inproc(ctx, epochs=2):
+    """Reference: the trainer's own process copies each batch (gathered into a pinned
+    buffer by the CPU beforehand) on a second stream, the step waiting on an event."""
+    import numpy as np
+    torch = ctx["torch"]
+    step = ctx["step"]
+    mm = ctx["data"]["mm"]
+    k = 32
+    host = [torch.from_numpy(np.ascontiguousarray(mm[i * BATCH_ROWS:(i + 1) * BATCH_ROWS]))
+            .pin_memory() for i in range(k)]
+    dev = [torch.empty(BATCH_ROWS, ROW_FLOATS, device="cuda:0") for _ in range(k)]
+    side = torch.cuda.Stream()
+    evs = [torch.cuda.Event() for _ in range(k)]
+    done = [torch.cuda.Event() for _ in range(k)]
+    nb = ctx["data"]["rows"] // BATCH_ROWS
+    total = 0.0
+    for e in range(epochs + 1):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(nb):
+            j = i % k
+            with torch.cuda.stream(side):
+                side.wait_event(done[j])
+                dev[j].copy_(host[j], non_blocking=True)
+                evs[j].record(side)
+            torch.cuda.current_stream().wait_event(evs[j])
+            step(dev[j])
+            done[j].record()
+        torch.cuda.synchronize()
+        if e:
+            total += time.perf_counter() - t0
+    return {"name": "in-process copies", "step_s": total / (nb * epochs),
+            "gbs": nb * epochs * BATCH_BYTES / total / 1e9}
 
 
 def verify_epoch(torch, loader, data, n):
@@ -323,7 +371,14 @@ def run_prefetchd(ctx, tag, pool, daemon_lines, compute, epochs, check=True, tig
                 n = 0
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                if compute:
+                if compute and e == epochs and ctx.get("timeline"):
+                    evs = ctx["timeline"]
+                    for b in loader.epoch(e):
+                        evs[2 * n].record()
+                        step(b["x"])
+                        evs[2 * n + 1].record()
+                        n += 1
+                elif compute:
                     for b in loader.epoch(e):
                         step(b["x"])
                         n += 1
@@ -335,6 +390,8 @@ def run_prefetchd(ctx, tag, pool, daemon_lines, compute, epochs, check=True, tig
                 per_epoch.append((time.perf_counter() - t0, n))
                 nb += n
             loader._libref = timer._lib
+            if compute and ctx.get("timeline"):
+                res["gpu"] = timeline(ctx["timeline"], n)
             total = sum(t for t, _ in per_epoch)
             res["epochs"] = [(round(t, 4), n) for t, n in per_epoch]
             res["step_s"] = total / nb
@@ -350,7 +407,7 @@ def run_prefetchd(ctx, tag, pool, daemon_lines, compute, epochs, check=True, tig
                 res["pool_hits"] = s[0].get("pool_hits")
             res["readers"] = st.get("readers")
             res["ring_mib"] = (st.get("ring_bytes") or 0) / 1048576.0
-            res["gpu"] = st.get("gpu")
+            res["gpu_desc"] = st.get("gpu")
             if check:
                 res["check"] = verify_epoch(torch, loader, ctx["data"], epochs + 1)
     finally:
@@ -443,6 +500,10 @@ def parse_args(argv):
     ap.add_argument("--sweep-readers", default="2,4,8,13,16")
     ap.add_argument("--sweep-ring", default="256M,512M,1G")
     ap.add_argument("--mps", action="store_true")
+    ap.add_argument("--timeline", action="store_true",
+                    help="events around every step of the last timed epoch (GPU busy, gaps)")
+    ap.add_argument("--diag", action="store_true",
+                    help="also: pool on gathered by the daemon, in-process copies")
     ap.add_argument("--mps-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json")
     return ap.parse_args(argv)
@@ -500,7 +561,14 @@ def main(argv=None):
 
     runs = [("pool=off", False, ""), ("pool=on", True, "")]
     loaders = {}
+    if args.timeline:
+        ctx["timeline"] = [torch.cuda.Event(enable_timing=True)
+                           for _ in range(2 * ctx["data"]["rows"] // BATCH_ROWS + 2)]
+    if args.diag:
+        runs.append(("pool=on,daemon-gather", True, ""))
     for tag, pool, lines in runs:
+        if tag.endswith("daemon-gather"):
+            os.environ["PREFETCH_CLIENT_GATHER"] = "0"
         log("%s: compute loop" % tag)
         try:
             loaders[tag] = run_prefetchd(ctx, tag, pool, lines, True, args.epochs,
@@ -513,6 +581,9 @@ def main(argv=None):
             log("%s failed: %s" % (tag, e))
             loaders[tag] = {"name": tag, "error": str(e)}
             failed = True
+        os.environ.pop("PREFETCH_CLIENT_GATHER", None)
+    if args.diag:
+        loaders["in-process copies"] = run_inproc(ctx)
     if "dataloader" not in skip:
         log("dataloader: compute loop")
         try:
@@ -553,7 +624,7 @@ def main(argv=None):
     results["sweep"] = sweep
 
     # ---- report ----
-    gpu = (loaders.get("pool=off") or {}).get("gpu", "?")
+    gpu = (loaders.get("pool=off") or {}).get("gpu_desc", "?")
     print("train_step: %s" % gpu)
     print("batch: %d x %d float32 (%.1f MiB); pinned H2D copy of one batch %.1f us" % (
         BATCH_ROWS, ROW_FLOATS, BATCH_BYTES / 1048576.0, t_copy * 1e6))
@@ -561,7 +632,7 @@ def main(argv=None):
         step.hidden, t0 * 1e6, t0 / t_copy))
     print("%-12s %10s %10s %8s %8s %8s %s" % ("loader", "step us", "overhead", "GB/s",
                                               "readers", "ring MiB", "check"))
-    for tag in ("pool=off", "pool=on", "dataloader"):
+    for tag in loaders:
         r = loaders.get(tag)
         if not r:
             continue
@@ -572,6 +643,11 @@ def main(argv=None):
             tag, r["step_s"] * 1e6, (r["step_s"] / t0 - 1) * 100, r["gbs"],
             r.get("readers", "-"), "%.0f" % r["ring_mib"] if "ring_mib" in r else "-",
             r.get("check", "-")))
+        if isinstance(r.get("gpu"), dict):
+            print("%-12s GPU: step %.1f us mean, p50 %.1f, p99 %.1f; gaps %.1f us mean, %d "
+                  "over 20 us" % ("", r["gpu"]["step_us_mean"], r["gpu"]["step_us_p50"],
+                                  r["gpu"]["step_us_p99"], r["gpu"]["gap_us_mean"],
+                                  r["gpu"]["gaps_over_20us"]))
     if tight:
         print("tight loop (no compute), through Python:")
         for tag in ("pool=off", "pool=on"):

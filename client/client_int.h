@@ -72,8 +72,14 @@ int pfc_connect_fd(int sock, const char *where, int hello_timeout_ms, struct pf_
  */
 int pfc_call(struct pf_client *c, Pf__Envelope *req, int reply_case, Pf__Envelope **reply);
 
-/* Sends a one-way message (Ack, Release, Probe): id 0, no reply. */
+/* Sends a one-way message (Ack, Release, Probe): id 0, no reply.  While
+ * the client is corked it is only queued. */
 int pfc_send(struct pf_client *c, Pf__Envelope *msg);
+/* pf_next corks the client for its duration: the Releases it flushes and
+ * the Ack of the batch it takes leave in one write, at pfc_uncork, or
+ * before the client waits to read, or before a request. */
+void pfc_cork(struct pf_client *c);
+int pfc_uncork(struct pf_client *c);
 
 /* Request timeout of this client, in ms (> 0). */
 void pfc_set_timeout(struct pf_client *c, int timeout_ms);
@@ -181,6 +187,9 @@ struct pf_client {
 	int sock;    /* owned; -1 once the connection is broken */
 	char *where; /* owned: "prefetchd at PATH", for messages */
 	struct wire_rx rx;
+	bool corked;	    /* pfc_cork: one-way messages wait in out */
+	uint8_t *out;	    /* owned: frames waiting for pfc_uncork */
+	size_t out_len, out_cap;
 	uint64_t last_id;   /* ids of requests: last_id + 1 is the next */
 	int timeout_ms;	    /* for replies to requests, > 0 */
 	char daemon[64];    /* HelloReply.daemon */

@@ -141,10 +141,45 @@ static int peer_closed(struct pf_client *c)
 	return pfc_conn_fail(c, -ECONNRESET, "%s went away (the connection closed)", c->where);
 }
 
+/* Writes len bytes of frames, waiting until deadline; what names them in an
+ * error.  A partial write is the end of the connection. */
+static int send_bytes(struct pf_client *c, const uint8_t *frame, size_t len, int64_t deadline,
+		      const char *what)
+{
+	size_t off = 0;
+
+	while (off < len) {
+		long n = wire_send_some(c->sock, frame + off, len - off, -1);
+		struct pollfd pfd = {.fd = c->sock, .events = POLLOUT};
+		int ready;
+
+		if (n > 0) {
+			off += (size_t)n;
+			continue;
+		}
+		if (n == -EPIPE || n == -ECONNRESET)
+			return peer_closed(c);
+		if (n != -EAGAIN)
+			return pfc_conn_fail(c, (int)n, "cannot send to %s: %s", c->where,
+					     strerror((int)-n));
+		ready = poll(&pfd, 1, pfc_ms_left(deadline));
+		if (ready < 0 && errno == EINTR)
+			continue;
+		if (ready == 0)
+			/* Part of a frame may be on the wire: the stream cannot
+			 * be resynchronised, so the connection is over. */
+			return pfc_conn_fail(c, -ETIMEDOUT, "%s did not take %s in time", c->where,
+					     what);
+		if (ready < 0)
+			return pfc_conn_fail(c, -errno, "poll: %s", strerror(errno));
+	}
+	return 0;
+}
+
 static int send_env(struct pf_client *c, Pf__Envelope *env, int64_t deadline)
 {
 	uint8_t *frame = NULL;
-	size_t len, off = 0;
+	size_t len;
 	int rc;
 
 	if (c->dead)
@@ -160,42 +195,50 @@ static int send_env(struct pf_client *c, Pf__Envelope *env, int64_t deadline)
 			wire_msg_name(env->msg_case), len - WIRE_HDR, c->max_frame, c->where);
 		goto out;
 	}
-	while (off < len) {
-		long n = wire_send_some(c->sock, frame + off, len - off, -1);
-		struct pollfd pfd = {.fd = c->sock, .events = POLLOUT};
-		int ready;
+	if (c->corked && env->id == 0) {
+		/* One-way messages wait for pfc_uncork, to go out in one write. */
+		if (c->out_len + len > c->out_cap) {
+			size_t cap = c->out_cap ? c->out_cap : 4096;
+			uint8_t *t;
 
-		if (n > 0) {
-			off += (size_t)n;
-			continue;
+			while (cap < c->out_len + len)
+				cap *= 2;
+			t = realloc(c->out, cap);
+			if (!t) {
+				rc = pfc_set_err(c, -ENOMEM, "out of memory");
+				goto out;
+			}
+			c->out = t;
+			c->out_cap = cap;
 		}
-		if (n == -EPIPE || n == -ECONNRESET) {
-			rc = peer_closed(c);
-			goto out;
-		}
-		if (n != -EAGAIN) {
-			rc = pfc_conn_fail(c, (int)n, "cannot send to %s: %s", c->where,
-					   strerror((int)-n));
-			goto out;
-		}
-		ready = poll(&pfd, 1, pfc_ms_left(deadline));
-		if (ready < 0 && errno == EINTR)
-			continue;
-		if (ready == 0) {
-			/* Part of a frame may be on the wire: the stream cannot
-			 * be resynchronised, so the connection is over. */
-			rc = pfc_conn_fail(c, -ETIMEDOUT, "%s did not take a %s message in time",
-					   c->where, wire_msg_name(env->msg_case));
-			goto out;
-		}
-		if (ready < 0) {
-			rc = pfc_conn_fail(c, -errno, "poll: %s", strerror(errno));
-			goto out;
-		}
+		memcpy(c->out + c->out_len, frame, len);
+		c->out_len += len;
+		goto out;
 	}
+	rc = pfc_uncork(c);
+	if (!rc)
+		rc = send_bytes(c, frame, len, deadline, wire_msg_name(env->msg_case));
 out:
 	free(frame);
 	return rc;
+}
+
+void pfc_cork(struct pf_client *c)
+{
+	c->corked = true;
+}
+
+int pfc_uncork(struct pf_client *c)
+{
+	size_t len = c->out_len;
+
+	c->corked = false;
+	if (!len)
+		return 0;
+	c->out_len = 0;
+	if (c->dead)
+		return pfc_fail_dead(c);
+	return send_bytes(c, c->out, len, pfc_deadline_after(c->timeout_ms), "messages");
 }
 
 int pfc_send(struct pf_client *c, Pf__Envelope *msg)
@@ -211,6 +254,8 @@ int pfc_send(struct pf_client *c, Pf__Envelope *msg)
  */
 int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
 {
+	bool polled = false;
+
 	for (;;) {
 		struct pollfd pfd;
 		long n;
@@ -231,6 +276,22 @@ int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
 				c, -EPROTO,
 				"%s sent a frame that does not decode; connection closed",
 				c->where);
+		/* A frame that is already there needs no poll: one system call
+		 * instead of two on the hand-off of a ready batch. */
+		if (!polled) {
+			polled = true;
+			n = wire_rx_fill(&c->rx, c->sock);
+			if (n > 0)
+				continue;
+			if (n == 0 || n == -ECONNRESET)
+				return peer_closed(c);
+			if (n != -EAGAIN)
+				goto fill_failed;
+		}
+		/* Nothing to read: what waits corked goes out before we wait. */
+		rc = pfc_uncork(c);
+		if (rc)
+			return rc;
 		pfd.fd = c->sock;
 		pfd.events = POLLIN;
 		pfd.revents = 0;
@@ -244,6 +305,7 @@ int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
 		n = wire_rx_fill(&c->rx, c->sock);
 		if (n == 0 || n == -ECONNRESET)
 			return peer_closed(c);
+	fill_failed:
 		if (n == -EMFILE || n == -EPROTO)
 			return pfc_conn_fail(c, -EPROTO,
 					     "%s sent more file descriptors than this client keeps",

@@ -499,6 +499,7 @@ PF_API int pf_next_stream(struct pf_client *c, int timeout_ms, void *stream,
 	if (!c || !batch)
 		return -EINVAL;
 	c->use_stream = stream;
+	pfc_cork(c);
 	*batch = NULL;
 	if (c->have_last_return)
 		c->busy_s += (entry - c->last_return_ns) / 1e9;
@@ -506,8 +507,28 @@ PF_API int pf_next_stream(struct pf_client *c, int timeout_ms, void *stream,
 	/* The time after an epoch's end (evaluation, checkpointing) is not
 	 * time spent consuming batches, so it does not count as busy. */
 	c->have_last_return = rc != 0 || *batch != NULL;
+	/* The Releases and the Ack, in one write.  A failure here breaks the
+	 * connection, which the next call reports; the batch taken is whole. */
+	if (pfc_uncork(c) && !rc && !*batch)
+		rc = pfc_fail_dead(c);
 	c->last_return_ns = mono();
 	return rc;
+}
+
+PF_API int pf_release_next(struct pf_client *c, struct pf_batch *release, void *stream,
+			   int timeout_ms, struct pf_batch **batch)
+{
+	int rc;
+
+	if (!c || !batch)
+		return -EINVAL;
+	*batch = NULL;
+	if (release) {
+		rc = pf_release(c, release, stream);
+		if (rc)
+			return rc;
+	}
+	return pf_next_stream(c, timeout_ms, stream, batch);
 }
 
 PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream)
@@ -745,6 +766,7 @@ PF_API void pf_close(struct pf_client *c)
 	free_open_opts(c);
 	free(c->path);
 	free(c->where);
+	free(c->out);
 	free(c);
 }
 

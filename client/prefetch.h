@@ -192,6 +192,13 @@ PF_API int pf_next(struct pf_client *c, int timeout_ms, struct pf_batch **batch)
  * wait for `stream`.  Other batches are complete when announced. */
 PF_API int pf_next_stream(struct pf_client *c, int timeout_ms, void *stream,
 			  struct pf_batch **batch);
+/* pf_release(c, release, stream) when release is not NULL, then
+ * pf_next_stream(c, timeout_ms, stream, batch): the loop of a trainer that
+ * gives back the batch it trained on as it takes the next, in one call
+ * (the Python binding's).  A failed release returns its error and takes
+ * nothing. */
+PF_API int pf_release_next(struct pf_client *c, struct pf_batch *release, void *stream,
+			   int timeout_ms, struct pf_batch **batch);
 /* Gives the batch's slot back.  stream: the cudaStream_t whose queued work
  * still reads the batch (CUDA sessions; NULL = the legacy default stream),
  * ignored for host sessions.  The batch must not be used afterwards.  A

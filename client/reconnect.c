@@ -80,6 +80,7 @@ static void drop_connection(struct pf_client *c)
 	pfc_release_queue(c);
 	pfc_drop_releases(c);
 	pfc_unmap_slabs(c);
+	c->out_len = 0; /* frames corked for the connection that broke */
 	for (struct pfc_batch *b = c->held; b; b = b->next)
 		users += b->gen == c->gen;
 	if (c->narenas && users) {

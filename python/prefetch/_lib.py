@@ -130,6 +130,8 @@ _PROTOTYPES = {
     "pf_next_stream": (ctypes.c_int, [_client_p, ctypes.c_int, ctypes.c_void_p,
                                       ctypes.POINTER(_batch_p)]),
     "pf_release": (ctypes.c_int, [_client_p, _batch_p, ctypes.c_void_p]),
+    "pf_release_next": (ctypes.c_int, [_client_p, _batch_p, ctypes.c_void_p, ctypes.c_int,
+                                       ctypes.POINTER(_batch_p)]),
     "pf_set_depth": (ctypes.c_int, [_client_p, ctypes.c_uint64, ctypes.c_uint32]),
     "pf_abandon": (ctypes.c_int, [_client_p]),
     "pf_stats": (ctypes.c_int, [_client_p, ctypes.POINTER(Stats)]),

@@ -426,17 +426,25 @@ class Loader:
                                      self._stream() if batch.on_device else None)
         self._check(rc)
 
-    def _next(self):
-        """pf_next in slices (see _WAIT_SLICE_MS); a batch pointer, or None
-        at the end of the epoch."""
+    def _next(self, held=None):
+        """pf_release_next in slices (see _WAIT_SLICE_MS), giving back `held`
+        (the batch in hand) in the same call; a batch pointer, or None at the
+        end of the epoch."""
         ptr = ctypes.POINTER(_lib.Batch)()
         waited = 0.0
         # CUDA: the batch is used on torch's current stream, which
-        # libprefetch orders after the batch's assembly (pf_next_stream).
+        # libprefetch orders after the batch's assembly, and the one given
+        # back is released behind it.
         stream = self._stream()
+        release = None
+        if held is not None:
+            release, held._ptr = held._ptr, None
+            held._cache = None
+            self._held = None
         while True:
-            rc = self._libref.pf_next_stream(self._client, _WAIT_SLICE_MS, stream,
-                                             ctypes.byref(ptr))
+            rc = self._libref.pf_release_next(self._client, release, stream, _WAIT_SLICE_MS,
+                                              ctypes.byref(ptr))
+            release = None
             if rc != -errno.ETIMEDOUT:
                 self._check(rc)
                 return ptr if ptr else None
@@ -479,9 +487,7 @@ class Loader:
                 if self._active is not token:
                     raise RuntimeError("epoch %d was ended by another epoch started on the "
                                        "same Loader" % n)
-                if self._held is not None:
-                    self._held.release()
-                ptr = self._next()
+                ptr = self._next(self._held)
                 if ptr is None:
                     self._finished = True
                     return
