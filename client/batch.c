@@ -560,6 +560,8 @@ static int check_gather(struct pf_client *c, const Pf__BatchReady *b, const stru
 
 	if (!c->gathers || a->kind == PF__ARENA_KIND__ARENA_HOST_MEMFD ||
 	    b->n_staged_off != c->nfields || b->nstaged > INT32_MAX ||
+	    (b->gather_ids.len && (b->gather_ids.len != (size_t)b->count * 8 || b->nstaged ||
+				   b->count > c->open_opts.batch_size)) ||
 	    __builtin_add_overflow(b->gather_desc, (uint64_t)b->count * 8, &end) || end > a->bytes)
 		return pfc_conn_fail(c, -EPROTO,
 				     "batch %" PRIu64 "/%" PRIu64 " asks for a gather this session "
@@ -582,6 +584,7 @@ static int launch_gather(struct pf_client *c, struct pfc_batch *q, const Pf__Bat
 {
 	struct gpu_gather g = c->layout;
 	struct pfc_event *e;
+	void *ids = NULL;
 	char why[256];
 	int rc;
 
@@ -595,7 +598,21 @@ static int launch_gather(struct pf_client *c, struct pfc_batch *q, const Pf__Bat
 	g.staged = a->garena.base;
 	for (uint32_t f = 0; f < c->nfields; f++)
 		g.staged_off[f] = b->staged_off[f];
-	rc = pfcuda_gather_launch(c->gather, &g, e->ev, why, sizeof(why));
+	if (b->gather_ids.len) {
+		/* A batch of hits only: its index came in the message; it goes
+		 * up through the slot's own part of the pinned staging, which
+		 * the slot's next batch reuses only after this one's release. */
+		size_t per = (size_t)c->open_opts.batch_size * sizeof(uint64_t);
+
+		rc = pfcuda_gather_staging(c->gather, per * c->slots, &ids, why, sizeof(why));
+		if (rc) {
+			event_put(e);
+			return pfc_conn_fail(c, rc, "gather staging: %s", why);
+		}
+		ids = (uint8_t *)ids + per * (size_t)b->slot;
+		memcpy(ids, b->gather_ids.data, b->gather_ids.len);
+	}
+	rc = pfcuda_gather_launch(c->gather, &g, ids, b->gather_ids.len, e->ev, why, sizeof(why));
 	if (rc) {
 		event_put(e);
 		return pfc_conn_fail(c, rc, "batch %" PRIu64 "/%" PRIu64 ": gather: %s", b->epoch,

@@ -619,6 +619,8 @@ struct pfcuda_gather {
 	uint64_t *hbases; /* pinned host copy of the slab bases, cap entries */
 	CUdeviceptr dbases;
 	uint32_t cap;
+	uint8_t *staging; /* pinned: batches' inline indices on their way up */
+	size_t staging_bytes;
 };
 
 int pfcuda_gather_open(struct pfcuda_dev *d, struct pfcuda_gather **out, char *msg, size_t msglen)
@@ -673,6 +675,8 @@ void pfcuda_gather_close(struct pfcuda_gather *g)
 			drv.mem_free(g->dbases);
 		if (g->hbases)
 			drv.mem_free_host(g->hbases);
+		if (g->staging)
+			drv.mem_free_host(g->staging);
 		if (g->mod)
 			drv.module_unload(g->mod);
 		pop();
@@ -753,11 +757,38 @@ int pfcuda_gather_set_slab(struct pfcuda_gather *g, uint32_t slab, uint64_t base
 	return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuMemcpyHtoDAsync", msg, msglen);
 }
 
-int pfcuda_gather_launch(struct pfcuda_gather *g, struct gpu_gather *p, void *event, char *msg,
-			 size_t msglen)
+int pfcuda_gather_staging(struct pfcuda_gather *g, size_t bytes, void **host, char *msg,
+			  size_t msglen)
+{
+	CUresult r = CUDA_SUCCESS;
+	int rc;
+
+	if (g->staging && g->staging_bytes >= bytes) {
+		*host = g->staging;
+		return 0;
+	}
+	rc = push(g->d, msg, msglen);
+	if (rc < 0)
+		return rc;
+	drv.stream_synchronize(g->stream); /* queued uploads read the old one */
+	if (g->staging)
+		drv.mem_free_host(g->staging);
+	g->staging = NULL;
+	g->staging_bytes = 0;
+	r = drv.mem_alloc_host((void **)&g->staging, bytes);
+	pop();
+	if (r != CUDA_SUCCESS)
+		return cu_fail(r, "cuMemAllocHost", msg, msglen);
+	g->staging_bytes = bytes;
+	*host = g->staging;
+	return 0;
+}
+
+int pfcuda_gather_launch(struct pfcuda_gather *g, struct gpu_gather *p, const void *ids,
+			 size_t ids_bytes, void *event, char *msg, size_t msglen)
 {
 	void *args[] = {p};
-	CUresult r;
+	CUresult r = CUDA_SUCCESS;
 	int rc;
 
 	p->bases = g->dbases;
@@ -766,9 +797,11 @@ int pfcuda_gather_launch(struct pfcuda_gather *g, struct gpu_gather *p, void *ev
 	rc = push(g->d, msg, msglen);
 	if (rc < 0)
 		return rc;
-	r = p->count ? drv.launch_kernel(g->fn, p->count, 1, 1, GATHER_BLOCK, 1, 1, 0, g->stream,
-					 args, NULL)
-		     : CUDA_SUCCESS;
+	if (ids_bytes)
+		r = drv.memcpy_htod_async(p->desc, ids, ids_bytes, g->stream);
+	if (r == CUDA_SUCCESS && p->count)
+		r = drv.launch_kernel(g->fn, p->count, 1, 1, GATHER_BLOCK, 1, 1, 0, g->stream, args,
+				      NULL);
 	if (r == CUDA_SUCCESS)
 		r = drv.event_record((CUevent)event, g->stream);
 	pop();
@@ -908,8 +941,15 @@ int pfcuda_gather_set_slab(struct pfcuda_gather *g, uint32_t slab, uint64_t base
 	return NO_CUDA(msg, msglen);
 }
 
-int pfcuda_gather_launch(struct pfcuda_gather *g, struct gpu_gather *p, void *event, char *msg,
-			 size_t msglen)
+int pfcuda_gather_staging(struct pfcuda_gather *g, size_t bytes, void **host, char *msg,
+			  size_t msglen)
+{
+	*host = NULL;
+	return NO_CUDA(msg, msglen);
+}
+
+int pfcuda_gather_launch(struct pfcuda_gather *g, struct gpu_gather *p, const void *ids,
+			 size_t ids_bytes, void *event, char *msg, size_t msglen)
 {
 	return NO_CUDA(msg, msglen);
 }

@@ -72,8 +72,10 @@ struct slot {
 	uint64_t *stage_off; /* owned, ds->nfields */
 	/* Sessions without a pool: the batch's sample numbers (batch_size),
 	 * which its reader jobs borrow; owned, made at the slot's first fill
-	 * (bigmem). */
+	 * (bigmem).  A batch its client gathers that is all hits: its entry
+	 * ids, which go in the BatchReady (ids_inline), no device work here. */
 	uint64_t *rows;
+	bool ids_inline;
 	uint64_t stage_bytes; /* the ring slot's prefix that goes to the device */
 	/* When the batch entered each stage (debug timing). */
 	uint64_t t_fill, t_copy, t_ready, t_sent;

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bigmem.h"
 #include "daemon.h"
 #include "dataset.h"
 #include "log.h"
@@ -409,10 +410,42 @@ out:
 	sess_pump(s);
 }
 
+/* A batch its client gathers whose every row is a hit needs nothing of the
+ * GPU here: its entry ids leave in the BatchReady and the client uploads
+ * them itself, so the daemon's context does no work on the trainer's GPU
+ * in steady state (a copy from another context preempts the trainer's
+ * kernels: bench/NOTES.md).  False when it is not such a batch. */
+static bool ids_inline(struct sess *s, struct slot *sl)
+{
+	struct sess_cuda *c = &s->cuda;
+	uint64_t now;
+
+	if (!sl->plan.active || !sl->plan.ids || sl->plan.nstaged)
+		return false;
+	if (!sl->rows)
+		sl->rows = big_alloc((size_t)s->batch_size * sizeof(uint64_t));
+	if (!sl->rows)
+		return false; /* the copy path still works */
+	memcpy(sl->rows, ring_slot_mem(&c->lease, sl->ring),
+	       (size_t)sl->plan.count * sizeof(uint64_t));
+	ring_slot_put(&c->lease, sl->ring);
+	sl->ring = -1;
+	c->pool_hits += sl->plan.hits;
+	sl->ids_inline = true;
+	sl->state = SLOT_READY;
+	now = now_ns();
+	sl->t_copy = sl->t_ready = now;
+	return true;
+}
+
 void sess_cuda_copy(struct sess *s, struct slot *sl)
 {
 	struct sess_cuda *c = &s->cuda;
-	struct xfer_job *job = calloc(1, sizeof(*job));
+	struct xfer_job *job;
+
+	if (ids_inline(s, sl))
+		return;
+	job = calloc(1, sizeof(*job));
 
 	if (!job) {
 		if (sl->plan.active)
@@ -566,6 +599,11 @@ int sess_cuda_gather_msg(struct sess *s, struct slot *sl, Pf__BatchReady *msg,
 		staged_off[f] = base + sl->stage_off[f];
 	msg->gather = true;
 	msg->gather_desc = base;
+	if (sl->ids_inline) {
+		msg->gather_ids.data = (uint8_t *)sl->rows;
+		msg->gather_ids.len = (size_t)sl->plan.count * sizeof(uint64_t);
+		sl->ids_inline = false;
+	}
 	msg->nstaged = sl->plan.nstaged;
 	msg->n_staged_off = s->ds->nfields;
 	msg->staged_off = staged_off;

@@ -241,6 +241,7 @@ static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 		return 0;
 	}
 	sl->ring = ring;
+	sl->ids_inline = false;
 	sl->t_fill = now_ns();
 	if (s->cuda.pool && s->cuda.pool->enabled) {
 		sl->stage_bytes =

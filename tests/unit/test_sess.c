@@ -72,6 +72,7 @@ struct msg {
 	Pf__BatchReady b; /* BatchReady; b.picks owned, b.message unset,
 			   * b.staged_off points at staged_off */
 	uint64_t staged_off[2];
+	uint64_t *ids;	    /* owned: BatchReady.gather_ids, NULL when not inline */
 	uint32_t slab, gen; /* PoolSlab, PoolSlabGone */
 	uint32_t arena;	  /* Arena */
 	uint32_t slots;	  /* Opened */
@@ -196,6 +197,14 @@ static int fake_send(void *conn, const struct Pf__Envelope *penv, int fd)
 			assert_int_equal(m->b.n_staged_off, 2);
 			memcpy(m->staged_off, env->batch->staged_off, sizeof(m->staged_off));
 			m->b.staged_off = m->staged_off;
+		}
+		m->b.gather_ids.data = NULL;
+		if (env->batch->gather_ids.len) {
+			assert_int_equal(env->batch->gather_ids.len, (size_t)m->b.count * 8);
+			assert_int_equal(m->b.nstaged, 0);
+			m->ids = malloc(env->batch->gather_ids.len);
+			assert_non_null(m->ids);
+			memcpy(m->ids, env->batch->gather_ids.data, env->batch->gather_ids.len);
 		}
 		break;
 	case PF__ENVELOPE__MSG_STARTED:
@@ -325,8 +334,10 @@ static int teardown(void **state)
 	assert_int_equal(f->d.quota.held[QUOTA_SESSIONS], 0);
 	quota_free(&f->d.quota);
 	config_free(&f->d.cfg);
-	for (int i = 0; i < f->nmsgs; i++)
+	for (int i = 0; i < f->nmsgs; i++) {
 		free(f->msgs[i].b.picks);
+		free(f->msgs[i].ids);
+	}
 	for (int a = 0; a < MAX_ARENAS; a++)
 		if (f->arenas[a].base)
 			munmap((void *)f->arenas[a].base, f->arenas[a].bytes);
@@ -453,7 +464,9 @@ static void client_gather(const struct fixture *f, const struct msg *m, uint8_t 
 	const struct arena_map *a = &f->arenas[m->b.arena];
 	const uint64_t *off = f->msgs[0].field_offset;
 	const uint32_t rows[2] = {X_BYTES, Y_BYTES};
-	const uint64_t *desc = (const uint64_t *)(a->base + m->b.gather_desc);
+	/* The index: in the message (a batch of hits only), else in the
+	 * slot's tail, where the daemon copied it. */
+	const uint64_t *desc = m->ids ? m->ids : (const uint64_t *)(a->base + m->b.gather_desc);
 
 	assert_true(m->b.gather_desc + (uint64_t)m->b.count * 8 <= a->bytes);
 	for (uint64_t i = 0; i < m->b.count; i++) {
@@ -791,6 +804,15 @@ static void a_cuda_epoch_on_the_fake_gpu_is_byte_exact_through_device_arenas(voi
 	assert_int_equal(f->s->cuda.h2d_bytes, h2d);
 }
 
+static int count_inline(const struct fixture *f)
+{
+	int n = 0;
+
+	for (int i = 0; i < f->nmsgs; i++)
+		n += f->msgs[i].what == PF__ENVELOPE__MSG_BATCH && f->msgs[i].ids != NULL;
+	return n;
+}
+
 /* The client gathers its pooled batches (OpenSession.gather): the daemon
  * copies each batch's index and misses into the slot's tail and admits,
  * but once the pool holds every sample it runs no kernel at all; each slab
@@ -804,8 +826,8 @@ static void a_client_gather_epoch_is_byte_exact_and_slabs_outlive_the_batches_th
 	struct fixture *f = *state;
 	struct order_spec spec = {.kind = ORDER_SHUFFLE, .seed = 5};
 	Pf__Probe probe = PF__PROBE__INIT;
-	uint64_t hits, h2d, freed = 0;
-	int gathers, live, slabs_out = 0, gone = 0, drop_at;
+	uint64_t hits, h2d, freed = 0, index_bytes;
+	int gathers, live, slabs_out = 0, gone = 0, drop_at, inline_before;
 	struct msg *held;
 
 	open_gather = true;
@@ -826,9 +848,12 @@ static void a_client_gather_epoch_is_byte_exact_and_slabs_outlive_the_batches_th
 		consume_epoch(f, e, &spec, 32);
 		assert_true(pool_check(f->s->cuda.pool));
 	}
-	/* A whole pool: every row a hit, gathered by the client alone. */
+	/* A whole pool: every row a hit, gathered by the client alone, its
+	 * index in the message: no copy and no kernel in the daemon. */
 	hits = f->s->cuda.pool_hits;
 	h2d = f->s->cuda.h2d_bytes;
+	index_bytes = f->s->cuda.index_bytes;
+	inline_before = count_inline(f);
 	gathers = gpu_fake_gathers_run();
 	spec.seed = 100;
 	start_epoch(f, 100, PF__ORDER__ORDER_SHUFFLE, 100);
@@ -836,6 +861,8 @@ static void a_client_gather_epoch_is_byte_exact_and_slabs_outlive_the_batches_th
 	assert_int_equal(f->s->cuda.pool_hits - hits, N);
 	assert_int_equal(f->s->cuda.h2d_bytes, h2d);
 	assert_int_equal(gpu_fake_gathers_run(), gathers);
+	assert_int_equal(f->s->cuda.index_bytes, index_bytes);
+	assert_int_equal(count_inline(f) - inline_before, 10);
 	for (int i = 0; i < f->nmsgs; i++)
 		slabs_out += f->msgs[i].what == PF__ENVELOPE__MSG_POOL_SLAB;
 	assert_int_equal(slabs_out, (int)f->s->cuda.pool->nlive);
