@@ -130,7 +130,8 @@ class Daemon:
                     % (tag, self.sock, daemon_lines, data["path"], "on" if pool else "off"))
         logf = open(self.log_path, "ab")
         try:
-            self.proc = subprocess.Popen([args.prefetchd_bin, "-c", self.conf],
+            self.proc = subprocess.Popen([args.prefetchd_bin, "-c", self.conf] +
+                                         (["-v"] if args.diag else []),
                                          stdin=subprocess.DEVNULL, stdout=logf,
                                          stderr=subprocess.STDOUT, close_fds=True)
         finally:
@@ -263,27 +264,47 @@ class PfNextTimer:
         return rc
 
 
-def timeline(evs, n):
+def timeline(evs, n, cpu):
     """GPU view of the last timed epoch: each step's own time (event to event on the
-    trainer's stream) and the idle gaps between steps."""
+    trainer's stream) and the idle gaps between steps; for the gaps over 100 us, the
+    step's index, how long the CPU waited for its batch, and how many steps the CPU had
+    queued ahead (1..32, approximate) when it launched the step before."""
     steps = [evs[2 * i].elapsed_time(evs[2 * i + 1]) * 1e3 for i in range(n)]
     gaps = [evs[2 * i + 1].elapsed_time(evs[2 * i + 2]) * 1e3 for i in range(n - 1)]
-    steps.sort()
-    return {"step_us_mean": sum(steps) / n, "step_us_p50": steps[n // 2],
-            "step_us_p99": steps[int(n * 0.99)], "gap_us_mean": sum(gaps) / max(1, len(gaps)),
-            "gaps_over_20us": sum(1 for g in gaps if g > 20)}
+    big = [(i + 1, round(g), round(cpu[i + 1][0] * 1e6), cpu[i][1])
+           for i, g in enumerate(gaps) if g > 100]
+    leads = sorted(c[1] for c in cpu[:n])
+    st = sorted(steps)
+    return {"step_us_mean": sum(steps) / n, "step_us_p50": st[n // 2],
+            "step_us_p99": st[int(n * 0.99)], "gap_us_mean": sum(gaps) / max(1, len(gaps)),
+            "gaps_over_20us": sum(1 for g in gaps if g > 20),
+            "gap_us_total": sum(gaps), "lead_p50": leads[n // 2],
+            "big_gaps": big[:40]}
 
 
-def run_inproc(ctx, epochs=2):
+def run_inproc(ctx, epochs=2, registered=False):
     """Reference: the trainer's own process copies each batch (gathered into a pinned
-    buffer by the CPU beforehand) on a second stream, the step waiting on an event."""
+    buffer by the CPU beforehand) on a second stream, the step waiting on an event.
+    registered: the pinned buffers are 4 KiB-page anonymous memory registered with
+    cudaHostRegister (as the daemon's ring is), not torch's pin_memory."""
+    import mmap
     import numpy as np
     torch = ctx["torch"]
     step = ctx["step"]
     mm = ctx["data"]["mm"]
     k = 32
-    host = [torch.from_numpy(np.ascontiguousarray(mm[i * BATCH_ROWS:(i + 1) * BATCH_ROWS]))
-            .pin_memory() for i in range(k)]
+    if registered:
+        buf = mmap.mmap(-1, k * BATCH_BYTES)
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+        arr = np.frombuffer(buf, dtype=np.float32).reshape(k, BATCH_ROWS, ROW_FLOATS)
+        arr[:] = mm[:k * BATCH_ROWS].reshape(k, BATCH_ROWS, ROW_FLOATS)
+        rc = torch.cuda.cudart().cudaHostRegister(arr.ctypes.data, k * BATCH_BYTES, 0)
+        if int(rc) != 0:
+            raise RuntimeError("cudaHostRegister: %s" % rc)
+        host = [torch.from_numpy(arr[i]) for i in range(k)]
+    else:
+        host = [torch.from_numpy(np.ascontiguousarray(mm[i * BATCH_ROWS:(i + 1) * BATCH_ROWS]))
+                .pin_memory() for i in range(k)]
     dev = [torch.empty(BATCH_ROWS, ROW_FLOATS, device="cuda:0") for _ in range(k)]
     side = torch.cuda.Stream()
     evs = [torch.cuda.Event() for _ in range(k)]
@@ -305,8 +326,75 @@ def run_inproc(ctx, epochs=2):
         torch.cuda.synchronize()
         if e:
             total += time.perf_counter() - t0
+    if registered:
+        torch.cuda.cudart().cudaHostUnregister(arr.ctypes.data)
     return {"name": "in-process copies", "step_s": total / (nb * epochs),
             "gbs": nb * epochs * BATCH_BYTES / total / 1e9}
+
+
+_COPIER = r"""
+import sys, time, torch
+n, period = int(sys.argv[1]), float(sys.argv[2])
+h = torch.empty(4 << 20, dtype=torch.uint8).pin_memory()
+d = [torch.empty(4 << 20, dtype=torch.uint8, device="cuda:0") for _ in range(4)]
+torch.cuda.synchronize()
+print("ready", flush=True)
+t = time.perf_counter()
+for i in range(n):
+    d[i % 4].copy_(h, non_blocking=True)
+    t += period
+    while time.perf_counter() < t:
+        pass
+torch.cuda.synchronize()
+"""
+
+
+def run_foreign_copies(ctx):
+    """Compute-only steps while a second process copies a pinned 4 MiB buffer to the GPU
+    once per compute step: cross-process copies with no reader work."""
+    torch = ctx["torch"]
+    step = ctx["step"]
+    n = 3000
+    p = subprocess.Popen([sys.executable, "-c", _COPIER, str(n + 2000),
+                          str(ctx["compute_s"])], stdout=subprocess.PIPE)
+    p.stdout.readline()
+    xs = [torch.randn(BATCH_ROWS, ROW_FLOATS, device="cuda:0") for _ in range(16)]
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(n):
+        step(xs[i % 16])
+    torch.cuda.synchronize()
+    t = time.perf_counter() - t0
+    p.wait()
+    return {"name": "foreign copies", "step_s": t / n, "gbs": n * BATCH_BYTES / t / 1e9}
+
+
+def run_host_readers(ctx, epochs=2):
+    """Compute-only steps on resident data while a host session of prefetchd streams the
+    same batches to this process at the step's pace: the readers' work, no device copy."""
+    import prefetch
+    torch = ctx["torch"]
+    step = ctx["step"]
+    d = Daemon(ctx["args"], ctx["tmp"], ctx["data"], "", False, "host")
+    xs = [torch.randn(BATCH_ROWS, ROW_FLOATS, device="cuda:0") for _ in range(16)]
+    try:
+        with prefetch.Loader("bench", batch_size=BATCH_ROWS, device="host", shuffle=True,
+                             seed=7, socket=d.sock, timeout=120) as loader:
+            for b in loader.epoch(0):
+                pass
+            total, nb = 0.0, 0
+            for e in range(1, epochs + 1):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for i, b in enumerate(loader.epoch(e)):
+                    b["x"]
+                    step(xs[i % 16])
+                    nb += 1
+                torch.cuda.synchronize()
+                total += time.perf_counter() - t0
+    finally:
+        d.stop()
+    return {"name": "host readers", "step_s": total / nb, "gbs": nb * BATCH_BYTES / total / 1e9}
 
 
 def verify_epoch(torch, loader, data, n):
@@ -373,10 +461,21 @@ def run_prefetchd(ctx, tag, pool, daemon_lines, compute, epochs, check=True, tig
                 t0 = time.perf_counter()
                 if compute and e == epochs and ctx.get("timeline"):
                     evs = ctx["timeline"]
+                    cpu = ctx["timeline_cpu"]
+                    pc = time.perf_counter
+                    t_prev = pc()
                     for b in loader.epoch(e):
+                        t_got = pc()
                         evs[2 * n].record()
                         step(b["x"])
                         evs[2 * n + 1].record()
+                        # Steps queued and not done: how far ahead the CPU is.
+                        lead = 0
+                        for j in (1, 2, 4, 8, 16, 32):
+                            if n - j >= 0 and not evs[2 * (n - j) + 1].query():
+                                lead = j
+                        cpu[n] = (t_got - t_prev, lead)
+                        t_prev = pc()
                         n += 1
                 elif compute:
                     for b in loader.epoch(e):
@@ -391,7 +490,7 @@ def run_prefetchd(ctx, tag, pool, daemon_lines, compute, epochs, check=True, tig
                 nb += n
             loader._libref = timer._lib
             if compute and ctx.get("timeline"):
-                res["gpu"] = timeline(ctx["timeline"], n)
+                res["gpu"] = timeline(ctx["timeline"], n, ctx["timeline_cpu"])
             total = sum(t for t, _ in per_epoch)
             res["epochs"] = [(round(t, 4), n) for t, n in per_epoch]
             res["step_s"] = total / nb
@@ -410,6 +509,10 @@ def run_prefetchd(ctx, tag, pool, daemon_lines, compute, epochs, check=True, tig
             res["gpu_desc"] = st.get("gpu")
             if check:
                 res["check"] = verify_epoch(torch, loader, ctx["data"], epochs + 1)
+            if ctx["args"].diag:
+                with open(d.log_path, errors="replace") as f:
+                    res["daemon_timing"] = [ln.strip() for ln in f if "per batch: read" in ln
+                                            or "first batch sent" in ln][-4:]
     finally:
         d.stop()
     return res
@@ -502,6 +605,7 @@ def parse_args(argv):
     ap.add_argument("--mps", action="store_true")
     ap.add_argument("--timeline", action="store_true",
                     help="events around every step of the last timed epoch (GPU busy, gaps)")
+    ap.add_argument("--diag-more", default="")
     ap.add_argument("--diag", action="store_true",
                     help="also: pool on gathered by the daemon, in-process copies")
     ap.add_argument("--mps-child", action="store_true", help=argparse.SUPPRESS)
@@ -555,6 +659,7 @@ def main(argv=None):
     ctx["step"] = step
     results["copy_s"] = t_copy
     results["compute_s"] = t0
+    ctx["compute_s"] = t0
     results["hidden"] = step.hidden
     log("batch copy %.1f us; step H=%d: %.1f us compute-only (runs %s)"
         % (t_copy * 1e6, step.hidden, t0 * 1e6, ", ".join("%.1f" % (t * 1e6) for t in times)))
@@ -564,11 +669,16 @@ def main(argv=None):
     if args.timeline:
         ctx["timeline"] = [torch.cuda.Event(enable_timing=True)
                            for _ in range(2 * ctx["data"]["rows"] // BATCH_ROWS + 2)]
+        ctx["timeline_cpu"] = [(0.0, 0)] * (ctx["data"]["rows"] // BATCH_ROWS + 1)
     if args.diag:
-        runs.append(("pool=on,daemon-gather", True, ""))
+        runs += [("pool=off,readers=4", False, "readers = 4\n"),
+                 ("pool=off,read=pread", False, "read = pread\n"),
+                 ("pool=off,depth=4", False, "depth = 4\nmax_depth = 4\n")]
     for tag, pool, lines in runs:
         if tag.endswith("daemon-gather"):
             os.environ["PREFETCH_CLIENT_GATHER"] = "0"
+        if tag.endswith("host-alloc ring"):
+            os.environ["PREFETCHD_RING_ALLOC"] = "host"
         log("%s: compute loop" % tag)
         try:
             loaders[tag] = run_prefetchd(ctx, tag, pool, lines, True, args.epochs,
@@ -582,8 +692,12 @@ def main(argv=None):
             loaders[tag] = {"name": tag, "error": str(e)}
             failed = True
         os.environ.pop("PREFETCH_CLIENT_GATHER", None)
+        os.environ.pop("PREFETCHD_RING_ALLOC", None)
     if args.diag:
         loaders["in-process copies"] = run_inproc(ctx)
+        if "foreign" in args.diag_more:
+            loaders["copies from another process"] = run_foreign_copies(ctx)
+            loaders["host session readers"] = run_host_readers(ctx)
     if "dataloader" not in skip:
         log("dataloader: compute loop")
         try:
@@ -643,11 +757,18 @@ def main(argv=None):
             tag, r["step_s"] * 1e6, (r["step_s"] / t0 - 1) * 100, r["gbs"],
             r.get("readers", "-"), "%.0f" % r["ring_mib"] if "ring_mib" in r else "-",
             r.get("check", "-")))
+        for ln in r.get("daemon_timing", []):
+            print("%-12s daemon: %s" % ("", ln[-160:]))
         if isinstance(r.get("gpu"), dict):
-            print("%-12s GPU: step %.1f us mean, p50 %.1f, p99 %.1f; gaps %.1f us mean, %d "
-                  "over 20 us" % ("", r["gpu"]["step_us_mean"], r["gpu"]["step_us_p50"],
-                                  r["gpu"]["step_us_p99"], r["gpu"]["gap_us_mean"],
-                                  r["gpu"]["gaps_over_20us"]))
+            g = r["gpu"]
+            print("%-12s GPU: step %.1f us mean, p50 %.1f, p99 %.1f; gaps %.1f us mean "
+                  "(%.1f ms in all), %d over 20 us; CPU lead p50 %d steps" % (
+                      "", g["step_us_mean"], g["step_us_p50"], g["step_us_p99"],
+                      g["gap_us_mean"], g["gap_us_total"] / 1e3, g["gaps_over_20us"],
+                      g["lead_p50"]))
+            if g["big_gaps"]:
+                print("%-12s gaps > 100 us (step, gap us, CPU wait for its batch us, lead "
+                      "before): %s" % ("", " ".join("%d:%d/%d/%d" % x for x in g["big_gaps"])))
     if tight:
         print("tight loop (no compute), through Python:")
         for tag in ("pool=off", "pool=on"):

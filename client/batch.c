@@ -839,7 +839,11 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 	ack.busy_s = c->busy_s;
 	env.msg_case = PF__ENVELOPE__MSG_ACK;
 	env.ack = &ack;
+	/* With the Releases pf_next has corked, in one write, now: a batch
+	 * whose Ack cannot go is not taken. */
 	rc = pfc_send(c, &env);
+	if (!rc)
+		rc = pfc_uncork(c);
 	if (rc) {
 		/* Not taken: a restarted epoch delivers it again. */
 		if (b->slot >= 0)

@@ -75,9 +75,10 @@ int pfc_call(struct pf_client *c, Pf__Envelope *req, int reply_case, Pf__Envelop
 /* Sends a one-way message (Ack, Release, Probe): id 0, no reply.  While
  * the client is corked it is only queued. */
 int pfc_send(struct pf_client *c, Pf__Envelope *msg);
-/* pf_next corks the client for its duration: the Releases it flushes and
- * the Ack of the batch it takes leave in one write, at pfc_uncork, or
- * before the client waits to read, or before a request. */
+/* pf_next corks the client for its duration: the Releases it flushes
+ * leave with the Ack of the batch it takes, in one write (pfc_take
+ * uncorks), or before the client waits to read, before a request, or when
+ * pf_next returns. */
 void pfc_cork(struct pf_client *c);
 int pfc_uncork(struct pf_client *c);
 

@@ -507,8 +507,8 @@ PF_API int pf_next_stream(struct pf_client *c, int timeout_ms, void *stream,
 	/* The time after an epoch's end (evaluation, checkpointing) is not
 	 * time spent consuming batches, so it does not count as busy. */
 	c->have_last_return = rc != 0 || *batch != NULL;
-	/* The Releases and the Ack, in one write.  A failure here breaks the
-	 * connection, which the next call reports; the batch taken is whole. */
+	/* Releases still corked (no batch was taken, which sends them with
+	 * its Ack): a failure is the connection's, as pfc_flush_releases'. */
 	if (pfc_uncork(c) && !rc && !*batch)
 		rc = pfc_fail_dead(c);
 	c->last_return_ns = mono();

@@ -92,6 +92,27 @@ void big_free(void *p, size_t n)
 	kept_bytes += len;
 }
 
+void big_prefault(void *p, size_t n)
+{
+#ifdef MADV_POPULATE_WRITE
+	size_t len = align_up(n, BIGMEM_MIN);
+
+	if (!p || n < BIGMEM_MIN)
+		return;
+	/* The faults a first write would take, taken here; a buffer being
+	 * written meanwhile keeps what is written.  A huge page per call:
+	 * the call holds the process's mmap lock (for reading) throughout,
+	 * and an mmap or munmap waiting for it, and every fault and madvise
+	 * queued behind that one, the loop's too, would wait for all of it. */
+	for (size_t off = 0; off < len; off += BIGMEM_MIN)
+		if (madvise((uint8_t *)p + off, BIGMEM_MIN, MADV_POPULATE_WRITE) < 0)
+			return;
+#else
+	(void)p;
+	(void)n;
+#endif
+}
+
 void big_trim(int all)
 {
 	for (unsigned i = nkept; i-- > 0;) {

@@ -8,7 +8,14 @@
  * BIGMEM_CACHE bytes for at most two ticks: a stream of big batches reuses
  * memory that is already there.  Smaller buffers are plain malloc.
  *
- * Loop thread only (the cache is not locked).
+ * A huge page is not always cheap to fault in: in a VM whose balloon
+ * reports free 2 MiB blocks back to the host (free page reporting), every
+ * new huge page is also a fault on the host, 3 to 6 ms each, so the first
+ * touch of a fresh 32 MiB buffer held the loop 60 to 180 ms.  Buffers the
+ * loop will fill can be made present beforehand on libuv's thread pool
+ * (big_prefault).
+ *
+ * Loop thread only (the cache is not locked), but for big_prefault.
  */
 #ifndef PREFETCHD_BIGMEM_H
 #define PREFETCHD_BIGMEM_H
@@ -24,6 +31,11 @@
 void *big_alloc(size_t n);
 /* Frees what big_alloc(n) gave, with the same n.  NULL is a no-op. */
 void big_free(void *p, size_t n);
+/* Any thread: makes the n bytes at p (from big_alloc) present and
+ * writable, their content kept (MADV_POPULATE_WRITE), so that the next
+ * write to them takes no page fault.  Nothing where the kernel cannot
+ * (before Linux 5.14) or n is below BIGMEM_MIN. */
+void big_prefault(void *p, size_t n);
 /* Housekeeping (the daemon's tick): what was kept and not reused since the
  * last call goes back to the system; all of it when all is true. */
 void big_trim(int all);

@@ -32,7 +32,7 @@
 #include "util.h"
 
 static void conn_update_poll(struct conn *c);
-static void flush_out(struct conn *c);
+static void flush_out(struct conn *c, size_t budget);
 
 /* ---- credentials ---------------------------------------------------------- */
 
@@ -77,7 +77,7 @@ static void refuse(struct conn *c, int code, const char *msg, const char *why)
 {
 	c->last_words = true;
 	peer_error(&c->peer, 0, code, "%s", msg);
-	flush_out(c);
+	flush_out(c, SIZE_MAX);
 	conn_close(c, why);
 }
 
@@ -200,12 +200,20 @@ fail:
 	return rc;
 }
 
-static void flush_out(struct conn *c)
+/* What one connection may write per turn of the loop: a sendmsg of a
+ * whole 32 MiB BatchReady to a peer that reads as fast as it comes held
+ * the loop 110 ms in one call.  The rest goes at the next POLLOUT (libuv
+ * polls level-triggered). */
+#define CONN_WRITE_BUDGET (1u << 20)
+
+/* Sends what is queued, budget bytes at most (SIZE_MAX: all the socket
+ * takes, for the last words of a connection about to close). */
+static void flush_out(struct conn *c, size_t budget)
 {
-	while (c->out_head) {
+	while (c->out_head && budget) {
 		struct out_frame *f = c->out_head;
-		long n = wire_send_some(c->fd, f->buf + f->off, f->len - f->off,
-					f->off == 0 ? f->fd : -1);
+		size_t want = f->len - f->off < budget ? f->len - f->off : budget;
+		long n = wire_send_some(c->fd, f->buf + f->off, want, f->off == 0 ? f->fd : -1);
 
 		if (n == -EAGAIN)
 			break;
@@ -219,6 +227,7 @@ static void flush_out(struct conn *c)
 		}
 		f->off += (size_t)n;
 		c->out_bytes -= (size_t)n;
+		budget -= (size_t)n;
 		if (f->off < f->len)
 			break;
 		c->out_head = f->next;
@@ -389,7 +398,7 @@ static int dispatch_buffered(struct conn *c, unsigned *frames)
 		/* Replies went out; protocol violations end the connection
 		 * once they are flushed. */
 		if (rc < 0 && !c->closing && (rc == -EPROTO || rc == -EPROTONOSUPPORT)) {
-			flush_out(c);
+			flush_out(c, SIZE_MAX);
 			conn_close(c, "protocol violation");
 		}
 	}
@@ -464,7 +473,7 @@ static void on_poll(uv_poll_t *h, int status, int events)
 		return;
 	}
 	if (events & UV_WRITABLE)
-		flush_out(c);
+		flush_out(c, CONN_WRITE_BUDGET);
 	if (!c->closing && (events & (UV_READABLE | UV_DISCONNECT)))
 		on_readable(c);
 }

@@ -71,9 +71,11 @@ struct slot {
 	struct pool_plan plan;
 	uint64_t *stage_off; /* owned, ds->nfields */
 	/* Sessions without a pool: the batch's sample numbers (batch_size),
-	 * which its reader jobs borrow; owned, made at the slot's first fill
-	 * (bigmem).  A batch its client gathers that is all hits: its entry
-	 * ids, which go in the BatchReady (ids_inline), no device work here. */
+	 * which its reader jobs borrow; owned (bigmem), made at the start of
+	 * an epoch whose order is built, which makes it present off the loop
+	 * (sess_start.rows), or else at the slot's first fill.  A batch its
+	 * client gathers that is all hits: its entry ids, which go in the
+	 * BatchReady (ids_inline), no device work here. */
 	uint64_t *rows;
 	bool ids_inline;
 	uint64_t stage_bytes; /* the ring slot's prefix that goes to the device */
@@ -116,6 +118,14 @@ struct sess_req {
  * uid's memory quota). */
 #define SESS_PACED_MAX 1024
 
+/* What an epoch's build makes present ahead of the loop's first write, at
+ * most (sess_start): the sample numbers of this many slots (the first
+ * fills of a deep session), and this many BatchReady frames (what one
+ * connection queues at once: the frame that takes it over CONN_HIGH_WATER,
+ * and the one whose tail is still being sent). */
+#define SESS_WARM_ROWS	 64
+#define SESS_WARM_FRAMES 2
+
 /* The order of an epoch that started, being built on libuv's thread pool
  * (every check was made when the epoch started, and answered): its batches
  * are filled once it is back, unless a newer epoch, an abandon or the
@@ -127,10 +137,22 @@ struct sess_start {
 	struct order_spec spec; /* spec.indices: owned copy (explicit orders) */
 	uint64_t space;
 	uint64_t *picks, npicks; /* owned: the built share */
-	uint64_t held;		 /* quota taken for the build (order_memory's peak) */
+	uint64_t held;		 /* quota taken for the build (order_memory's peak, the frames) */
 	int rc;
 	char err[200];
 	bool cancelled; /* not wanted any more: thrown away when back */
+	/* The big buffers the loop will write first in this epoch (bigmem),
+	 * made present by the build (big_prefault) so that their page faults
+	 * are not the loop's: the slots' sample numbers (borrowed: the
+	 * slots', freed with the session, which waits for the build) and
+	 * the first BatchReady frames (owned: into bigmem's cache when back,
+	 * where the server's next frames of that size come from). */
+	uint64_t *rows[SESS_WARM_ROWS];
+	uint32_t nrows;
+	size_t rows_bytes;
+	void *frames[SESS_WARM_FRAMES];
+	uint32_t nframes;
+	size_t frame_bytes;
 };
 
 /* The CUDA half of a session (gpu >= 0): device slots, the ring slots that

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bigmem.h"
 #include "daemon.h"
 #include "dataset.h"
 #include "log.h"
@@ -97,6 +98,9 @@ static void new_epoch(struct sess *s, uint64_t epoch, uint64_t start_batch)
 
 static void start_free(struct sess_start *st)
 {
+	/* Present now: the server's next frames of their size take them. */
+	for (uint32_t i = 0; i < st->nframes; i++)
+		big_free(st->frames[i], st->frame_bytes);
 	free(st->picks);
 	free((uint64_t *)st->spec.indices);
 	free(st);
@@ -249,6 +253,45 @@ static void take_order(struct sess *s, struct sess_start *st)
 	plan_ahead(s, &st->spec, st->space);
 }
 
+/* The big buffers the loop will write first in an epoch whose order is
+ * built (a share of nshare picks, nbatches batches from start_batch),
+ * mapped now and made present by the build (sess_start.rows, .frames): a
+ * first write would otherwise fault them in on the loop, which may cost
+ * more than a whole turn (bigmem.h).  The slots that will be filled first
+ * get their sample numbers now rather than at their first fill; the first
+ * frames are taken against the uid's memory quota until they are back. */
+static void plan_warm(struct sess *s, struct sess_start *st, uint64_t epoch, uint64_t nshare,
+		      uint64_t nbatches, uint64_t start_batch)
+{
+	uint64_t left = nbatches - start_batch, full = nshare / s->batch_size;
+	size_t fb = sess_batch_frame_bytes(s, epoch, nbatches);
+	uint32_t nframes;
+
+	st->rows_bytes = (size_t)s->batch_size * sizeof(uint64_t);
+	/* A pool session's readers take the rows its plan stages instead. */
+	if (st->rows_bytes >= BIGMEM_MIN && !(s->cuda.pool && s->cuda.pool->enabled)) {
+		for (uint32_t i = 0; i < s->nslots && left && st->nrows < SESS_WARM_ROWS; i++) {
+			struct slot *sl = &s->slots[i];
+
+			/* The trainer holds a sent slot: the pump takes others. */
+			if (!sl->present || sl->state == SLOT_SENT)
+				continue;
+			left--;
+			if (!sl->rows && (sl->rows = big_alloc(st->rows_bytes)))
+				st->rows[st->nrows++] = sl->rows;
+		}
+	}
+	full = full > start_batch ? full - start_batch : 0;
+	nframes = full < SESS_WARM_FRAMES ? (uint32_t)full : SESS_WARM_FRAMES;
+	if (fb < BIGMEM_MIN || !nframes || nframes * align_up(fb, BIGMEM_MIN) > BIGMEM_CACHE ||
+	    sess_take(s, &st->held, nframes * align_up(fb, BIGMEM_MIN),
+		      "the epoch's first BatchReady frames", NULL, 0))
+		return;
+	st->frame_bytes = fb;
+	while (st->nframes < nframes && (st->frames[st->nframes] = big_alloc(fb)))
+		st->nframes++;
+}
+
 static void build_work(uv_work_t *w)
 {
 	struct sess_start *st = container_of(w, struct sess_start, work);
@@ -256,6 +299,10 @@ static void build_work(uv_work_t *w)
 	order_lower_priority();
 	st->rc = order_build(&st->spec, st->space, &st->picks, &st->npicks, st->err,
 			     sizeof(st->err));
+	for (uint32_t i = 0; i < st->nrows; i++)
+		big_prefault(st->rows[i], st->rows_bytes);
+	for (uint32_t i = 0; i < st->nframes; i++)
+		big_prefault(st->frames[i], st->frame_bytes);
 }
 
 static void build_done(uv_work_t *w, int status)
@@ -374,6 +421,7 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 			st->spec.indices = copy;
 		}
 		if (!rc) {
+			plan_warm(s, st, req->epoch, nshare, nbatches, req->start_batch);
 			rc = uv_queue_work(s->d->loop, &st->work, build_work, build_done);
 			if (rc)
 				snprintf(err, sizeof(err), "cannot queue the order's build: %s",

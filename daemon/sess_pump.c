@@ -24,6 +24,7 @@
 #include "log.h"
 #include "reader.h"
 #include "util.h"
+#include "wire.h"
 
 static struct slot *find_slot(struct sess *s, uint64_t epoch, uint64_t seq, enum slot_state st)
 {
@@ -82,6 +83,46 @@ static const uint64_t *batch_picks(const struct sess *s, uint64_t seq)
 	return s->picks + seq * s->batch_size;
 }
 
+/* The picks of a BatchReady of count picks, from picks. */
+static void batch_msg_picks(const struct sess *s, Pf__BatchReady *msg, uint32_t count,
+			    const uint64_t *picks)
+{
+	msg->count = count;
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	/* The picks as they lie in memory, for a client that takes them so:
+	 * no varint per row on either side. */
+	if (s->picks_le) {
+		msg->picks_le.len = (size_t)count * sizeof(uint64_t);
+		msg->picks_le.data = (uint8_t *)picks;
+	} else
+#endif
+	{
+		msg->n_picks = count;
+		msg->picks = (uint64_t *)picks;
+	}
+}
+
+size_t sess_batch_frame_bytes(const struct sess *s, uint64_t epoch, uint64_t nbatches)
+{
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__BatchReady msg = PF__BATCH_READY__INIT;
+	const struct slot *last = &s->slots[s->nslots - 1];
+
+	if (!s->picks_le || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__)
+		return 0;
+	/* Each field at the most it takes this epoch: the size, rounded as
+	 * bigmem rounds it, is every full batch's. */
+	msg.epoch = epoch;
+	msg.seq = nbatches ? nbatches - 1 : 0;
+	msg.slot = (int32_t)(s->nslots - 1);
+	msg.arena = last->arena;
+	msg.offset = last->offset;
+	batch_msg_picks(s, &msg, s->batch_size, NULL);
+	env.msg_case = PF__ENVELOPE__MSG_BATCH;
+	env.batch = &msg;
+	return wire_frame_size(&env);
+}
+
 static int send_batch(struct sess *s, struct slot *sl)
 {
 	Pf__Envelope env = PF__ENVELOPE__INIT;
@@ -92,19 +133,7 @@ static int send_batch(struct sess *s, struct slot *sl)
 
 	msg.epoch = sl->epoch;
 	msg.seq = sl->seq;
-	msg.count = count;
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-	/* The picks as they lie in memory, for a client that takes them so:
-	 * no varint per row on either side. */
-	if (s->picks_le) {
-		msg.picks_le.len = (size_t)count * sizeof(uint64_t);
-		msg.picks_le.data = (uint8_t *)batch_picks(s, sl->seq);
-	} else
-#endif
-	{
-		msg.n_picks = count;
-		msg.picks = (uint64_t *)batch_picks(s, sl->seq);
-	}
+	batch_msg_picks(s, &msg, count, batch_picks(s, sl->seq));
 	if (sl->error) {
 		msg.slot = -1;
 		msg.error = sl->error;
