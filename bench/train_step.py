@@ -397,6 +397,64 @@ def run_host_readers(ctx, epochs=2):
     return {"name": "host readers", "step_s": total / nb, "gbs": nb * BATCH_BYTES / total / 1e9}
 
 
+def run_host_client_copies(ctx, epochs=2):
+    """Experiment: a host session (the daemon's readers fill memfd slots this process
+    maps), the trainer registering each slot once (read-only) and copying the batch to the
+    GPU itself, on a second stream of its own context; the step waits on an event."""
+    import prefetch
+    torch = ctx["torch"]
+    step = ctx["step"]
+    cudart = torch.cuda.cudart()
+    d = Daemon(ctx["args"], ctx["tmp"], ctx["data"], "", False, "hostcopy")
+    k = 8
+    dev = [torch.empty(BATCH_ROWS, ROW_FLOATS, device="cuda:0") for _ in range(k)]
+    side = torch.cuda.Stream()
+    evs = [torch.cuda.Event() for _ in range(k)]
+    done = [torch.cuda.Event() for _ in range(k)]
+    registered = {}
+    page = 4096
+    try:
+        with prefetch.Loader("bench", batch_size=BATCH_ROWS, device="host", shuffle=True,
+                             seed=7, socket=d.sock, timeout=120) as loader:
+            total, nb = 0.0, 0
+            for e in range(epochs + 1):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for i, b in enumerate(loader.epoch(e)):
+                    x = b["x"]
+                    addr = x.ctypes.data
+                    if addr not in registered:
+                        lo = addr // page * page
+                        hi = -(-(addr + x.nbytes) // page) * page
+                        rc = cudart.cudaHostRegister(lo, hi - lo, 8)  # ReadOnly
+                        registered[addr] = (lo, int(rc))
+                    j = i % k
+                    with torch.cuda.stream(side):
+                        side.wait_event(done[j])
+                        import warnings
+                        with warnings.catch_warnings():
+                            warnings.simplefilter("ignore")
+                            dev[j].copy_(torch.from_numpy(x), non_blocking=True)
+                        evs[j].record(side)
+                    torch.cuda.current_stream().wait_event(evs[j])
+                    step(dev[j])
+                    done[j].record()
+                    evs[j].synchronize()  # the slot goes back when the next is taken
+                    nb += e > 0
+                torch.cuda.synchronize()
+                if e:
+                    total += time.perf_counter() - t0
+    finally:
+        for lo, rc in registered.values():
+            if rc == 0:
+                cudart.cudaHostUnregister(lo)
+        d.stop()
+    bad = sum(1 for _, rc in registered.values() if rc != 0)
+    return {"name": "host session, trainer copies", "step_s": total / nb,
+            "gbs": nb * BATCH_BYTES / total / 1e9,
+            "check": "%d slots registered, %d failed" % (len(registered), bad)}
+
+
 def verify_epoch(torch, loader, data, n):
     """One epoch checked: every pick once, the float64 sum, sampled rows."""
     import numpy as np
@@ -672,8 +730,7 @@ def main(argv=None):
         ctx["timeline_cpu"] = [(0.0, 0)] * (ctx["data"]["rows"] // BATCH_ROWS + 1)
     if args.diag:
         runs += [("pool=off,readers=4", False, "readers = 4\n"),
-                 ("pool=off,read=pread", False, "read = pread\n"),
-                 ("pool=off,depth=4", False, "depth = 4\nmax_depth = 4\n")]
+                 ("pool=off,ipc=legacy", False, "ipc = legacy\n")]
     for tag, pool, lines in runs:
         if tag.endswith("daemon-gather"):
             os.environ["PREFETCH_CLIENT_GATHER"] = "0"
@@ -695,6 +752,11 @@ def main(argv=None):
         os.environ.pop("PREFETCHD_RING_ALLOC", None)
     if args.diag:
         loaders["in-process copies"] = run_inproc(ctx)
+        if "hostcopy" in args.diag_more:
+            try:
+                loaders["host session, trainer copies"] = run_host_client_copies(ctx)
+            except Exception as e:  # noqa: BLE001
+                loaders["host session, trainer copies"] = {"name": "x", "error": str(e)}
         if "foreign" in args.diag_more:
             loaders["copies from another process"] = run_foreign_copies(ctx)
             loaders["host session readers"] = run_host_readers(ctx)
