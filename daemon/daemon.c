@@ -395,7 +395,11 @@ void daemon_config_machine(struct config *cfg, char *why, size_t len)
 		cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
 		if (cpus <= 0)
 			cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
-		cfg->readers = cpus > 5 ? (unsigned)cpus - 3 : 2;
+		/* Half the CPUs: the tight loop's best on the 16-core H200 (8
+		 * readers, the sweep of bench/train_step.py), and every reader
+		 * more costs a compute-bound trainer's step (4: +1.8%, 8:
+		 * +3.7-4.7%, 13: +5.7-10.7% there, bench/NOTES.md). */
+		cfg->readers = cpus >= 4 ? (unsigned)cpus / 2 : 2;
 		if (cfg->readers > 32)
 			cfg->readers = 32;
 		snprintf(rwhy, sizeof(rwhy), "readers = %u (auto: %d usable CPUs)", cfg->readers,

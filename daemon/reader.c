@@ -15,12 +15,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "dataset.h"
 #include "handback.h"
 #include "log.h"
 #include "util.h"
+
+/* The readers' nice value: below the threads that feed the GPU. */
+#define READER_NICE 5
 
 struct readers {
 	pthread_mutex_t lock;
@@ -66,6 +71,12 @@ static void *reader_main(void *arg)
 {
 	struct readers *r = arg;
 
+	/* Below the trainer, the loop and the transfer threads: on a node
+	 * whose CPUs the readers can fill, a batch read a little later costs
+	 * nothing while the trainer's thread or the copy that feeds its GPU
+	 * waiting for a CPU costs its step.  Per thread on Linux: PRIO_PROCESS
+	 * with a thread id. */
+	setpriority(PRIO_PROCESS, (id_t)gettid(), READER_NICE);
 	pthread_mutex_lock(&r->lock);
 	for (;;) {
 		struct fifo_node *n;

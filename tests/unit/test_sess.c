@@ -986,7 +986,7 @@ static void auto_readers_and_ring_fit_the_machine_and_set_values_stay(void **sta
 	cpus = CPU_COUNT(&set);
 	config_defaults(&cfg);
 	daemon_config_machine(&cfg, why, sizeof(why));
-	assert_int_equal(cfg.readers, cpus > 5 ? (cpus - 3 > 32 ? 32 : cpus - 3) : 2);
+	assert_int_equal(cfg.readers, cpus >= 4 ? (cpus / 2 > 32 ? 32 : cpus / 2) : 2);
 	assert_true(cfg.ring_bytes >= (256ULL << 20) && cfg.ring_bytes <= (1ULL << 30));
 	assert_int_equal(cfg.ring_bytes % (2ULL << 20), 0);
 	assert_non_null(strstr(why, "readers = "));
