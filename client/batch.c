@@ -90,6 +90,7 @@ static int release_after_gather(struct pf_client *c, struct pfc_batch *b)
 	r->epoch = b->pub.epoch;
 	r->seq = b->pub.seq;
 	r->slot = b->slot;
+	r->dbuf = -1;
 	r->event = b->gather_ev;
 	r->done = event_done;
 	r->free_event = event_put;
@@ -135,7 +136,9 @@ int pfc_flush_releases(struct pf_client *c, int wait_ms)
 				continue;
 			}
 			*pp = r->next;
-			if (!c->dead) {
+			if (r->dbuf >= 0) {
+				c->dbuf_free[c->ndbuf_free++] = (uint32_t)r->dbuf;
+			} else if (!c->dead) {
 				int src = pfc_send_release(c, r->epoch, r->seq, r->slot);
 
 				if (src && !rc)
@@ -268,6 +271,16 @@ static int map_host_arena(struct pf_client *c, struct pfc_arena *a, const Pf__Ar
 	a->bytes = msg->bytes;
 	a->kind = PF__ARENA_KIND__ARENA_HOST_MEMFD;
 	a->present = true;
+	if (c->ccopy) {
+		char why[256];
+
+		/* Batches are copied from here by the GPU's copy engine. */
+		rc = pfcuda_host_register(c->cuda, base, (size_t)msg->bytes, why, sizeof(why));
+		if (rc)
+			rc = pfc_conn_fail(c, rc, "cannot page-lock arena %" PRIu32 " (%.1f MiB): %s",
+					   msg->id, msg->bytes / 1048576.0, why);
+		a->registered = rc == 0;
+	}
 out:
 	close(fd);
 	return rc;
@@ -309,10 +322,18 @@ static int add_arena(struct pf_client *c, const Pf__Arena *msg)
  * disposed of. */
 void pfc_drop_releases(struct pf_client *c)
 {
-	while (c->releases) {
-		struct pfc_release *r = c->releases;
+	struct pfc_release **pp = &c->releases;
 
-		c->releases = r->next;
+	while (*pp) {
+		struct pfc_release *r = *pp;
+
+		/* A device buffer of ours still read by the trainer's work: it
+		 * outlives the connection (pf_close drops it after a sync). */
+		if (r->dbuf >= 0 && c->dbufs) {
+			pp = &r->next;
+			continue;
+		}
+		*pp = r->next;
 		if (r->free_event)
 			r->free_event(r->event);
 		free(r);
@@ -331,6 +352,12 @@ void pfc_unmap_arenas(struct pf_client *c, struct pfc_arena *arenas, uint32_t n)
 		if (!ar->present)
 			continue;
 		if (ar->kind == PF__ARENA_KIND__ARENA_HOST_MEMFD) {
+			if (ar->registered) {
+				/* Copies from it may still be queued. */
+				if (c->gather)
+					pfcuda_gather_sync(c->gather, NULL, 0);
+				pfcuda_host_unregister(c->cuda, ar->base);
+			}
 			munmap(ar->base, (size_t)ar->bytes);
 			continue;
 		}
@@ -659,6 +686,7 @@ static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
 		return pfc_conn_fail(c, -ENOMEM, "out of memory");
 	tail = (uint8_t *)(q + 1);
 	q->gen = c->gen;
+	q->dbuf = -1;
 	q->pub.epoch = b->epoch;
 	q->pub.seq = b->seq;
 	q->slot = b->slot;
@@ -673,6 +701,7 @@ static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
 			q->bytes += c->fields[f].sample_bytes * b->count;
 		}
 		copy_picks(picks, b);
+		q->host = (const uint8_t *)a->base + b->offset;
 		q->pub.count = b->count;
 		q->pub.picks = picks;
 		q->pub.nfields = c->nfields;
@@ -815,11 +844,114 @@ int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream)
 	r->epoch = b->pub.epoch;
 	r->seq = b->pub.seq;
 	r->slot = b->slot;
+	r->dbuf = b->dbuf; /* client copies: only the buffer comes back */
 	r->event = e;
 	r->done = event_done;
 	r->free_event = event_put;
 	r->next = c->releases;
 	c->releases = r;
+	return 0;
+}
+
+/* ---- client copies ---------------------------------------------------------- */
+
+bool pfc_can_take(const struct pf_client *c)
+{
+	const struct pfc_batch *b = container_of(c->queue.head, struct pfc_batch, queued);
+
+	return !c->ccopy || !c->dbufs || c->ndbuf_free > 0 || b->slot < 0;
+}
+
+/* The device buffers of a client that copies: as many as the session has
+ * slots (the trainer can hold no more batches), in one allocation. */
+static int make_dbufs(struct pf_client *c)
+{
+	char why[256];
+	int rc;
+
+	c->dbuf_stride = (c->slot_bytes + 511) & ~(uint64_t)511;
+	c->dbuf_free = calloc(c->slots ? c->slots : 1, sizeof(*c->dbuf_free));
+	if (!c->dbuf_free)
+		return pfc_conn_fail(c, -ENOMEM, "out of memory");
+	rc = pfcuda_mem_alloc(c->cuda, c->dbuf_stride * c->slots, &c->dbufs, why, sizeof(why));
+	if (rc) {
+		free(c->dbuf_free);
+		c->dbuf_free = NULL;
+		return pfc_conn_fail(c, rc, "%u device buffers of %.1f MiB for the batches: %s",
+				     c->slots, c->dbuf_stride / 1048576.0, why);
+	}
+	c->ndbufs = c->ndbuf_free = c->slots;
+	for (uint32_t i = 0; i < c->slots; i++)
+		c->dbuf_free[i] = c->slots - 1 - i;
+	return 0;
+}
+
+void pfc_free_dbufs(struct pf_client *c)
+{
+	if (c->dbufs) {
+		pfcuda_sync(c->cuda, NULL, 0); /* queued work may still read them */
+		pfcuda_mem_free(c->cuda, c->dbufs);
+	}
+	free(c->dbuf_free);
+	c->dbufs = 0;
+	c->dbuf_free = NULL;
+	c->ndbufs = c->ndbuf_free = 0;
+}
+
+/* A batch taken by a client that copies: its slot is copied into a free
+ * device buffer on the gather stream, the trainer's stream waits for the
+ * copy, and the slot goes back to the daemon as soon as the copy is done
+ * (the trainer reads the buffer, not the slot). */
+static int copy_batch(struct pf_client *c, struct pfc_batch *b)
+{
+	void **ptrs = (void **)(b + 1);
+	struct pfc_release *r;
+	struct pfc_event *e;
+	uint64_t dst;
+	char why[256];
+	int rc;
+
+	if (!c->dbufs && (rc = make_dbufs(c)))
+		return rc;
+	if (!c->ndbuf_free)
+		return pfc_conn_fail(c, -EPROTO, "no device buffer free for batch %" PRIu64,
+				     b->pub.seq);
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return pfc_conn_fail(c, -ENOMEM, "out of memory");
+	rc = event_get(c, "copy", &e);
+	if (rc) {
+		free(r);
+		return pfc_conn_fail(c, rc, "%s", c->err);
+	}
+	b->dbuf = (int32_t)c->dbuf_free[--c->ndbuf_free];
+	dst = c->dbufs + (uint64_t)b->dbuf * c->dbuf_stride;
+	rc = pfcuda_gather_copy(c->gather, dst, b->host, (size_t)c->slot_bytes, e->ev, why,
+				sizeof(why));
+	if (!rc && pfcuda_stream_wait(c->cuda, c->use_stream, e->ev, NULL, 0))
+		rc = pfcuda_gather_sync(c->gather, why, sizeof(why));
+	if (rc) {
+		c->dbuf_free[c->ndbuf_free++] = (uint32_t)b->dbuf;
+		b->dbuf = -1;
+		event_put(e);
+		free(r);
+		return pfc_conn_fail(c, rc, "batch %" PRIu64 ": copy to the device: %s",
+				     b->pub.seq, why);
+	}
+	for (uint32_t f = 0; f < c->nfields; f++)
+		ptrs[f] = (void *)(uintptr_t)(dst + c->fields[f].offset);
+	b->pub.on_device = true;
+	/* The slot's Release, once the copy has retired. */
+	r->epoch = b->pub.epoch;
+	r->seq = b->pub.seq;
+	r->slot = b->slot;
+	r->dbuf = -1;
+	r->event = e;
+	r->done = event_done;
+	r->free_event = event_put;
+	r->next = c->releases;
+	c->releases = r;
+	b->host = NULL;
 	return 0;
 }
 
@@ -858,6 +990,13 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 				 b->pub.seq, b->message);
 		pfc_free_batch(b);
 		return rc;
+	}
+	if (c->ccopy && b->slot >= 0 && b->host) {
+		rc = copy_batch(c, b);
+		if (rc) {
+			pfc_free_batch(b);
+			return rc;
+		}
 	}
 	if (b->gather_ev) {
 		/* The trainer's stream waits for the batch's assembly; the
@@ -898,7 +1037,9 @@ int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_
 			c->pending_err = 0;
 			return rc;
 		}
-		if (c->queue.head || !c->epoch_live || c->epoch_ended)
+		/* A client that copies also needs a free device buffer, which
+		 * a release of the trainer's gives back (polled below). */
+		if (c->queue.head ? pfc_can_take(c) : !c->epoch_live || c->epoch_ended)
 			return 0;
 		if (!*blocked_since)
 			*blocked_since = mono();

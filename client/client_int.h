@@ -111,6 +111,10 @@ struct pfc_release {
 	uint64_t epoch;
 	uint64_t seq;
 	int32_t slot;
+	/* Client copies: the device buffer the trainer was given, back to the
+	 * free list when done; nothing is sent (the slot went back after its
+	 * copy).  -1 otherwise. */
+	int32_t dbuf;
 	void *event; /* owned through free_event */
 	int (*done)(void *event);
 	void (*free_event)(void *event);
@@ -140,6 +144,7 @@ struct pfc_arena {
 	uint64_t bytes;
 	void *base;		    /* host: owned mapping, munmap'd by pf_close;
 				     * CUDA: the device address of garena */
+	bool registered;	    /* host, client copies: page-locked for the device */
 	struct pfcuda_arena garena; /* CUDA: owned import, unmapped by pf_close */
 };
 
@@ -170,6 +175,8 @@ struct pfc_batch {
 	uint64_t bytes;		 /* sample bytes of all fields */
 	uint64_t gen;		 /* the connection it came on (pf_client.gen) */
 	struct pfc_event *gather_ev; /* owned: its gather's end, until taken */
+	const uint8_t *host;	     /* client copies: the slot in its host arena */
+	int32_t dbuf;		     /* client copies: its device buffer once taken, else -1 */
 	struct fifo_node queued; /* in pf_client.queue until taken */
 	struct pfc_batch *next;	 /* in pf_client.held once taken */
 };
@@ -230,6 +237,16 @@ struct pf_client {
 	struct pfc_slab *pool_slabs; /* owned, npool_slabs */
 	uint32_t npool_slabs;
 	void *use_stream; /* pf_next_stream: the stream the next batch is used on */
+	/* Client copies (SessionOpened.client_copy): batches come in host
+	 * arenas, page-locked here; each one taken is copied, on the gather
+	 * stream, into a device buffer of this process (ndbufs of dbuf_stride
+	 * bytes in one allocation at dbufs, made at the first take), which
+	 * goes back to the free stack once the trainer's work on it retired. */
+	bool ccopy;
+	uint64_t dbufs;
+	uint64_t dbuf_stride;
+	uint32_t *dbuf_free; /* owned: stack of free buffer indices */
+	uint32_t ndbuf_free, ndbufs;
 	double probe_interval_s;  /* CUDA: 0 = only the first probe */
 	int64_t last_probe_ns;	  /* 0: not probed yet */
 	struct pfc_arena *arenas; /* owned, indexed by arena id */
@@ -322,6 +339,8 @@ int pfc_hello(struct pf_client *c, int timeout_ms);
 /* ---- batch.c: arenas, pushes, taking and releasing batches ----------------- */
 
 void pfc_free_batch(struct pfc_batch *b);
+bool pfc_can_take(const struct pf_client *c);
+void pfc_free_dbufs(struct pf_client *c);
 int pfc_keep_pool(struct pf_client *c, const Pf__SessionOpened *so);
 void pfc_unmap_slabs(struct pf_client *c);
 int pfc_send_release(struct pf_client *c, uint64_t epoch, uint64_t seq, int32_t slot);

@@ -103,6 +103,9 @@ static struct {
 	PFN_cuMemcpyHtoDAsync_v3020 memcpy_htod_async;
 	PFN_cuMemAllocHost_v3020 mem_alloc_host;
 	PFN_cuMemFreeHost_v2000 mem_free_host;
+	/* Client copies (pfcuda_host_register): optional too. */
+	PFN_cuMemHostRegister_v6050 mem_host_register;
+	PFN_cuMemHostUnregister_v4000 mem_host_unregister;
 } drv;
 
 static int cu_errno(CUresult r)
@@ -225,6 +228,8 @@ static void load(void)
 	SYM(mem_alloc_host, "cuMemAllocHost");
 	SYM(mem_free_host, "cuMemFreeHost");
 	drv.gather = !missing;
+	SYM(mem_host_register, "cuMemHostRegister");
+	SYM(mem_host_unregister, "cuMemHostUnregister");
 	drv.rc = 0;
 #undef SYM
 }
@@ -808,6 +813,48 @@ int pfcuda_gather_launch(struct pfcuda_gather *g, struct gpu_gather *p, const vo
 	return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuLaunchKernel(pf_gather)", msg, msglen);
 }
 
+int pfcuda_host_register(struct pfcuda_dev *d, void *p, size_t bytes, char *msg, size_t msglen)
+{
+	CUresult r;
+	int rc;
+
+	if (!drv.mem_host_register || !drv.mem_host_unregister) {
+		set_err(msg, msglen, "the CUDA driver lacks cuMemHostRegister");
+		return -EOPNOTSUPP;
+	}
+	rc = push(d, msg, msglen);
+	if (rc < 0)
+		return rc;
+	/* Read-only: the daemon's arenas are mapped read-only here. */
+	r = drv.mem_host_register(p, bytes,
+				  CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_READ_ONLY);
+	pop();
+	return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuMemHostRegister", msg, msglen);
+}
+
+void pfcuda_host_unregister(struct pfcuda_dev *d, void *p)
+{
+	if (!drv.mem_host_unregister || push(d, NULL, 0) < 0)
+		return;
+	drv.mem_host_unregister(p);
+	pop();
+}
+
+int pfcuda_gather_copy(struct pfcuda_gather *g, uint64_t dst, const void *src, size_t bytes,
+		       void *event, char *msg, size_t msglen)
+{
+	CUresult r;
+	int rc = push(g->d, msg, msglen);
+
+	if (rc < 0)
+		return rc;
+	r = drv.memcpy_htod_async((CUdeviceptr)dst, src, bytes, g->stream);
+	if (r == CUDA_SUCCESS)
+		r = drv.event_record((CUevent)event, g->stream);
+	pop();
+	return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuMemcpyHtoDAsync", msg, msglen);
+}
+
 int pfcuda_stream_wait(struct pfcuda_dev *d, void *stream, void *event, char *msg, size_t msglen)
 {
 	CUresult r;
@@ -959,4 +1006,19 @@ int pfcuda_stream_wait(struct pfcuda_dev *d, void *stream, void *event, char *ms
 	return NO_CUDA(msg, msglen);
 }
 
+
+int pfcuda_host_register(struct pfcuda_dev *d, void *p, size_t bytes, char *msg, size_t msglen)
+{
+	return NO_CUDA(msg, msglen);
+}
+
+void pfcuda_host_unregister(struct pfcuda_dev *d, void *p)
+{
+}
+
+int pfcuda_gather_copy(struct pfcuda_gather *g, uint64_t dst, const void *src, size_t bytes,
+		       void *event, char *msg, size_t msglen)
+{
+	return NO_CUDA(msg, msglen);
+}
 #endif

@@ -134,4 +134,16 @@ int pfcuda_gather_launch(struct pfcuda_gather *g, struct gpu_gather *p, const vo
 /* Makes stream (NULL: the legacy default stream) wait for event. */
 int pfcuda_stream_wait(struct pfcuda_dev *d, void *stream, void *event, char *msg, size_t msglen);
 
+/* ---- client copies ----
+ * A CUDA session without a pool may come in host arenas (SessionOpened.
+ * client_copy): the library registers each (page-locked, read-only for the
+ * device) and copies every batch to the GPU itself, on the gather stream,
+ * in the trainer's own context. */
+int pfcuda_host_register(struct pfcuda_dev *d, void *p, size_t bytes, char *msg, size_t msglen);
+void pfcuda_host_unregister(struct pfcuda_dev *d, void *p);
+/* Queues bytes from src (registered host memory) to device address dst
+ * on g's stream, then records event after it. */
+int pfcuda_gather_copy(struct pfcuda_gather *g, uint64_t dst, const void *src, size_t bytes,
+		       void *event, char *msg, size_t msglen);
+
 #endif

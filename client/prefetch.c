@@ -128,6 +128,10 @@ static int keep_session(struct pf_client *c, const Pf__SessionOpened *so)
 	c->slots = so->slots;
 	c->probe_interval_s = so->probe_interval_s;
 	c->opened = true;
+	c->ccopy = so->client_copy;
+	if (c->ccopy && !c->gather)
+		return pfc_conn_fail(c, -EPROTO, "%s sent host arenas to copy to a client that "
+				     "cannot", c->where);
 	return pfc_keep_pool(c, so);
 }
 
@@ -173,6 +177,10 @@ int pfc_send_open(struct pf_client *c, Pf__Envelope **reply)
 	msg.ipc = (Pf__Ipc)o->ipc;
 	msg.name = (char *)o->name;
 	msg.gather = c->gather != NULL;
+	/* Without a pool, batches come in host arenas for this process to copy
+	 * ($PREFETCH_CLIENT_COPY=0: the daemon copies them). */
+	msg.client_copy = c->gather != NULL && (!getenv("PREFETCH_CLIENT_COPY") ||
+						 strcmp(getenv("PREFETCH_CLIENT_COPY"), "0"));
 	if (c->pci_bus_id[0])
 		msg.pci_bus_id = c->pci_bus_id;
 	env.msg_case = PF__ENVELOPE__MSG_OPEN;
@@ -547,6 +555,20 @@ PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream)
 				   "pf_release: this batch is not held by this client "
 				   "(released twice?)");
 	b = *pp;
+	/* Client copies: the trainer read our own device buffer, whose slot
+	 * went back after its copy; only the buffer waits for the stream,
+	 * whatever became of the connection. */
+	if (b->dbuf >= 0) {
+		rc = pfc_release_after(c, b, stream);
+		if (rc)
+			return rc; /* still held: the caller may retry */
+		*pp = b->next;
+		c->nheld--;
+		if (b->gen != c->gen)
+			pfc_retired_put(c, b->gen);
+		pfc_free_batch(b);
+		return c->dead ? 0 : pfc_flush_releases(c, 0);
+	}
 	/* A batch of a connection that broke, on a client that reconnects:
 	 * its slot died with that daemon, so there is nothing to send, only
 	 * its arenas to let go of once no batch points into them. */
@@ -733,8 +755,9 @@ PF_API void pf_close(struct pf_client *c)
 	 * has finished with them (pfc_unmap_arenas): a queued kernel must not
 	 * fault. */
 	pfc_drop_releases(c);
+	pfc_free_dbufs(c);
+	pfc_drop_releases(c); /* the device buffers' own, kept until now */
 	pfc_unmap_slabs(c);
-	pfcuda_gather_close(c->gather);
 	pfc_unmap_arenas(c, c->arenas, c->narenas);
 	while (c->retired) {
 		struct pfc_retired *r = c->retired;
@@ -743,6 +766,7 @@ PF_API void pf_close(struct pf_client *c)
 		pfc_unmap_arenas(c, r->arenas, r->narenas);
 		free(r);
 	}
+	pfcuda_gather_close(c->gather);
 	while (c->events) {
 		struct pfc_event *e = c->events;
 

@@ -272,6 +272,7 @@ static int reply_opened(struct sess *s, uint64_t id)
 	msg.target = s->gov.target;
 	msg.device = s->device;
 	msg.probe_interval_s = s->gpu >= 0 ? s->d->cfg.probe_interval : 0;
+	msg.client_copy = s->client_copy;
 	if (s->cuda.gather) {
 		layout.n_rec_off = layout.n_row_bytes = p->nfields;
 		layout.rec_off = (uint32_t *)p->rec_off;
@@ -346,7 +347,8 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 	char err[300] = "", what[80];
 	uint32_t min_depth, max_depth, augment = req->augment ? req->augment : 1;
 	uint64_t picks;
-	int gpu = -1;
+	int gpu = -1, copy_gpu = -1;
+	bool client_copy = false;
 	int rc;
 
 	if (*slot)
@@ -387,6 +389,15 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 		rc = sess_cuda_pick_gpu(d, req, &gpu, err, sizeof(err));
 		if (rc)
 			return peer_error(p, id, rc, "%s", err);
+		/* Without a pool to serve it, a client that copies batches
+		 * itself gets them in host arenas: the daemon's context does
+		 * no work on the trainer's GPU. */
+		if (req->client_copy &&
+		    (!daemon_pool_enabled(d, ds) || ds->nfields > GPU_GATHER_MAX_FIELDS)) {
+			client_copy = true;
+			copy_gpu = gpu;
+			gpu = -1;
+		}
 	}
 	min_depth = req->min_depth ? req->min_depth : 1;
 	max_depth = req->max_depth ? req->max_depth : cfg->max_depth;
@@ -421,14 +432,15 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 	s->ds_held = true;
 	s->batch_size = req->batch_size;
 	s->picks_le = req->picks_le;
+	s->client_copy = client_copy;
 	s->augment = augment;
 	s->drop_last = req->drop_last;
 	s->opened_ns = now_ns();
 	ahead_init(&s->ahead, d->loop, ahead_back);
 	snprintf(s->name, sizeof(s->name), "%.63s", req->name[0] ? req->name : p->name);
 	util_printable(s->name); /* shown by status, on terminals */
-	if (gpu >= 0)
-		snprintf(s->device, sizeof(s->device), "cuda:%d", gpu);
+	if (gpu >= 0 || client_copy)
+		snprintf(s->device, sizeof(s->device), "cuda:%d", client_copy ? copy_gpu : gpu);
 	else
 		snprintf(s->device, sizeof(s->device), "host");
 	rc = fill_layout(&s->lay, ds, s->batch_size, err, sizeof(err));
@@ -447,7 +459,10 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 		rc = -ENOMEM;
 		goto fail;
 	}
-	gov_init(&s->gov, min_depth, max_depth, cfg->depth);
+	/* A client that copies takes a batch's slot back as soon as its copy
+	 * is done: max_depth ahead costs host memory only, and keeps a fast
+	 * consumer fed. */
+	gov_init(&s->gov, min_depth, max_depth, client_copy ? max_depth : cfg->depth);
 	if (gpu >= 0)
 		rc = sess_cuda_setup(s, req, err, sizeof(err));
 	else
@@ -470,10 +485,11 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 			 s->cuda.ipc == GPU_IPC_FD ? "fd" : "legacy", s->batch_size, s->nslots,
 			 s->lay.slot_bytes / 1048576.0, s->cuda.lease.nslots, s->gov.target);
 	else
-		log_info("session %" PRIu64 " opened by %s: dataset %s, device %s, batch %u, %u "
+		log_info("session %" PRIu64 " opened by %s: dataset %s, device %s%s, batch %u, %u "
 			 "slots of %.2f MiB in %u arena(s), target %u",
-			 s->id, p->name, ds->name, s->device, s->batch_size, s->nslots,
-			 s->lay.slot_bytes / 1048576.0, s->narenas, s->gov.target);
+			 s->id, p->name, ds->name, s->device,
+			 s->client_copy ? " (host arenas, the client copies)" : "", s->batch_size,
+			 s->nslots, s->lay.slot_bytes / 1048576.0, s->narenas, s->gov.target);
 	return 0;
 fail:
 	sess_free(s);

@@ -1505,6 +1505,22 @@ static void shuffled_epochs_reach_a_trainer_process_byte_exact_over_legacy_ipc(v
 	epochs_test("ipc = legacy\n", "ipc=default");
 }
 
+/* No pool: the batches come in host arenas and libprefetch copies each to
+ * the GPU itself, in the trainer's context (SessionOpened.client_copy). */
+static void shuffled_epochs_copied_by_the_trainer_itself_are_byte_exact(void **state)
+{
+	epochs_test("pool = off\n", "ipc=default");
+}
+
+/* $PREFETCH_CLIENT_COPY=0: the same with the daemon's copies. */
+static void shuffled_epochs_copied_by_the_daemon_for_a_client_that_will_not_are_byte_exact(
+	void **state)
+{
+	setenv("PREFETCH_CLIENT_COPY", "0", 1);
+	epochs_test("pool = off\n", "ipc=default");
+	unsetenv("PREFETCH_CLIENT_COPY");
+}
+
 static void trainer_asking_for_legacy_ipc_gets_exact_epochs_from_an_fd_daemon(void **state)
 {
 	epochs_test("", "ipc=legacy");
@@ -1889,6 +1905,8 @@ int main(int argc, char **argv)
 		CASE(shuffled_epochs_reach_a_trainer_process_byte_exact_over_fd),
 		CASE(shuffled_epochs_reach_a_trainer_process_byte_exact_over_legacy_ipc),
 		CASE(trainer_asking_for_legacy_ipc_gets_exact_epochs_from_an_fd_daemon),
+		CASE(shuffled_epochs_copied_by_the_trainer_itself_are_byte_exact),
+		CASE(shuffled_epochs_copied_by_the_daemon_for_a_client_that_will_not_are_byte_exact),
 		CASE(killed_trainers_give_back_all_device_memory_over_fd),
 		CASE(killed_trainers_give_back_all_device_memory_over_legacy_ipc),
 		CASE(probe_on_a_nearly_full_gpu_lowers_the_target_to_one),

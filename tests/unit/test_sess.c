@@ -76,6 +76,8 @@ struct msg {
 	uint32_t slab, gen; /* PoolSlab, PoolSlabGone */
 	uint32_t arena;	  /* Arena */
 	uint32_t slots;	  /* Opened */
+	bool client_copy; /* Opened */
+	int arena_kind;	  /* Arena */
 	uint64_t field_offset[2];
 };
 
@@ -127,6 +129,7 @@ static int fake_send(void *conn, const struct Pf__Envelope *penv, int fd)
 		break;
 	case PF__ENVELOPE__MSG_OPENED:
 		m->slots = env->opened->slots;
+		m->client_copy = env->opened->client_copy;
 		for (size_t i = 0; i < env->opened->n_fields && i < 2; i++)
 			m->field_offset[i] = env->opened->fields[i]->offset;
 		f->gathers = env->opened->pool != NULL;
@@ -179,6 +182,7 @@ static int fake_send(void *conn, const struct Pf__Envelope *penv, int fd)
 		assert_true(f->arenas[a->id].base != MAP_FAILED);
 		f->arenas[a->id].bytes = a->bytes;
 		m->arena = a->id;
+		m->arena_kind = a->kind;
 		close(fd);
 		break;
 	}
@@ -357,6 +361,7 @@ static struct msg *last(struct fixture *f)
 }
 
 static bool open_gather; /* open_session asks to gather client-side */
+static bool open_copy;	 /* open_session says the client can copy batches itself */
 
 static void open_session(struct fixture *f, const char *device, uint32_t batch, uint32_t max_depth)
 {
@@ -364,6 +369,7 @@ static void open_session(struct fixture *f, const char *device, uint32_t batch, 
 	int before = f->nmsgs;
 
 	req.gather = open_gather;
+	req.client_copy = open_copy;
 	req.dataset = "ds";
 	req.name = "";
 	req.device = (char *)device;
@@ -908,6 +914,51 @@ static void a_client_gather_epoch_is_byte_exact_and_slabs_outlive_the_batches_th
 	assert_int_equal(gone, slabs_out);
 }
 
+/* A CUDA session of a client that copies batches itself, on a dataset with
+ * no pool: host arenas, SessionOpened.client_copy, no device work at all in
+ * the daemon; with the pool on, the same request gets the device path. */
+static void a_client_that_copies_gets_host_arenas_when_no_pool_serves_it(void **state)
+{
+	struct fixture *f = *state;
+	struct order_spec spec = {.kind = ORDER_SHUFFLE, .seed = 9};
+	int allocs = gpu_fake_live_allocs(), arenas = 0;
+
+	f->d.cfg.pool = false;
+	open_copy = true;
+	open_session(f, "cuda:0", 32, 0);
+	open_copy = false;
+	assert_true(f->msgs[0].client_copy);
+	assert_true(f->s->client_copy);
+	assert_int_equal(f->s->gpu, -1);
+	assert_string_equal(f->s->device, "cuda:0");
+	start_epoch(f, 1, PF__ORDER__ORDER_SHUFFLE, 9);
+	assert_int_equal(consume_epoch(f, 1, &spec, 32), 10);
+	for (int i = 0; i < f->nmsgs; i++)
+		if (f->msgs[i].what == PF__ENVELOPE__MSG_ARENA) {
+			assert_int_equal(f->msgs[i].arena_kind, PF__ARENA_KIND__ARENA_HOST_MEMFD);
+			arenas++;
+		}
+	assert_true(arenas > 0);
+	/* Nothing allocated on the device, no transfer thread started. */
+	assert_int_equal(gpu_fake_live_allocs(), allocs);
+	assert_null(f->d.xfers[0]);
+}
+
+static void a_client_that_copies_gets_the_device_path_from_a_pool(void **state)
+{
+	struct fixture *f = *state;
+	struct order_spec spec = {.kind = ORDER_SHUFFLE, .seed = 10};
+
+	open_copy = true;
+	open_session(f, "cuda:0", 32, 0);
+	open_copy = false;
+	assert_false(f->msgs[0].client_copy);
+	assert_int_equal(f->s->gpu, 0);
+	start_epoch(f, 1, PF__ORDER__ORDER_SHUFFLE, 10);
+	assert_int_equal(consume_epoch(f, 1, &spec, 32), 10);
+	assert_true(f->s->cuda.narenas > 0);
+}
+
 static void a_device_allocation_failing_every_try_is_an_error_batch(void **state)
 {
 	struct fixture *f = *state;
@@ -1025,6 +1076,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(
 			a_client_gather_epoch_is_byte_exact_and_slabs_outlive_the_batches_that_read_them,
 			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			a_client_that_copies_gets_host_arenas_when_no_pool_serves_it, setup, teardown),
+		cmocka_unit_test_setup_teardown(a_client_that_copies_gets_the_device_path_from_a_pool,
+						setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			a_device_allocation_failing_every_try_is_an_error_batch, setup, teardown),
 		cmocka_unit_test_setup_teardown(
