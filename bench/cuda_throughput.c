@@ -771,7 +771,9 @@ static int run_phase(struct bench *bn, const struct phase_opts *o, struct phase_
 		if (td_interrupted)
 			return td_fail("interrupted");
 		tn = td_now();
-		rc = pf_next(bn->c, NEXT_TIMEOUT_MS, &b);
+		/* The consumer's stream is ordered after the batch (a copy or
+		 * gather libprefetch runs in this process): no CPU wait. */
+		rc = pf_next_stream(bn->c, NEXT_TIMEOUT_MS, bn->stream, &b);
 		dt = td_now() - tn;
 		if (rc)
 			return td_fail("%s: pf_next after %" PRIu64 " batches: %s (%s)", o->name,

@@ -928,7 +928,7 @@ static int copy_batch(struct pf_client *c, struct pfc_batch *b)
 	dst = c->dbufs + (uint64_t)b->dbuf * c->dbuf_stride;
 	rc = pfcuda_gather_copy(c->gather, dst, b->host, (size_t)c->slot_bytes, e->ev, why,
 				sizeof(why));
-	if (!rc && pfcuda_stream_wait(c->cuda, c->use_stream, e->ev, NULL, 0))
+	if (!rc && (c->sync_take || pfcuda_stream_wait(c->cuda, c->use_stream, e->ev, NULL, 0)))
 		rc = pfcuda_gather_sync(c->gather, why, sizeof(why));
 	if (rc) {
 		c->dbuf_free[c->ndbuf_free++] = (uint32_t)b->dbuf;
@@ -1002,7 +1002,7 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 		/* The trainer's stream waits for the batch's assembly; the
 		 * event may be recorded again at once (the wait has taken its
 		 * mark).  Should the wait fail, the CPU waits instead. */
-		if (pfcuda_stream_wait(c->cuda, c->use_stream, b->gather_ev->ev, NULL, 0))
+		if (c->sync_take || pfcuda_stream_wait(c->cuda, c->use_stream, b->gather_ev->ev, NULL, 0))
 			pfcuda_gather_sync(c->gather, NULL, 0);
 		event_put(b->gather_ev);
 		b->gather_ev = NULL;

@@ -237,6 +237,7 @@ struct pf_client {
 	struct pfc_slab *pool_slabs; /* owned, npool_slabs */
 	uint32_t npool_slabs;
 	void *use_stream; /* pf_next_stream: the stream the next batch is used on */
+	bool sync_take;	  /* pf_next: wait on the CPU for the batch's copy or gather */
 	/* Client copies (SessionOpened.client_copy): batches come in host
 	 * arenas, page-locked here; each one taken is copied, on the gather
 	 * stream, into a device buffer of this process (ndbufs of dbuf_stride

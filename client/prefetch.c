@@ -495,7 +495,16 @@ static int next_batch(struct pf_client *c, int timeout_ms, struct pf_batch **bat
 
 PF_API int pf_next(struct pf_client *c, int timeout_ms, struct pf_batch **batch)
 {
-	return pf_next_stream(c, timeout_ms, NULL, batch);
+	int rc;
+
+	if (!c || !batch)
+		return -EINVAL;
+	/* No stream named: the batch is complete when this returns, for work
+	 * on any stream (a copy or gather of this library waited for). */
+	c->sync_take = true;
+	rc = pf_next_stream(c, timeout_ms, NULL, batch);
+	c->sync_take = false;
+	return rc;
 }
 
 PF_API int pf_next_stream(struct pf_client *c, int timeout_ms, void *stream,

@@ -176,7 +176,11 @@ PF_API int pf_field_info(const struct pf_client *c, uint32_t i, struct pf_field 
 /* Starts an epoch (abandoning an unfinished one).  *batches (may be NULL)
  * receives the number of batches this share will deliver from start_batch. */
 PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts, uint64_t *batches);
-/* Takes the next batch.  timeout_ms < 0 waits for ever.  Returns 0 with
+/* Takes the next batch.  timeout_ms < 0 waits for ever.  A CUDA batch is
+ * complete when this returns, whatever stream reads it: a copy or gather
+ * this library ran for it (pf_next_stream) has been waited for on the CPU.
+ * A trainer that names its stream with pf_next_stream waits on the GPU
+ * instead.  Returns 0 with
  * *batch set, 0 with *batch NULL at the end of the epoch, -ETIMEDOUT, the
  * error of an error batch (e.g. -EIO; pf_errmsg says which file and which
  * batch; the epoch goes on with the next call), or the connection's error
@@ -184,12 +188,12 @@ PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts,
 PF_API int pf_next(struct pf_client *c, int timeout_ms, struct pf_batch **batch);
 /* pf_next for a CUDA session whose trainer uses its batches on `stream`
  * (a cudaStream_t; NULL: the legacy default stream, which every blocking
- * stream waits for).  A batch assembled from the VRAM pool is gathered by
- * this library in the trainer's context, on a stream of its own: the
- * batch's stream is made to wait for that (cuStreamWaitEvent, the CPU does
- * not block), so work queued on it after pf_next returns sees the data.
- * Use the batch on another non-blocking stream only after making that one
- * wait for `stream`.  Other batches are complete when announced. */
+ * stream waits for).  This library assembles a pooled batch (the gather)
+ * or copies a batch from host arenas (a session without a pool) in the
+ * trainer's context, on a stream of its own: `stream` is made to wait for
+ * that (cuStreamWaitEvent; the CPU does not block), so work queued on it
+ * after this returns sees the data.  Use the batch on another
+ * non-blocking stream only after making that one wait for `stream`. */
 PF_API int pf_next_stream(struct pf_client *c, int timeout_ms, void *stream,
 			  struct pf_batch **batch);
 /* pf_release(c, release, stream) when release is not NULL, then
