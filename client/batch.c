@@ -77,8 +77,24 @@ static int event_get(struct pf_client *c, const char *what, struct pfc_event **o
 
 static int event_done(void *event);
 
-/* Queues the release of batch b (not taken) for when event e has
- * completed: its gather still writes the slot until then. */
+/* Queues r, the release of batch b's slot (dbuf -1) or of its device
+ * buffer (client copies), for when event e has completed. */
+static void queue_release(struct pf_client *c, struct pfc_release *r, const struct pfc_batch *b,
+			  struct pfc_event *e, int32_t dbuf)
+{
+	r->epoch = b->pub.epoch;
+	r->seq = b->pub.seq;
+	r->slot = b->slot;
+	r->dbuf = dbuf;
+	r->event = e;
+	r->done = event_done;
+	r->free_event = event_put;
+	r->next = c->releases;
+	c->releases = r;
+}
+
+/* Queues the release of batch b (not taken) for when its gather has
+ * completed: the gather still writes the slot until then. */
 static int release_after_gather(struct pf_client *c, struct pfc_batch *b)
 {
 	struct pfc_release *r = calloc(1, sizeof(*r));
@@ -87,15 +103,7 @@ static int release_after_gather(struct pf_client *c, struct pfc_batch *b)
 		pfcuda_gather_sync(c->gather, NULL, 0);
 		return pfc_send_release(c, b->pub.epoch, b->pub.seq, b->slot);
 	}
-	r->epoch = b->pub.epoch;
-	r->seq = b->pub.seq;
-	r->slot = b->slot;
-	r->dbuf = -1;
-	r->event = b->gather_ev;
-	r->done = event_done;
-	r->free_event = event_put;
-	r->next = c->releases;
-	c->releases = r;
+	queue_release(c, r, b, b->gather_ev, -1);
 	b->gather_ev = NULL;
 	return 0;
 }
@@ -841,15 +849,7 @@ int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream)
 		return pfc_set_err(c, rc, "pf_release: cannot record on stream %p: %s", stream,
 				   why);
 	}
-	r->epoch = b->pub.epoch;
-	r->seq = b->pub.seq;
-	r->slot = b->slot;
-	r->dbuf = b->dbuf; /* client copies: only the buffer comes back */
-	r->event = e;
-	r->done = event_done;
-	r->free_event = event_put;
-	r->next = c->releases;
-	c->releases = r;
+	queue_release(c, r, b, e, b->dbuf); /* client copies: only the buffer comes back */
 	return 0;
 }
 
@@ -942,15 +942,7 @@ static int copy_batch(struct pf_client *c, struct pfc_batch *b)
 		ptrs[f] = (void *)(uintptr_t)(dst + c->fields[f].offset);
 	b->pub.on_device = true;
 	/* The slot's Release, once the copy has retired. */
-	r->epoch = b->pub.epoch;
-	r->seq = b->pub.seq;
-	r->slot = b->slot;
-	r->dbuf = -1;
-	r->event = e;
-	r->done = event_done;
-	r->free_event = event_put;
-	r->next = c->releases;
-	c->releases = r;
+	queue_release(c, r, b, e, -1);
 	b->host = NULL;
 	return 0;
 }

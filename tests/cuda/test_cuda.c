@@ -1484,6 +1484,34 @@ static int64_t session_held(uint64_t session)
 	return session_figure(session, false);
 }
 
+/* After the kill of cycle's trainer: its session leaves status within 5 s,
+ * then free device memory comes within 2 MiB of base within 5 s more
+ * (fails the case otherwise).  Returns the last free-memory reading. */
+static uint64_t wait_gone_and_memory_back(uint64_t session, uint64_t base, int cycle)
+{
+	double deadline = td_now() + 5;
+	uint64_t now;
+
+	while (session_held(session) >= 0 && td_now() < deadline)
+		usleep(2000);
+	if (session_held(session) >= 0)
+		fail_msg("cycle %d: killed session %" PRIu64 " still in status after 5 s", cycle,
+			 session);
+	deadline = td_now() + 5;
+	do {
+		now = gpu_free();
+		if (absdiff(now, base) <= 2 * MiB)
+			break;
+		usleep(10000);
+	} while (td_now() < deadline);
+	if (absdiff(now, base) > 2 * MiB)
+		fail_msg("cycle %d: free device memory %.1f MiB, baseline %.1f MiB (%+.1f MiB) 5 s "
+			 "after the kill",
+			 cycle, now / (double)MiB, base / (double)MiB,
+			 ((double)now - (double)base) / MiB);
+	return now;
+}
+
 static void epochs_test(const char *daemon_extra, const char *ipc_arg)
 {
 	const char *args[] = {"mode=epochs", "epochs=2", "seed=7", ipc_arg, NULL};
@@ -1596,27 +1624,9 @@ static void killed_trainers_test(const char *daemon_extra, const char *ipc_arg, 
 		kid_close_fds(v);
 		v->name[0] = '\0'; /* its log says nothing a failure below needs */
 
-		deadline = td_now() + 5;
-		while (session_held(session) >= 0 && td_now() < deadline)
-			usleep(2000);
-		if (session_held(session) >= 0)
-			fail_msg("cycle %d: killed session %" PRIu64 " still in status after 5 s",
-				 cycle, session);
-
-		deadline = td_now() + 5;
-		do {
-			now = gpu_free();
-			if (absdiff(now, base) <= 2 * MiB)
-				break;
-			usleep(10000);
-		} while (td_now() < deadline);
+		now = wait_gone_and_memory_back(session, base, cycle);
 		settled = td_now();
 		dev = absdiff(now, base);
-		if (dev > 2 * MiB)
-			fail_msg("cycle %d: free device memory %.1f MiB, baseline %.1f MiB "
-				 "(%+.1f MiB) 5 s after the kill",
-				 cycle, now / (double)MiB, base / (double)MiB,
-				 ((double)now - (double)base) / MiB);
 		if (dev > worst)
 			worst = dev;
 		if (kid_reap(streamer, 0)) {
@@ -1738,7 +1748,7 @@ static void pooled_trainers_killed_mid_gather_test(const char *daemon_extra, con
 	print_message("baseline: %.1f MiB free, daemon idle\n", base / (double)MiB);
 	for (int cycle = 0; cycle < 3; cycle++) {
 		uint64_t session;
-		double deadline, killed;
+		double killed;
 		struct kid *v;
 		char name[32];
 
@@ -1753,24 +1763,7 @@ static void pooled_trainers_killed_mid_gather_test(const char *daemon_extra, con
 		kid_reap(v, 10000);
 		kid_close_fds(v);
 		v->name[0] = '\0';
-		deadline = td_now() + 5;
-		while (session_held(session) >= 0 && td_now() < deadline)
-			usleep(2000);
-		if (session_held(session) >= 0)
-			fail_msg("cycle %d: killed session %" PRIu64 " still in status after 5 s",
-				 cycle, session);
-		deadline = td_now() + 5;
-		do {
-			now = gpu_free();
-			if (absdiff(now, base) <= 2 * MiB)
-				break;
-			usleep(10000);
-		} while (td_now() < deadline);
-		if (absdiff(now, base) > 2 * MiB)
-			fail_msg("cycle %d: free device memory %.1f MiB, baseline %.1f MiB (%+.1f "
-				 "MiB) 5 s after the kill",
-				 cycle, now / (double)MiB, base / (double)MiB,
-				 ((double)now - (double)base) / MiB);
+		now = wait_gone_and_memory_back(session, base, cycle);
 		if (absdiff(now, base) > worst)
 			worst = absdiff(now, base);
 		if (td_now() - killed > worst_back)
