@@ -145,7 +145,8 @@ int pfc_flush_releases(struct pf_client *c, int wait_ms)
 			}
 			*pp = r->next;
 			if (r->dbuf >= 0) {
-				c->dbuf_free[c->ndbuf_free++] = (uint32_t)r->dbuf;
+				if (c->dbuf_free)
+					c->dbuf_free[c->ndbuf_free++] = (uint32_t)r->dbuf;
 			} else if (!c->dead) {
 				int src = pfc_send_release(c, r->epoch, r->seq, r->slot);
 
@@ -593,7 +594,7 @@ static int check_gather(struct pf_client *c, const Pf__BatchReady *b, const stru
 {
 	uint64_t end;
 
-	if (!c->gathers || a->kind == PF__ARENA_KIND__ARENA_HOST_MEMFD ||
+	if (!c->gathers || a->kind == PF__ARENA_KIND__ARENA_HOST_MEMFD || b->gather_desc % 8 ||
 	    b->n_staged_off != c->nfields || b->nstaged > INT32_MAX ||
 	    (b->gather_ids.len && (b->gather_ids.len != (size_t)b->count * 8 || b->nstaged ||
 				   b->count > c->open_opts.batch_size)) ||
@@ -709,7 +710,14 @@ static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
 			q->bytes += c->fields[f].sample_bytes * b->count;
 		}
 		copy_picks(picks, b);
-		q->host = (const uint8_t *)a->base + b->offset;
+		if (c->ccopy && (a->kind != PF__ARENA_KIND__ARENA_HOST_MEMFD || !a->registered)) {
+			free(q);
+			return pfc_conn_fail(c, -EPROTO,
+					     "batch %" PRIu64 "/%" PRIu64 " of a session this client "
+					     "copies is in arena %" PRIu32 ", not a registered host arena",
+					     b->epoch, b->seq, b->arena);
+		}
+		q->host = c->ccopy ? (const uint8_t *)a->base + b->offset : NULL;
 		q->pub.count = b->count;
 		q->pub.picks = picks;
 		q->pub.nfields = c->nfields;
@@ -842,7 +850,12 @@ int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream)
 		free(r);
 		return rc;
 	}
-	rc = pfcuda_event_record(c->cuda, e->ev, stream, why, sizeof(why));
+	/* The slot is rewritten after this release: its gather must be done
+	 * too, even if the trainer releases it on another stream. */
+	if (b->gather_ev)
+		rc = pfcuda_stream_wait(c->cuda, stream, b->gather_ev->ev, why, sizeof(why));
+	if (!rc)
+		rc = pfcuda_event_record(c->cuda, e->ev, stream, why, sizeof(why));
 	if (rc) {
 		event_put(e);
 		free(r);
@@ -859,43 +872,60 @@ bool pfc_can_take(const struct pf_client *c)
 {
 	const struct pfc_batch *b = container_of(c->queue.head, struct pfc_batch, queued);
 
-	return !c->ccopy || !c->dbufs || c->ndbuf_free > 0 || b->slot < 0;
+	return !c->ccopy || b->slot < 0 || c->ndbuf_free > 0 || c->ndbufs < c->dbuf_cap ||
+	       !c->dbufs;
 }
 
-/* The device buffers of a client that copies: as many as the session has
- * slots (the trainer can hold no more batches), in one allocation. */
-static int make_dbufs(struct pf_client *c)
+/* A free device buffer for a client that copies: one given back, else a
+ * new one while the trainer holds fewer than the session's slots (it can
+ * hold no more batches).  Its index, or -errno. */
+static int take_dbuf(struct pf_client *c)
 {
 	char why[256];
+	uint64_t p;
 	int rc;
 
-	c->dbuf_stride = (c->slot_bytes + 511) & ~(uint64_t)511;
-	c->dbuf_free = calloc(c->slots ? c->slots : 1, sizeof(*c->dbuf_free));
-	if (!c->dbuf_free)
-		return pfc_conn_fail(c, -ENOMEM, "out of memory");
-	rc = pfcuda_mem_alloc(c->cuda, c->dbuf_stride * c->slots, &c->dbufs, why, sizeof(why));
-	if (rc) {
-		free(c->dbuf_free);
-		c->dbuf_free = NULL;
-		return pfc_conn_fail(c, rc, "%u device buffers of %.1f MiB for the batches: %s",
-				     c->slots, c->dbuf_stride / 1048576.0, why);
+	if (!c->dbufs) {
+		c->dbuf_cap = c->slots ? c->slots : 1;
+		c->dbuf_bytes = (c->slot_bytes + 511) & ~(uint64_t)511;
+		c->dbufs = calloc(c->dbuf_cap, sizeof(*c->dbufs));
+		c->dbuf_free = calloc(c->dbuf_cap, sizeof(*c->dbuf_free));
+		if (!c->dbufs || !c->dbuf_free) {
+			pfc_free_dbufs(c);
+			return pfc_conn_fail(c, -ENOMEM, "out of memory");
+		}
 	}
-	c->ndbufs = c->ndbuf_free = c->slots;
-	for (uint32_t i = 0; i < c->slots; i++)
-		c->dbuf_free[i] = c->slots - 1 - i;
-	return 0;
+	/* A restarted daemon whose slots grew: the buffers made for the old
+	 * ones are too small (a copy would overrun them). */
+	if (c->slot_bytes > c->dbuf_bytes)
+		return pfc_conn_fail(c, -ESTALE,
+				     "%s now serves slots of %.1f MiB, larger than this client's "
+				     "device buffers of %.1f MiB: the session cannot go on",
+				     c->where, c->slot_bytes / 1048576.0,
+				     c->dbuf_bytes / 1048576.0);
+	if (c->ndbuf_free)
+		return (int)c->dbuf_free[--c->ndbuf_free];
+	if (c->ndbufs >= c->dbuf_cap)
+		return pfc_conn_fail(c, -EPROTO, "no device buffer free for a batch");
+	rc = pfcuda_mem_alloc(c->cuda, c->dbuf_bytes, &p, why, sizeof(why));
+	if (rc)
+		return pfc_conn_fail(c, rc, "a device buffer of %.1f MiB for a batch: %s",
+				     c->dbuf_bytes / 1048576.0, why);
+	c->dbufs[c->ndbufs] = p;
+	return (int)c->ndbufs++;
 }
 
 void pfc_free_dbufs(struct pf_client *c)
 {
-	if (c->dbufs) {
+	if (c->ndbufs)
 		pfcuda_sync(c->cuda, NULL, 0); /* queued work may still read them */
-		pfcuda_mem_free(c->cuda, c->dbufs);
-	}
+	for (uint32_t i = 0; i < c->ndbufs; i++)
+		pfcuda_mem_free(c->cuda, c->dbufs[i]);
+	free(c->dbufs);
 	free(c->dbuf_free);
-	c->dbufs = 0;
+	c->dbufs = NULL;
 	c->dbuf_free = NULL;
-	c->ndbufs = c->ndbuf_free = 0;
+	c->ndbufs = c->ndbuf_free = c->dbuf_cap = 0;
 }
 
 /* A batch taken by a client that copies: its slot is copied into a free
@@ -909,35 +939,37 @@ static int copy_batch(struct pf_client *c, struct pfc_batch *b)
 	struct pfc_event *e;
 	uint64_t dst;
 	char why[256];
-	int rc;
+	int rc, j;
 
-	if (!c->dbufs && (rc = make_dbufs(c)))
-		return rc;
-	if (!c->ndbuf_free)
-		return pfc_conn_fail(c, -EPROTO, "no device buffer free for batch %" PRIu64,
-				     b->pub.seq);
+	j = take_dbuf(c);
+	if (j < 0)
+		return j;
 	r = calloc(1, sizeof(*r));
-	if (!r)
+	if (!r) {
+		c->dbuf_free[c->ndbuf_free++] = (uint32_t)j;
 		return pfc_conn_fail(c, -ENOMEM, "out of memory");
+	}
 	rc = event_get(c, "copy", &e);
 	if (rc) {
+		c->dbuf_free[c->ndbuf_free++] = (uint32_t)j;
 		free(r);
 		return pfc_conn_fail(c, rc, "%s", c->err);
 	}
-	b->dbuf = (int32_t)c->dbuf_free[--c->ndbuf_free];
-	dst = c->dbufs + (uint64_t)b->dbuf * c->dbuf_stride;
+	dst = c->dbufs[j];
 	rc = pfcuda_gather_copy(c->gather, dst, b->host, (size_t)c->slot_bytes, e->ev, why,
 				sizeof(why));
 	if (!rc && (c->sync_take || pfcuda_stream_wait(c->cuda, c->use_stream, e->ev, NULL, 0)))
 		rc = pfcuda_gather_sync(c->gather, why, sizeof(why));
 	if (rc) {
-		c->dbuf_free[c->ndbuf_free++] = (uint32_t)b->dbuf;
-		b->dbuf = -1;
+		/* Later copies into it queue behind this one on the same
+		 * stream: it may go back at once. */
+		c->dbuf_free[c->ndbuf_free++] = (uint32_t)j;
 		event_put(e);
 		free(r);
 		return pfc_conn_fail(c, rc, "batch %" PRIu64 ": copy to the device: %s",
 				     b->pub.seq, why);
 	}
+	b->dbuf = j;
 	for (uint32_t f = 0; f < c->nfields; f++)
 		ptrs[f] = (void *)(uintptr_t)(dst + c->fields[f].offset);
 	b->pub.on_device = true;
@@ -956,6 +988,16 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 	int rc;
 
 	c->nqueued--;
+	/* Before the Ack: a batch that cannot be copied is not taken (a
+	 * reconnection delivers it again). */
+	if (c->ccopy && b->slot >= 0 && b->host) {
+		rc = copy_batch(c, b);
+		if (rc) {
+			c->slot_mine[b->slot] = 0;
+			pfc_free_batch(b);
+			return rc;
+		}
+	}
 
 	ack.epoch = b->pub.epoch;
 	ack.seq = b->pub.seq;
@@ -969,9 +1011,12 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 	if (!rc)
 		rc = pfc_uncork(c);
 	if (rc) {
-		/* Not taken: a restarted epoch delivers it again. */
+		/* Not taken: a restarted epoch delivers it again.  Its device
+		 * buffer may go back at once (see copy_batch). */
 		if (b->slot >= 0)
 			c->slot_mine[b->slot] = 0;
+		if (b->dbuf >= 0)
+			c->dbuf_free[c->ndbuf_free++] = (uint32_t)b->dbuf;
 		pfc_free_batch(b);
 		return rc;
 	}
@@ -983,21 +1028,18 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 		pfc_free_batch(b);
 		return rc;
 	}
-	if (c->ccopy && b->slot >= 0 && b->host) {
-		rc = copy_batch(c, b);
-		if (rc) {
-			pfc_free_batch(b);
-			return rc;
-		}
-	}
 	if (b->gather_ev) {
-		/* The trainer's stream waits for the batch's assembly; the
-		 * event may be recorded again at once (the wait has taken its
-		 * mark).  Should the wait fail, the CPU waits instead. */
+		/* The trainer's stream waits for the batch's assembly (should
+		 * the wait fail, the CPU waits instead).  The event stays with
+		 * the batch: its release waits for it too, on whatever stream
+		 * the trainer releases it (pfc_release_after). */
 		if (c->sync_take || pfcuda_stream_wait(c->cuda, c->use_stream, b->gather_ev->ev, NULL, 0))
-			pfcuda_gather_sync(c->gather, NULL, 0);
-		event_put(b->gather_ev);
-		b->gather_ev = NULL;
+			rc = pfcuda_gather_sync(c->gather, NULL, 0);
+		if (rc) {
+			c->slot_mine[b->slot] = 0;
+			pfc_free_batch(b);
+			return pfc_conn_fail(c, rc, "batch %" PRIu64 ": the gather failed", b->pub.seq);
+		}
 	}
 	b->next = c->held;
 	c->held = b;

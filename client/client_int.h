@@ -240,14 +240,14 @@ struct pf_client {
 	bool sync_take;	  /* pf_next: wait on the CPU for the batch's copy or gather */
 	/* Client copies (SessionOpened.client_copy): batches come in host
 	 * arenas, page-locked here; each one taken is copied, on the gather
-	 * stream, into a device buffer of this process (ndbufs of dbuf_stride
-	 * bytes in one allocation at dbufs, made at the first take), which
-	 * goes back to the free stack once the trainer's work on it retired. */
+	 * stream, into a device buffer of this process (made one at a time as
+	 * the trainer holds more, up to the session's slots), which goes back
+	 * to the free stack once the trainer's work on it retired. */
 	bool ccopy;
-	uint64_t dbufs;
-	uint64_t dbuf_stride;
+	uint64_t *dbufs;     /* owned: the buffers' device addresses, ndbufs of dbuf_cap */
+	uint64_t dbuf_bytes; /* each buffer's size */
 	uint32_t *dbuf_free; /* owned: stack of free buffer indices */
-	uint32_t ndbuf_free, ndbufs;
+	uint32_t ndbuf_free, ndbufs, dbuf_cap;
 	double probe_interval_s;  /* CUDA: 0 = only the first probe */
 	int64_t last_probe_ns;	  /* 0: not probed yet */
 	struct pfc_arena *arenas; /* owned, indexed by arena id */

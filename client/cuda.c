@@ -106,6 +106,7 @@ static struct {
 	/* Client copies (pfcuda_host_register): optional too. */
 	PFN_cuMemHostRegister_v6050 mem_host_register;
 	PFN_cuMemHostUnregister_v4000 mem_host_unregister;
+	PFN_cuDeviceGetAttribute_v2000 device_get_attribute;
 } drv;
 
 static int cu_errno(CUresult r)
@@ -230,6 +231,7 @@ static void load(void)
 	drv.gather = !missing;
 	SYM(mem_host_register, "cuMemHostRegister");
 	SYM(mem_host_unregister, "cuMemHostUnregister");
+	SYM(device_get_attribute, "cuDeviceGetAttribute");
 	drv.rc = 0;
 #undef SYM
 }
@@ -628,6 +630,8 @@ struct pfcuda_gather {
 	size_t staging_bytes;
 };
 
+static int grow_bases(struct pfcuda_gather *g, uint32_t want, char *msg, size_t msglen);
+
 int pfcuda_gather_open(struct pfcuda_dev *d, struct pfcuda_gather **out, char *msg, size_t msglen)
 {
 	struct pfcuda_gather *g;
@@ -660,6 +664,18 @@ int pfcuda_gather_open(struct pfcuda_dev *d, struct pfcuda_gather **out, char *m
 	pop();
 	if (r != CUDA_SUCCESS) {
 		rc = cu_fail(r, what, msg, msglen);
+		pfcuda_gather_close(g);
+		return rc;
+	}
+	/* The bases array exists from the start: a launch before the first
+	 * slab must see entry mode with no slab mapped, never bases == 0 (the
+	 * kernel would take entry ids for addresses). */
+	rc = push(d, msg, msglen);
+	if (!rc) {
+		rc = grow_bases(g, 64, msg, msglen);
+		pop();
+	}
+	if (rc) {
 		pfcuda_gather_close(g);
 		return rc;
 	}
@@ -811,6 +827,20 @@ int pfcuda_gather_launch(struct pfcuda_gather *g, struct gpu_gather *p, const vo
 		r = drv.event_record((CUevent)event, g->stream);
 	pop();
 	return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuLaunchKernel(pf_gather)", msg, msglen);
+}
+
+bool pfcuda_can_copy_from_host(struct pfcuda_dev *d)
+{
+	int ok = 0;
+
+	/* The arenas are mapped read-only here, so they can be registered
+	 * only with CU_MEMHOSTREGISTER_READ_ONLY, which not every system
+	 * supports. */
+	if (!drv.mem_host_register || !drv.mem_host_unregister || !drv.device_get_attribute ||
+	    drv.device_get_attribute(&ok, CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED,
+				     d->dev) != CUDA_SUCCESS)
+		return false;
+	return ok != 0;
 }
 
 int pfcuda_host_register(struct pfcuda_dev *d, void *p, size_t bytes, char *msg, size_t msglen)
@@ -1020,5 +1050,10 @@ int pfcuda_gather_copy(struct pfcuda_gather *g, uint64_t dst, const void *src, s
 		       void *event, char *msg, size_t msglen)
 {
 	return NO_CUDA(msg, msglen);
+}
+
+bool pfcuda_can_copy_from_host(struct pfcuda_dev *d)
+{
+	return false;
 }
 #endif

@@ -28,6 +28,7 @@
 #ifndef PF_CLIENT_CUDA_H
 #define PF_CLIENT_CUDA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -139,6 +140,8 @@ int pfcuda_stream_wait(struct pfcuda_dev *d, void *stream, void *event, char *ms
  * client_copy): the library registers each (page-locked, read-only for the
  * device) and copies every batch to the GPU itself, on the gather stream,
  * in the trainer's own context. */
+/* Whether the device can be fed from read-only registered host memory. */
+bool pfcuda_can_copy_from_host(struct pfcuda_dev *d);
 int pfcuda_host_register(struct pfcuda_dev *d, void *p, size_t bytes, char *msg, size_t msglen);
 void pfcuda_host_unregister(struct pfcuda_dev *d, void *p);
 /* Queues bytes from src (registered host memory) to device address dst

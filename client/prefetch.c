@@ -179,8 +179,9 @@ int pfc_send_open(struct pf_client *c, Pf__Envelope **reply)
 	msg.gather = c->gather != NULL;
 	/* Without a pool, batches come in host arenas for this process to copy
 	 * ($PREFETCH_CLIENT_COPY=0: the daemon copies them). */
-	msg.client_copy = c->gather != NULL && (!getenv("PREFETCH_CLIENT_COPY") ||
-						 strcmp(getenv("PREFETCH_CLIENT_COPY"), "0"));
+	msg.client_copy = c->gather != NULL && pfcuda_can_copy_from_host(c->cuda) &&
+			  (!getenv("PREFETCH_CLIENT_COPY") ||
+			   strcmp(getenv("PREFETCH_CLIENT_COPY"), "0"));
 	if (c->pci_bus_id[0])
 		msg.pci_bus_id = c->pci_bus_id;
 	env.msg_case = PF__ENVELOPE__MSG_OPEN;
@@ -753,7 +754,8 @@ PF_API void pf_close(struct pf_client *c)
 			pfc_free_batch(b);
 			continue;
 		}
-		if (!c->dead)
+		/* (A batch this client copied gave its slot back already.) */
+		if (!c->dead && b->dbuf < 0)
 			pfc_send_release(c, b->pub.epoch, b->pub.seq, b->slot);
 		pfc_free_batch(b);
 	}

@@ -106,11 +106,6 @@ static int setup_pool(struct sess *s, const Pf__OpenSession *req, uint64_t *ring
 	}
 	c->stage_cap = fill_stage_cap(s->batch_size);
 	*ring_stride = fill_pooled_stride(s->ds, s->batch_size, s->lay.slot_stride);
-	for (uint32_t i = 0; i < s->nslots; i++) {
-		s->slots[i].stage_off = calloc(s->ds->nfields, sizeof(uint64_t));
-		if (!s->slots[i].stage_off || pool_plan_alloc(&s->slots[i].plan, c->stage_cap))
-			return -ENOMEM;
-	}
 	if (req->gather && c->pool->set->cfg.slab_ipc != GPU_IPC_NONE) {
 		uint64_t admit_off;
 
@@ -123,7 +118,12 @@ static int setup_pool(struct sess *s, const Pf__OpenSession *req, uint64_t *ring
 							   &admit_off, NULL),
 					 FILL_SLOT_ALIGN);
 	} else {
-		c->pool->daemon_gathers++;
+		c->pool->daemon_gathers++; /* sess_cuda_release takes it back */
+	}
+	for (uint32_t i = 0; i < s->nslots; i++) {
+		s->slots[i].stage_off = calloc(s->ds->nfields, sizeof(uint64_t));
+		if (!s->slots[i].stage_off || pool_plan_alloc(&s->slots[i].plan, c->stage_cap))
+			return -ENOMEM;
 	}
 	return 0;
 }

@@ -144,8 +144,14 @@ static int send_batch(struct sess *s, struct slot *sl)
 		msg.offset = sl->offset;
 		if (sl->plan.active && sl->plan.ids) {
 			rc = sess_cuda_gather_msg(s, sl, &msg, staged_off);
-			if (rc)
+			if (rc) {
+				/* Out of memory or of descriptors: the batch stays
+				 * ready and goes with the next kick. */
+				log_err("session %" PRIu64 ": cannot export a pool slab for batch %" PRIu64
+					": %s",
+					s->id, sl->seq, strerror(-rc));
 				return rc;
+			}
 		}
 	}
 	env.msg_case = PF__ENVELOPE__MSG_BATCH;

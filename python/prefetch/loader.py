@@ -151,7 +151,7 @@ class Batch(Mapping):
     after the release raises RuntimeError."""
 
     __slots__ = ("_loader", "_ptr", "_data", "_cache", "on_device", "count", "seq", "epoch",
-                 "picks")
+                 "picks", "__weakref__")
 
     def __init__(self, loader, ptr, epoch):
         b = ptr.contents
@@ -163,8 +163,9 @@ class Batch(Mapping):
         self.count = b.count
         self.seq = b.seq
         self.epoch = epoch
-        # A copy (bytes), read-only: kept after the release frees b.
-        self.picks = np.frombuffer(ctypes.string_at(b.picks, 8 * b.count), dtype=np.uint64)
+        # A copy, kept after the release frees b.
+        self.picks = np.frombuffer(bytearray(ctypes.string_at(b.picks, 8 * b.count)),
+                                   dtype=np.uint64)
 
     @property
     def released(self):
@@ -390,7 +391,10 @@ class Loader:
         key = (addr, index, count)
         view = self._views.get(key)
         if view is not None:
-            return view
+            # A new object over the same memory each time: what a trainer
+            # does to one batch's tensor (requires_grad_, an in-place
+            # reshape) must not reach the next batch in that slot.
+            return self._fresh(view)
         dtype, shape = self._layout[index]
         full = (count,) + shape
         if self.device == "host":
@@ -403,7 +407,14 @@ class Loader:
         if len(self._views) >= _MAX_VIEWS:
             self._views.clear()  # a reconnect moved the arenas: start again
         self._views[key] = view
-        return view
+        return self._fresh(view)
+
+    def _fresh(self, view):
+        """A new tensor or numpy array over the memory of a cached view (a
+        DeviceArray, a plain descriptor, is handed out as it is)."""
+        if isinstance(view, DeviceArray):
+            return view
+        return view.detach() if self._torch is not None else view.view()
 
     def _stream(self):
         """The cudaStream_t a CUDA release waits for: torch's current stream
