@@ -323,6 +323,27 @@ class HostSessions(unittest.TestCase):
             self.assertFalse(np.array_equal(view, copy))
             np.testing.assert_array_equal(copy, z[b0.picks])
 
+    def test_what_a_trainer_does_to_one_batch_array_leaves_the_next_in_its_slot_alone(self):
+        # Views are made once per slot and reused: each batch still gets an
+        # array object of its own, so reshaping one in place (or setting
+        # its flags) cannot reach a later batch in the same slot.
+        z = self.arrays["z"]
+        with self.loader(batch_size=50, shuffle=False, min_depth=1, max_depth=1) as loader:
+            it = loader.epoch(0)
+            b0 = next(it)
+            v0 = b0["z"]
+            shape, addr = v0.shape, v0.ctypes.data
+            v0.shape = (-1,)
+            reused = None
+            for batch in it:
+                if batch["z"].ctypes.data == addr:
+                    reused = batch
+                    break
+            self.assertIsNotNone(reused, "batch 0's slot was never filled again")
+            self.assertIsNot(reused["z"], v0)
+            self.assertEqual(reused["z"].shape, shape)
+            np.testing.assert_array_equal(reused["z"], z[reused.picks])
+
     def test_batch_release_gives_the_slot_back_early(self):
         with self.loader(batch_size=50) as loader:
             sid = loader.stats()["session"]
