@@ -167,9 +167,12 @@ static int send_bytes(struct pf_client *c, const uint8_t *frame, size_t len, int
 			continue;
 		if (ready == 0)
 			/* Part of a frame may be on the wire: the stream cannot
-			 * be resynchronised, so the connection is over. */
-			return pfc_conn_fail(c, -ETIMEDOUT, "%s did not take %s in time", c->where,
-					     what);
+			 * be resynchronised, so the connection is over.  Not
+			 * -ETIMEDOUT, which pf_next returns for "no batch yet,
+			 * call again": a caller (the Python loop) would retry a
+			 * dead connection for ever. */
+			return pfc_conn_fail(c, -ECONNABORTED, "%s did not take %s in time",
+					     c->where, what);
 		if (ready < 0)
 			return pfc_conn_fail(c, -errno, "poll: %s", strerror(errno));
 	}

@@ -39,6 +39,9 @@
  * (stopped with SIGSTOP, wedged) is not dead: requests give up after 10 s
  * ($PREFETCHD_TIMEOUT_MS) with -ETIMEDOUT, hello after 5 s, and pf_next
  * waits as long as its timeout says (-1: for ever, as for a slow disk).
+ * One that takes nothing the client sends for the request timeout ends the
+ * connection with -ECONNABORTED (part of a frame may be out: the stream
+ * cannot go on), never with -ETIMEDOUT, which means "call again".
  *
  * Daemon restart.  With pf_open_opts.reconnect_s > 0 a broken connection
  * is not the end of the session: the next call that needs the daemon

@@ -88,6 +88,7 @@ struct script {
 	bool unsealed_arena;	  /* the memfd is not sealed */
 	bool bad_slot;		  /* announce slot 99 */
 	int refuse_peer;	  /* 1: push Error and close before hello, 2: after */
+	bool deaf;		  /* read nothing more once the session is open */
 };
 
 struct fake {
@@ -109,6 +110,7 @@ struct fake {
 	bool stale_pending;
 	bool garbage_sent;
 	bool error_pushed;
+	bool opened;
 
 	pthread_mutex_t mu; /* guards everything below */
 	pthread_cond_t cv;
@@ -315,6 +317,7 @@ static void fake_open(struct fake *f, uint64_t id)
 	uint64_t xshape[] = {4};
 	Pf__Arena arena = PF__ARENA__INIT;
 
+	f->opened = true;
 	x.name = "x";
 	x.dtype = "f4";
 	x.n_shape = 1;
@@ -504,6 +507,10 @@ static void *fake_main(void *arg)
 			break;
 		if (fake_pump(f))
 			continue;
+		if (f->s.deaf && f->opened) {
+			usleep(5000); /* the socket's buffer fills up */
+			continue;
+		}
 		if (poll(&pfd, 1, 5) <= 0)
 			continue;
 		got = wire_rx_fill(&rx, f->fd);
@@ -906,6 +913,33 @@ static void next_times_out_with_etimedout_and_the_client_stays_usable(void **unu
 	assert_int_equal(wait_ev(f, EV_SET_DEPTH, 1), 1);
 	assert_int_equal(nth_ev(f, EV_SET_DEPTH, 0).target, 3);
 	assert_false(nth_ev(f, EV_SET_DEPTH, 0).automatic);
+	fake_finish(f, c);
+}
+
+/* A daemon that takes nothing the client sends: the send times out and the
+ * connection is over, with -ECONNABORTED, not the -ETIMEDOUT that means
+ * "call again" (a Python loop would retry it for ever). */
+static void daemon_that_takes_nothing_ends_the_connection_with_econnaborted(void **unused)
+{
+	struct pf_client *c;
+	struct fake *f = fake_session(&(struct script){.error_seq = -1, .deaf = true}, &c);
+	static uint64_t picks[100000]; /* 800 KB: more than the socket buffers hold */
+	struct pf_epoch_opts eo = {
+		.order = PF_ORDER_EXPLICIT, .indices = picks, .nindices = 100000};
+	struct pf_batch *b;
+	int64_t t0 = mono_ns();
+	int rc, tries = 0;
+
+	pfc_set_timeout(c, 200);
+	/* The first requests may fit the socket's buffers (and then time out
+	 * waiting for the reply, the connection still usable); one does not. */
+	while ((rc = pf_start_epoch(c, &eo, NULL)) == -ETIMEDOUT && ++tries < 20)
+		;
+	assert_int_equal(rc, -ECONNABORTED);
+	assert_true((mono_ns() - t0) / 1e9 < 10.0);
+	assert_non_null(strstr(pf_errmsg(c), "did not take"));
+	assert_int_equal(pf_next(c, 100, &b), -ECONNABORTED);
+	assert_null(b);
 	fake_finish(f, c);
 }
 
@@ -1319,6 +1353,7 @@ int main(void)
 		cmocka_unit_test(error_batch_returns_its_code_and_message_and_the_epoch_goes_on),
 		cmocka_unit_test(next_times_out_with_etimedout_and_the_client_stays_usable),
 		cmocka_unit_test(request_without_an_answer_times_out),
+		cmocka_unit_test(daemon_that_takes_nothing_ends_the_connection_with_econnaborted),
 		cmocka_unit_test(late_reply_to_a_timed_out_request_is_ignored),
 		cmocka_unit_test(hello_without_an_answer_fails_connect_with_etimedout),
 		cmocka_unit_test(refused_peer_learns_why_even_when_its_hello_cannot_be_sent),
