@@ -286,7 +286,8 @@ static int map_host_arena(struct pf_client *c, struct pfc_arena *a, const Pf__Ar
 		/* Batches are copied from here by the GPU's copy engine. */
 		rc = pfcuda_host_register(c->cuda, base, (size_t)msg->bytes, why, sizeof(why));
 		if (rc)
-			rc = pfc_conn_fail(c, rc, "cannot page-lock arena %" PRIu32 " (%.1f MiB): %s",
+			rc = pfc_conn_fail(c, rc,
+					   "cannot page-lock arena %" PRIu32 " (%.1f MiB): %s",
 					   msg->id, msg->bytes / 1048576.0, why);
 		a->registered = rc == 0;
 	}
@@ -472,10 +473,10 @@ int pfc_keep_pool(struct pf_client *c, const Pf__SessionOpened *so)
 				     c->where);
 	if (c->nfields > GPU_GATHER_MAX_FIELDS || pl->n_rec_off != c->nfields ||
 	    pl->n_row_bytes != c->nfields || pl->slab_shift >= 32 || pl->rec_stride == 0)
-		return pfc_conn_fail(c, -EPROTO,
-				     "%s sent a pool layout that does not fit the session's %" PRIu32
-				     " fields",
-				     c->where, c->nfields);
+		return pfc_conn_fail(
+			c, -EPROTO,
+			"%s sent a pool layout that does not fit the session's %" PRIu32 " fields",
+			c->where, c->nfields);
 	for (uint32_t f = 0; f < c->nfields; f++) {
 		if (pl->row_bytes[f] != c->fields[f].sample_bytes ||
 		    (uint64_t)pl->rec_off[f] + pl->row_bytes[f] > pl->rec_stride)
@@ -507,8 +508,7 @@ static int drop_slab(struct pf_client *c, uint32_t id)
 	if (!rc)
 		rc = pfcuda_unmap(c->cuda, &sl->map, why, sizeof(why));
 	sl->gen = 0;
-	return rc ? pfc_conn_fail(c, rc, "cannot let go of pool slab %" PRIu32 ": %s", id, why)
-		  : 0;
+	return rc ? pfc_conn_fail(c, rc, "cannot let go of pool slab %" PRIu32 ": %s", id, why) : 0;
 }
 
 void pfc_unmap_slabs(struct pf_client *c)
@@ -540,8 +540,8 @@ static int add_pool_slab(struct pf_client *c, const Pf__PoolSlab *m)
 		if (fd >= 0)
 			close(fd);
 		return pfc_conn_fail(c, -EPROTO,
-				     "%s pushed pool slab %" PRIu32 " (gen %" PRIu32 ", kind %d, %" PRIu64
-				     " bytes) that this session cannot take",
+				     "%s pushed pool slab %" PRIu32 " (gen %" PRIu32
+				     ", kind %d, %" PRIu64 " bytes) that this session cannot take",
 				     c->where, m->id, m->gen, (int)m->kind, m->bytes);
 	}
 	if (m->id >= c->npool_slabs) {
@@ -569,8 +569,8 @@ static int add_pool_slab(struct pf_client *c, const Pf__PoolSlab *m)
 		}
 	}
 	rc = fd_kind ? pfcuda_import_fd(c->cuda, fd, m->bytes, &sl->map, why, sizeof(why))
-		     : pfcuda_import_legacy(c->cuda, m->legacy_handle.data, m->bytes, &sl->map,
-					    why, sizeof(why));
+		     : pfcuda_import_legacy(c->cuda, m->legacy_handle.data, m->bytes, &sl->map, why,
+					    sizeof(why));
 	if (!rc) {
 		sl->gen = m->gen;
 		rc = pfcuda_gather_set_slab(c->gather, m->id, sl->map.base, why, sizeof(why));
@@ -712,10 +712,11 @@ static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
 		copy_picks(picks, b);
 		if (c->ccopy && (a->kind != PF__ARENA_KIND__ARENA_HOST_MEMFD || !a->registered)) {
 			free(q);
-			return pfc_conn_fail(c, -EPROTO,
-					     "batch %" PRIu64 "/%" PRIu64 " of a session this client "
-					     "copies is in arena %" PRIu32 ", not a registered host arena",
-					     b->epoch, b->seq, b->arena);
+			return pfc_conn_fail(
+				c, -EPROTO,
+				"batch %" PRIu64 "/%" PRIu64 " of a session this client "
+				"copies is in arena %" PRIu32 ", not a registered host arena",
+				b->epoch, b->seq, b->arena);
 		}
 		q->host = c->ccopy ? (const uint8_t *)a->base + b->offset : NULL;
 		q->pub.count = b->count;
@@ -966,8 +967,8 @@ static int copy_batch(struct pf_client *c, struct pfc_batch *b)
 		c->dbuf_free[c->ndbuf_free++] = (uint32_t)j;
 		event_put(e);
 		free(r);
-		return pfc_conn_fail(c, rc, "batch %" PRIu64 ": copy to the device: %s",
-				     b->pub.seq, why);
+		return pfc_conn_fail(c, rc, "batch %" PRIu64 ": copy to the device: %s", b->pub.seq,
+				     why);
 	}
 	b->dbuf = j;
 	for (uint32_t f = 0; f < c->nfields; f++)
@@ -1033,12 +1034,14 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 		 * the wait fail, the CPU waits instead).  The event stays with
 		 * the batch: its release waits for it too, on whatever stream
 		 * the trainer releases it (pfc_release_after). */
-		if (c->sync_take || pfcuda_stream_wait(c->cuda, c->use_stream, b->gather_ev->ev, NULL, 0))
+		if (c->sync_take ||
+		    pfcuda_stream_wait(c->cuda, c->use_stream, b->gather_ev->ev, NULL, 0))
 			rc = pfcuda_gather_sync(c->gather, NULL, 0);
 		if (rc) {
 			c->slot_mine[b->slot] = 0;
 			pfc_free_batch(b);
-			return pfc_conn_fail(c, rc, "batch %" PRIu64 ": the gather failed", b->pub.seq);
+			return pfc_conn_fail(c, rc, "batch %" PRIu64 ": the gather failed",
+					     b->pub.seq);
 		}
 	}
 	b->next = c->held;

@@ -168,17 +168,17 @@ struct pfc_event {
  * nfields data pointers, then the count picks.
  */
 struct pfc_batch {
-	struct pf_batch pub;	 /* first: pf_release is handed &pub */
-	int32_t slot;		 /* -1: error batch */
-	int32_t error;		 /* 0, or the -errno of an error batch */
-	char *message;		 /* owned: an error batch's text */
-	uint64_t bytes;		 /* sample bytes of all fields */
-	uint64_t gen;		 /* the connection it came on (pf_client.gen) */
+	struct pf_batch pub;	     /* first: pf_release is handed &pub */
+	int32_t slot;		     /* -1: error batch */
+	int32_t error;		     /* 0, or the -errno of an error batch */
+	char *message;		     /* owned: an error batch's text */
+	uint64_t bytes;		     /* sample bytes of all fields */
+	uint64_t gen;		     /* the connection it came on (pf_client.gen) */
 	struct pfc_event *gather_ev; /* owned: its gather's end, until taken */
 	const uint8_t *host;	     /* client copies: the slot in its host arena */
 	int32_t dbuf;		     /* client copies: its device buffer once taken, else -1 */
-	struct fifo_node queued; /* in pf_client.queue until taken */
-	struct pfc_batch *next;	 /* in pf_client.held once taken */
+	struct fifo_node queued;     /* in pf_client.queue until taken */
+	struct pfc_batch *next;	     /* in pf_client.held once taken */
 };
 
 /* The arenas of a connection that broke while the trainer held batches in
@@ -195,8 +195,8 @@ struct pf_client {
 	int sock;    /* owned; -1 once the connection is broken */
 	char *where; /* owned: "prefetchd at PATH", for messages */
 	struct wire_rx rx;
-	bool corked;	    /* pfc_cork: one-way messages wait in out */
-	uint8_t *out;	    /* owned: frames waiting for pfc_uncork */
+	bool corked;  /* pfc_cork: one-way messages wait in out */
+	uint8_t *out; /* owned: frames waiting for pfc_uncork */
 	size_t out_len, out_cap;
 	uint64_t last_id;   /* ids of requests: last_id + 1 is the next */
 	int timeout_ms;	    /* for replies to requests, > 0 */

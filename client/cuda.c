@@ -622,7 +622,7 @@ struct pfcuda_gather {
 	struct pfcuda_dev *d; /* borrowed */
 	CUmodule mod;
 	CUfunction fn;
-	CUstream stream; /* non-blocking: ordered with the trainer's only by events */
+	CUstream stream;  /* non-blocking: ordered with the trainer's only by events */
 	uint64_t *hbases; /* pinned host copy of the slab bases, cap entries */
 	CUdeviceptr dbases;
 	uint32_t cap;
@@ -996,7 +996,6 @@ int pfcuda_mem_free(struct pfcuda_dev *d, uint64_t devptr)
 	return devptr ? -ENOSYS : 0;
 }
 
-
 int pfcuda_gather_open(struct pfcuda_dev *d, struct pfcuda_gather **out, char *msg, size_t msglen)
 {
 	*out = NULL;
@@ -1035,7 +1034,6 @@ int pfcuda_stream_wait(struct pfcuda_dev *d, void *stream, void *event, char *ms
 {
 	return NO_CUDA(msg, msglen);
 }
-
 
 int pfcuda_host_register(struct pfcuda_dev *d, void *p, size_t bytes, char *msg, size_t msglen)
 {

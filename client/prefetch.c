@@ -130,8 +130,10 @@ static int keep_session(struct pf_client *c, const Pf__SessionOpened *so)
 	c->opened = true;
 	c->ccopy = so->client_copy;
 	if (c->ccopy && !c->gather)
-		return pfc_conn_fail(c, -EPROTO, "%s sent host arenas to copy to a client that "
-				     "cannot", c->where);
+		return pfc_conn_fail(c, -EPROTO,
+				     "%s sent host arenas to copy to a client that "
+				     "cannot",
+				     c->where);
 	return pfc_keep_pool(c, so);
 }
 
@@ -179,9 +181,9 @@ int pfc_send_open(struct pf_client *c, Pf__Envelope **reply)
 	msg.gather = c->gather != NULL;
 	/* Without a pool, batches come in host arenas for this process to copy
 	 * ($PREFETCH_CLIENT_COPY=0: the daemon copies them). */
-	msg.client_copy = c->gather != NULL && pfcuda_can_copy_from_host(c->cuda) &&
-			  (!getenv("PREFETCH_CLIENT_COPY") ||
-			   strcmp(getenv("PREFETCH_CLIENT_COPY"), "0"));
+	msg.client_copy =
+		c->gather != NULL && pfcuda_can_copy_from_host(c->cuda) &&
+		(!getenv("PREFETCH_CLIENT_COPY") || strcmp(getenv("PREFETCH_CLIENT_COPY"), "0"));
 	if (c->pci_bus_id[0])
 		msg.pci_bus_id = c->pci_bus_id;
 	env.msg_case = PF__ENVELOPE__MSG_OPEN;
@@ -233,7 +235,8 @@ PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
 		/* Pool hits are gathered here, in the trainer's context, when
 		 * the kernel loads ($PREFETCH_CLIENT_GATHER=0: never; then, or
 		 * when it does not load, the daemon gathers). */
-		if (!getenv("PREFETCH_CLIENT_GATHER") || strcmp(getenv("PREFETCH_CLIENT_GATHER"), "0"))
+		if (!getenv("PREFETCH_CLIENT_GATHER") ||
+		    strcmp(getenv("PREFETCH_CLIENT_GATHER"), "0"))
 			pfcuda_gather_open(c->cuda, &c->gather, NULL, 0);
 	}
 	rc = keep_open_opts(c, opts);

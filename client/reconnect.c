@@ -177,8 +177,10 @@ static int refresh_session(struct pf_client *c, const Pf__SessionOpened *so)
 	c->slots = so->slots;
 	c->probe_interval_s = so->probe_interval_s;
 	if (so->client_copy && !c->gather)
-		return pfc_conn_fail(c, -EPROTO, "%s sent host arenas to copy to a client that "
-				     "cannot", c->where);
+		return pfc_conn_fail(c, -EPROTO,
+				     "%s sent host arenas to copy to a client that "
+				     "cannot",
+				     c->where);
 	c->ccopy = so->client_copy;
 	return pfc_keep_pool(c, so);
 }

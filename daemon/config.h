@@ -108,7 +108,7 @@ struct config_dataset {
 struct config {
 	char *socket_path; /* owned */
 	mode_t socket_mode;
-	char *socket_group; /* owned, NULL: leave the group alone */
+	char *socket_group;  /* owned, NULL: leave the group alone */
 	unsigned readers;    /* 0: auto until daemon_config_machine */
 	uint64_t ring_bytes; /* 0: auto until daemon_config_machine */
 	uint64_t arena_bytes;

@@ -341,8 +341,7 @@ static void maybe_table(struct pool *p)
 
 	/* The table takes 8 bytes a sample, within the budget. */
 	if (!p->enabled || p->table_valid || p->table_pending || p->daemon_gathers == 0 ||
-	    p->rows != n ||
-	    (!p->table.base && p->bytes + n * sizeof(uint64_t) > p->budget))
+	    p->rows != n || (!p->table.base && p->bytes + n * sizeof(uint64_t) > p->budget))
 		return;
 	if (p->table.base) {
 		table_upload(p);

@@ -577,8 +577,7 @@ static int push_slab(struct sess *s, uint32_t j)
 	return peer_send(s->peer, &env, fd);
 }
 
-int sess_cuda_gather_msg(struct sess *s, struct slot *sl, Pf__BatchReady *msg,
-			 uint64_t *staged_off)
+int sess_cuda_gather_msg(struct sess *s, struct slot *sl, Pf__BatchReady *msg, uint64_t *staged_off)
 {
 	struct sess_cuda *c = &s->cuda;
 	uint64_t base = sl->offset + c->tail_off;

@@ -147,8 +147,8 @@ static int send_batch(struct sess *s, struct slot *sl)
 			if (rc) {
 				/* Out of memory or of descriptors: the batch stays
 				 * ready and goes with the next kick. */
-				log_err("session %" PRIu64 ": cannot export a pool slab for batch %" PRIu64
-					": %s",
+				log_err("session %" PRIu64
+					": cannot export a pool slab for batch %" PRIu64 ": %s",
 					s->id, sl->seq, strerror(-rc));
 				return rc;
 			}
@@ -279,10 +279,9 @@ static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 	sl->ids_inline = false;
 	sl->t_fill = now_ns();
 	if (s->cuda.pool && s->cuda.pool->enabled) {
-		sl->stage_bytes =
-			fill_plan(s->cuda.pool, s->ds, picks, count, s->cuda.stage_cap,
-				  s->cuda.gather, ring_slot_mem(&s->cuda.lease, ring), &sl->plan,
-				  sl->stage_off);
+		sl->stage_bytes = fill_plan(s->cuda.pool, s->ds, picks, count, s->cuda.stage_cap,
+					    s->cuda.gather, ring_slot_mem(&s->cuda.lease, ring),
+					    &sl->plan, sl->stage_off);
 		rows = sl->plan.staged;
 		main_rows = sl->plan.nstaged;
 		field_offset = sl->stage_off;

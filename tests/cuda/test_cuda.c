@@ -1541,8 +1541,8 @@ static void shuffled_epochs_copied_by_the_trainer_itself_are_byte_exact(void **s
 }
 
 /* $PREFETCH_CLIENT_COPY=0: the same with the daemon's copies. */
-static void shuffled_epochs_copied_by_the_daemon_for_a_client_that_will_not_are_byte_exact(
-	void **state)
+static void
+shuffled_epochs_copied_by_the_daemon_for_a_client_that_will_not_are_byte_exact(void **state)
 {
 	setenv("PREFETCH_CLIENT_COPY", "0", 1);
 	epochs_test("pool = off\n", "ipc=default");
@@ -1781,8 +1781,7 @@ static void pooled_trainers_killed_mid_gather_give_back_all_device_memory_over_f
 	pooled_trainers_killed_mid_gather_test("pool = on\nipc = fd\n", "ipc=fd");
 }
 
-static void pooled_trainers_killed_mid_gather_give_back_all_device_memory_over_legacy(
-	void **state)
+static void pooled_trainers_killed_mid_gather_give_back_all_device_memory_over_legacy(void **state)
 {
 	pooled_trainers_killed_mid_gather_test("pool = on\nipc = legacy\n", "ipc=default");
 }

@@ -503,9 +503,11 @@ static void run_gather(int dev, const struct gpu_gather *g)
 			uint64_t slab = desc[i] >> g->slab_shift, rec;
 
 			if (slab >= g->nbases ||
-			    !in_live_mem(dev, g->bases + slab * sizeof(uint64_t), sizeof(uint64_t)) ||
+			    !in_live_mem(dev, g->bases + slab * sizeof(uint64_t),
+					 sizeof(uint64_t)) ||
 			    !(rec = ((const uint64_t *)(uintptr_t)g->bases)[slab])) {
-				gather_problem(&r, "row %llu names entry %#llx of a slab not mapped",
+				gather_problem(&r,
+					       "row %llu names entry %#llx of a slab not mapped",
 					       (unsigned long long)i, (unsigned long long)desc[i]);
 				continue;
 			}
@@ -742,7 +744,8 @@ int gpu_gather(struct gpu_stream *s, const struct gpu_gather *g)
 	/* The argument checks of gpu.c, then ours: what can be checked before
 	 * desc and admit are known fails at once, as a bad copy does. */
 	if (g->nfields > GPU_GATHER_MAX_FIELDS || (uint64_t)g->count + g->nstaged > INT32_MAX ||
-	    (g->count && (!g->slot || !g->desc)) || (g->nstaged && (!g->staged || (!g->admit && !g->bases))) ||
+	    (g->count && (!g->slot || !g->desc)) ||
+	    (g->nstaged && (!g->staged || (!g->admit && !g->bases))) ||
 	    (g->table && (!g->table_n || g->nstaged))) {
 		rc = -EINVAL;
 		goto out;

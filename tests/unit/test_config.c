@@ -131,8 +131,7 @@ static void file_of_comments_keeps_the_defaults(void **state)
 	assert_int_equal(fx->cfg.readers, 0);
 	assert_string_equal(fx->cfg.socket_path, "/run/prefetchd/prefetchd.sock");
 	config_free(&fx->cfg);
-	assert_int_equal(load_text(fx, "[daemon]\nreaders = auto\nring_bytes = auto\n"),
-			 0);
+	assert_int_equal(load_text(fx, "[daemon]\nreaders = auto\nring_bytes = auto\n"), 0);
 	assert_int_equal(fx->cfg.readers, 0);
 	assert_int_equal(fx->cfg.ring_bytes, 0);
 	assert_true(uid_allowed(&fx->cfg, getuid()));

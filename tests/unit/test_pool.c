@@ -300,8 +300,8 @@ static void batch_plan(struct fixture *f, struct batch *b, const uint64_t *sampl
 	assert_false(b->plan.active);
 	memcpy(b->samples, samples, count * sizeof(*samples));
 	b->count = count;
-	b->stage_bytes = fill_plan(f->p, &g.ds, b->samples, count, STAGE_CAP, false, b->ring, &b->plan,
-				   b->stage_off);
+	b->stage_bytes = fill_plan(f->p, &g.ds, b->samples, count, STAGE_CAP, false, b->ring,
+				   &b->plan, b->stage_off);
 	assert_true(pool_check(f->p));
 	check_plan(f, b);
 	b->hits = b->plan.hits;

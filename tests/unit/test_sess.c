@@ -74,10 +74,10 @@ struct msg {
 	uint64_t staged_off[2];
 	uint64_t *ids;	    /* owned: BatchReady.gather_ids, NULL when not inline */
 	uint32_t slab, gen; /* PoolSlab, PoolSlabGone */
-	uint32_t arena;	  /* Arena */
-	uint32_t slots;	  /* Opened */
-	bool client_copy; /* Opened */
-	int arena_kind;	  /* Arena */
+	uint32_t arena;	    /* Arena */
+	uint32_t slots;	    /* Opened */
+	bool client_copy;   /* Opened */
+	int arena_kind;	    /* Arena */
 	uint64_t field_offset[2];
 };
 
@@ -826,8 +826,8 @@ static int count_inline(const struct fixture *f)
  * while a batch that reads it is held stays allocated (and its bytes
  * right) until that batch is released, and only then is the client told
  * it is gone. */
-static void a_client_gather_epoch_is_byte_exact_and_slabs_outlive_the_batches_that_read_them(
-	void **state)
+static void
+a_client_gather_epoch_is_byte_exact_and_slabs_outlive_the_batches_that_read_them(void **state)
 {
 	struct fixture *f = *state;
 	struct order_spec spec = {.kind = ORDER_SHUFFLE, .seed = 5};
@@ -1077,9 +1077,10 @@ int main(void)
 			a_client_gather_epoch_is_byte_exact_and_slabs_outlive_the_batches_that_read_them,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(
-			a_client_that_copies_gets_host_arenas_when_no_pool_serves_it, setup, teardown),
-		cmocka_unit_test_setup_teardown(a_client_that_copies_gets_the_device_path_from_a_pool,
-						setup, teardown),
+			a_client_that_copies_gets_host_arenas_when_no_pool_serves_it, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			a_client_that_copies_gets_the_device_path_from_a_pool, setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			a_device_allocation_failing_every_try_is_an_error_batch, setup, teardown),
 		cmocka_unit_test_setup_teardown(
