@@ -1457,6 +1457,21 @@ static uint64_t gpu_free(void)
 	return free_b;
 }
 
+/* The free-memory baseline: two equal readings 100 ms apart (within 2 s). */
+static uint64_t settled_gpu_free(void)
+{
+	uint64_t base = gpu_free(), prev;
+
+	for (int i = 0; i < 20; i++) {
+		usleep(100000);
+		prev = base;
+		base = gpu_free();
+		if (prev == base)
+			break;
+	}
+	return base;
+}
+
 static uint64_t absdiff(uint64_t a, uint64_t b)
 {
 	return a > b ? a - b : b - a;
@@ -1566,7 +1581,7 @@ static void killed_trainers_test(const char *daemon_extra, const char *ipc_arg, 
 	const char *stream_args[] = {"mode=stream", "min_depth=4", "max_depth=4",
 				     "seed=1000",   ipc_arg,	   NULL};
 	struct kid *streamer;
-	uint64_t base, prev, worst = 0, victim_arenas = 0;
+	uint64_t base, worst = 0, victim_arenas = 0;
 	double worst_cycle = 0, sum_cycle = 0, worst_back = 0;
 	char line[256];
 
@@ -1575,15 +1590,7 @@ static void killed_trainers_test(const char *daemon_extra, const char *ipc_arg, 
 	streamer = spawn("streamer", stream_args);
 	kid_line(streamer, "streaming", 60000, true, line, sizeof(line));
 
-	/* Baseline: two equal readings 100 ms apart (within 2 s). */
-	base = gpu_free();
-	for (int i = 0; i < 20; i++) {
-		usleep(100000);
-		prev = base;
-		base = gpu_free();
-		if (prev == base)
-			break;
-	}
+	base = settled_gpu_free();
 	print_message("baseline: %.1f MiB free, streamer running\n", base / (double)MiB);
 
 	for (int cycle = 0; cycle < cycles; cycle++) {
@@ -1731,20 +1738,13 @@ static void allocation_failing_four_times_is_one_error_batch_and_the_epoch_goes_
 static void pooled_trainers_killed_mid_gather_test(const char *daemon_extra, const char *ipc_arg)
 {
 	const char *args[] = {"mode=poolkill", "seed=700", ipc_arg, NULL};
-	uint64_t base, prev, now = 0, worst = 0;
+	uint64_t base, now = 0, worst = 0;
 	double worst_back = 0;
 	char line[256];
 
 	need_gpu();
 	start_daemon(daemon_extra, NULL);
-	base = gpu_free();
-	for (int i = 0; i < 20; i++) {
-		usleep(100000);
-		prev = base;
-		base = gpu_free();
-		if (prev == base)
-			break;
-	}
+	base = settled_gpu_free();
 	print_message("baseline: %.1f MiB free, daemon idle\n", base / (double)MiB);
 	for (int cycle = 0; cycle < 3; cycle++) {
 		uint64_t session;

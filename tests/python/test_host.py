@@ -305,19 +305,20 @@ class HostSessions(unittest.TestCase):
             self.assertTrue(b1.released)
             self.assertEqual(self.daemon.session(sid)["held"], 0)
 
+    def next_in_slot(self, it, addr):
+        """The next batch of `it` whose field z lies at addr (its slot again)."""
+        for batch in it:
+            if batch["z"].ctypes.data == addr:
+                return batch
+        self.fail("the slot at 0x%x was never filled again" % addr)
+
     def test_released_slot_is_reused_so_only_a_copy_keeps_the_data(self):
         z = self.arrays["z"]
         with self.loader(batch_size=50, shuffle=False, min_depth=1, max_depth=1) as loader:
             it = loader.epoch(0)
             b0 = next(it)
             view, copy = b0["z"], b0["z"].copy()
-            addr = view.ctypes.data
-            reused = None
-            for batch in it:
-                if batch["z"].ctypes.data == addr:
-                    reused = batch
-                    break
-            self.assertIsNotNone(reused, "batch 0's slot was never filled again")
+            reused = self.next_in_slot(it, view.ctypes.data)
             # The old view shows the new batch's rows: it aliased the slot.
             np.testing.assert_array_equal(view, z[reused.picks])
             self.assertFalse(np.array_equal(view, copy))
@@ -334,12 +335,7 @@ class HostSessions(unittest.TestCase):
             v0 = b0["z"]
             shape, addr = v0.shape, v0.ctypes.data
             v0.shape = (-1,)
-            reused = None
-            for batch in it:
-                if batch["z"].ctypes.data == addr:
-                    reused = batch
-                    break
-            self.assertIsNotNone(reused, "batch 0's slot was never filled again")
+            reused = self.next_in_slot(it, addr)
             self.assertIsNot(reused["z"], v0)
             self.assertEqual(reused["z"].shape, shape)
             np.testing.assert_array_equal(reused["z"], z[reused.picks])

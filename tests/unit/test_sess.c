@@ -578,6 +578,24 @@ static uint64_t consume_epoch(struct fixture *f, uint64_t epoch, const struct or
 	return seq;
 }
 
+/* The honest probe sizes the pool; the next epochs (2, 3, ...) fill it:
+ * misses are admitted once a slab has come, the rest back-filled. */
+static void fill_pool(struct fixture *f, struct order_spec *spec)
+{
+	Pf__Probe probe = PF__PROBE__INIT;
+
+	probe.free_bytes = 60ull << 30;
+	probe.total_bytes = 80ull << 30;
+	sess_probe(f->s, &probe);
+	for (uint64_t e = 2; f->s->cuda.pool->rows < N; e++) {
+		assert_true(e <= 8);
+		spec->seed = e;
+		start_epoch(f, e, PF__ORDER__ORDER_SHUFFLE, e);
+		consume_epoch(f, e, spec, 32);
+		assert_true(pool_check(f->s->cuda.pool));
+	}
+}
+
 /* ---- cases ------------------------------------------------------------------- */
 
 static void a_host_epoch_delivers_every_sample_once_with_its_bytes(void **state)
@@ -776,7 +794,6 @@ static void a_cuda_epoch_on_the_fake_gpu_is_byte_exact_through_device_arenas(voi
 {
 	struct fixture *f = *state;
 	struct order_spec spec = {.kind = ORDER_SHUFFLE, .seed = 5};
-	Pf__Probe probe = PF__PROBE__INIT;
 	uint64_t hits, h2d;
 
 	open_session(f, "cuda:0", 32, 0);
@@ -787,20 +804,9 @@ static void a_cuda_epoch_on_the_fake_gpu_is_byte_exact_through_device_arenas(voi
 	assert_int_equal(consume_epoch(f, 1, &spec, 32), 10);
 	assert_true(f->s->cuda.narenas > 0);
 	assert_true(f->s->cuda.h2d_bytes >= (uint64_t)N * (X_BYTES + Y_BYTES));
-	/* The honest probe sizes the pool; the next epochs fill it (misses
-	 * are admitted once a slab has come, the rest back-filled), and once
-	 * it holds every sample an epoch is served from it: all hits, no
-	 * sample byte over PCIe, byte for byte the same. */
-	probe.free_bytes = 60ull << 30;
-	probe.total_bytes = 80ull << 30;
-	sess_probe(f->s, &probe);
-	for (uint64_t e = 2; f->s->cuda.pool->rows < N; e++) {
-		assert_true(e <= 8);
-		spec.seed = e;
-		start_epoch(f, e, PF__ORDER__ORDER_SHUFFLE, e);
-		consume_epoch(f, e, &spec, 32);
-		assert_true(pool_check(f->s->cuda.pool));
-	}
+	/* Once the pool holds every sample an epoch is served from it: all
+	 * hits, no sample byte over PCIe, byte for byte the same. */
+	fill_pool(f, &spec);
 	hits = f->s->cuda.pool_hits;
 	h2d = f->s->cuda.h2d_bytes;
 	spec.seed = 100;
@@ -831,7 +837,6 @@ a_client_gather_epoch_is_byte_exact_and_slabs_outlive_the_batches_that_read_them
 {
 	struct fixture *f = *state;
 	struct order_spec spec = {.kind = ORDER_SHUFFLE, .seed = 5};
-	Pf__Probe probe = PF__PROBE__INIT;
 	uint64_t hits, h2d, freed = 0, index_bytes;
 	int gathers, live, slabs_out = 0, gone = 0, drop_at, inline_before;
 	struct msg *held;
@@ -844,16 +849,7 @@ a_client_gather_epoch_is_byte_exact_and_slabs_outlive_the_batches_that_read_them
 	assert_true(f->s->cuda.dev_stride > f->s->lay.slot_stride);
 	start_epoch(f, 1, PF__ORDER__ORDER_SHUFFLE, 5);
 	assert_int_equal(consume_epoch(f, 1, &spec, 32), 10);
-	probe.free_bytes = 60ull << 30;
-	probe.total_bytes = 80ull << 30;
-	sess_probe(f->s, &probe);
-	for (uint64_t e = 2; f->s->cuda.pool->rows < N; e++) {
-		assert_true(e <= 8);
-		spec.seed = e;
-		start_epoch(f, e, PF__ORDER__ORDER_SHUFFLE, e);
-		consume_epoch(f, e, &spec, 32);
-		assert_true(pool_check(f->s->cuda.pool));
-	}
+	fill_pool(f, &spec);
 	/* A whole pool: every row a hit, gathered by the client alone, its
 	 * index in the message: no copy and no kernel in the daemon. */
 	hits = f->s->cuda.pool_hits;
