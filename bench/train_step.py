@@ -46,13 +46,10 @@ Progress goes to stderr, the report to stdout.
 
 import argparse
 import ctypes
-import errno
 import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -60,6 +57,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from vs_dataloader import wait_listening  # noqa: E402 (after the path)
 
 GIB = 1 << 30
 ROW_FLOATS = 1024
@@ -136,21 +135,7 @@ class Daemon:
                                          stderr=subprocess.STDOUT, close_fds=True)
         finally:
             logf.close()
-        deadline = time.monotonic() + 30
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError("prefetchd exited at start:%s" % self.tail())
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                s.connect(self.sock)
-                return
-            except OSError:
-                pass
-            finally:
-                s.close()
-            if time.monotonic() > deadline:
-                raise RuntimeError("prefetchd did not listen within 30 s:%s" % self.tail())
-            time.sleep(0.05)
+        wait_listening(self.proc, self.sock, self.tail)
 
     def status(self):
         out = subprocess.run([os.path.join(REPO, "build", "prefetchctl"), "-s", self.sock,
@@ -252,7 +237,6 @@ class PfNextTimer:
         self._lib = lib
         self.inside = 0.0
         self.other = 0.0
-        self.calls = 0
 
     def __getattr__(self, name):
         return getattr(self._lib, name)
@@ -261,7 +245,6 @@ class PfNextTimer:
         t0 = time.perf_counter()
         rc = self._lib.pf_release_next(*a)
         self.inside += time.perf_counter() - t0
-        self.calls += 1
         return rc
 
     def pf_start_epoch(self, *a):

@@ -585,6 +585,28 @@ def setpriv_prefix():
     return [sp, "--pdeathsig", "TERM", "--"] if "--pdeathsig" in out else []
 
 
+def wait_listening(proc, sock, log_tail, seconds=30):
+    """Returns once the daemon proc accepts on sock; RuntimeError (with log_tail()) if it
+    exits first or does not listen within `seconds`.  bench/train_step.py uses it too."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError("prefetchd exited at start (status %s)%s"
+                               % (proc.returncode, log_tail()))
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(sock)
+            return
+        except OSError:
+            pass
+        finally:
+            s.close()
+        if time.monotonic() > deadline:
+            raise RuntimeError("prefetchd did not listen on %s within %d s%s"
+                               % (sock, seconds, log_tail()))
+        time.sleep(0.05)
+
+
 class Daemon:
     def __init__(self, ctx):
         self.ctx = ctx
@@ -615,23 +637,7 @@ class Daemon:
         finally:
             logf.close()
         ctx.daemon = self
-        deadline = time.monotonic() + 30
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError("prefetchd exited at start (status %s)%s"
-                                   % (self.proc.returncode, self.log_tail()))
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                s.connect(self.sock)
-                return
-            except OSError:
-                pass
-            finally:
-                s.close()
-            if time.monotonic() > deadline:
-                raise RuntimeError("prefetchd did not listen on %s within 30 s%s"
-                                   % (self.sock, self.log_tail()))
-            time.sleep(0.05)
+        wait_listening(self.proc, self.sock, self.log_tail)
 
     def status_session(self, name):
         """Our session in `prefetchctl status --json`, or None."""

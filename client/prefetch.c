@@ -162,6 +162,14 @@ static int keep_open_opts(struct pf_client *c, const struct pf_open_opts *opts)
 }
 
 /* OpenSession with the kept options. */
+/* $name is "0": the trainer turned that off. */
+static bool env_says_no(const char *name)
+{
+	const char *v = getenv(name);
+
+	return v && strcmp(v, "0") == 0;
+}
+
 int pfc_send_open(struct pf_client *c, Pf__Envelope **reply)
 {
 	const struct pf_open_opts *o = &c->open_opts;
@@ -181,9 +189,8 @@ int pfc_send_open(struct pf_client *c, Pf__Envelope **reply)
 	msg.gather = c->gather != NULL;
 	/* Without a pool, batches come in host arenas for this process to copy
 	 * ($PREFETCH_CLIENT_COPY=0: the daemon copies them). */
-	msg.client_copy =
-		c->gather != NULL && pfcuda_can_copy_from_host(c->cuda) &&
-		(!getenv("PREFETCH_CLIENT_COPY") || strcmp(getenv("PREFETCH_CLIENT_COPY"), "0"));
+	msg.client_copy = c->gather != NULL && pfcuda_can_copy_from_host(c->cuda) &&
+			  !env_says_no("PREFETCH_CLIENT_COPY");
 	if (c->pci_bus_id[0])
 		msg.pci_bus_id = c->pci_bus_id;
 	env.msg_case = PF__ENVELOPE__MSG_OPEN;
@@ -235,8 +242,7 @@ PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
 		/* Pool hits are gathered here, in the trainer's context, when
 		 * the kernel loads ($PREFETCH_CLIENT_GATHER=0: never; then, or
 		 * when it does not load, the daemon gathers). */
-		if (!getenv("PREFETCH_CLIENT_GATHER") ||
-		    strcmp(getenv("PREFETCH_CLIENT_GATHER"), "0"))
+		if (!env_says_no("PREFETCH_CLIENT_GATHER"))
 			pfcuda_gather_open(c->cuda, &c->gather, NULL, 0);
 	}
 	rc = keep_open_opts(c, opts);

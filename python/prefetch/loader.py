@@ -423,16 +423,21 @@ class Loader:
             return None
         return self._raw_stream(self._device_index) or None
 
-    def _release(self, batch):
+    def _forget(self, batch):
+        """Marks batch released here and returns its pointer for the library.
+        Forgotten even if the library's call then fails: it has either
+        dropped the batch (a broken connection) or keeps it until pf_close,
+        and it refuses a batch it does not hold, so nothing is freed twice."""
         ptr, batch._ptr = batch._ptr, None
         batch._cache = None
         if self._held is batch:
             self._held = None
+        return ptr
+
+    def _release(self, batch):
+        ptr = self._forget(batch)
         if self._client is None:
             return
-        # Forgotten here even if the call fails: the library has then either
-        # dropped the batch (a broken connection) or keeps it until pf_close,
-        # and it refuses a batch it does not hold, so nothing is freed twice.
         rc = self._libref.pf_release(self._client, ptr,
                                      self._stream() if batch.on_device else None)
         self._check(rc)
@@ -447,11 +452,7 @@ class Loader:
         # libprefetch orders after the batch's assembly, and the one given
         # back is released behind it.
         stream = self._stream()
-        release = None
-        if held is not None:
-            release, held._ptr = held._ptr, None
-            held._cache = None
-            self._held = None
+        release = self._forget(held) if held is not None else None
         while True:
             rc = self._libref.pf_release_next(self._client, release, stream, _WAIT_SLICE_MS,
                                               ctypes.byref(ptr))
