@@ -635,9 +635,10 @@ static int launch_gather(struct pf_client *c, struct pfc_batch *q, const Pf__Bat
 	for (uint32_t f = 0; f < c->nfields; f++)
 		g.staged_off[f] = b->staged_off[f];
 	if (b->gather_ids.len) {
-		/* A batch of hits only: its index came in the message; it goes
-		 * up through the slot's own part of the pinned staging, which
-		 * the slot's next batch reuses only after this one's release. */
+		/* A batch of hits only: its index came in the message; the
+		 * kernel reads it from the slot's own part of the pinned
+		 * staging, which the slot's next batch reuses only after this
+		 * one's release (which waits for the gather). */
 		size_t per = (size_t)c->open_opts.batch_size * sizeof(uint64_t);
 
 		rc = pfcuda_gather_staging(c->gather, per * c->slots, &ids, why, sizeof(why));

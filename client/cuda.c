@@ -102,6 +102,7 @@ static struct {
 	PFN_cuStreamSynchronize_v2000 stream_synchronize;
 	PFN_cuMemcpyHtoDAsync_v3020 memcpy_htod_async;
 	PFN_cuMemAllocHost_v3020 mem_alloc_host;
+	PFN_cuMemHostGetDevicePointer_v3020 mem_host_get_device_pointer;
 	PFN_cuMemFreeHost_v2000 mem_free_host;
 	/* Client copies (pfcuda_host_register): optional too. */
 	PFN_cuMemHostRegister_v6050 mem_host_register;
@@ -228,6 +229,7 @@ static void load(void)
 	SYM(memcpy_htod_async, "cuMemcpyHtoDAsync");
 	SYM(mem_alloc_host, "cuMemAllocHost");
 	SYM(mem_free_host, "cuMemFreeHost");
+	SYM(mem_host_get_device_pointer, "cuMemHostGetDevicePointer");
 	drv.gather = !missing;
 	SYM(mem_host_register, "cuMemHostRegister");
 	SYM(mem_host_unregister, "cuMemHostUnregister");
@@ -626,7 +628,10 @@ struct pfcuda_gather {
 	uint64_t *hbases; /* pinned host copy of the slab bases, cap entries */
 	CUdeviceptr dbases;
 	uint32_t cap;
-	uint8_t *staging; /* pinned: batches' inline indices on their way up */
+	/* Pinned, mapped: batches' inline indices, which the kernel reads
+	 * over PCIe where they lie (at staging_dev), with no upload. */
+	uint8_t *staging;
+	CUdeviceptr staging_dev;
 	size_t staging_bytes;
 };
 
@@ -797,6 +802,15 @@ int pfcuda_gather_staging(struct pfcuda_gather *g, size_t bytes, void **host, ch
 	g->staging = NULL;
 	g->staging_bytes = 0;
 	r = drv.mem_alloc_host((void **)&g->staging, bytes);
+	if (r == CUDA_SUCCESS) {
+		/* Memory of cuMemAllocHost is mapped for every device with
+		 * unified addressing (all that run our kernel). */
+		r = drv.mem_host_get_device_pointer(&g->staging_dev, g->staging, 0);
+		if (r != CUDA_SUCCESS) {
+			drv.mem_free_host(g->staging);
+			g->staging = NULL;
+		}
+	}
 	pop();
 	if (r != CUDA_SUCCESS)
 		return cu_fail(r, "cuMemAllocHost", msg, msglen);
@@ -818,9 +832,11 @@ int pfcuda_gather_launch(struct pfcuda_gather *g, struct gpu_gather *p, const vo
 	rc = push(g->d, msg, msglen);
 	if (rc < 0)
 		return rc;
+	/* Inline indices are read from the pinned staging itself: one
+	 * driver call less per batch than uploading them first. */
 	if (ids_bytes)
-		r = drv.memcpy_htod_async(p->desc, ids, ids_bytes, g->stream);
-	if (r == CUDA_SUCCESS && p->count)
+		p->desc = g->staging_dev + (CUdeviceptr)((const uint8_t *)ids - g->staging);
+	if (p->count)
 		r = drv.launch_kernel(g->fn, p->count, 1, 1, GATHER_BLOCK, 1, 1, 0, g->stream, args,
 				      NULL);
 	if (r == CUDA_SUCCESS)

@@ -122,14 +122,14 @@ int pfcuda_gather_sync(struct pfcuda_gather *g, char *msg, size_t msglen);
  * Call pfcuda_gather_sync before changing an entry a queued launch reads. */
 int pfcuda_gather_set_slab(struct pfcuda_gather *g, uint32_t slab, uint64_t base, char *msg,
 			   size_t msglen);
-/* A pinned host buffer of at least bytes, owned by g (one at a time: a
- * larger one replaces it once queued uploads are done). */
+/* A pinned, device-mapped host buffer of at least bytes, owned by g (one
+ * at a time: a larger one replaces it once queued launches are done). */
 int pfcuda_gather_staging(struct pfcuda_gather *g, size_t bytes, void **host, char *msg,
 			  size_t msglen);
 /* Queues one batch (p in entry mode: bases, nbases and admit are filled
- * in here), first uploading ids_bytes of index from ids (pinned, left
- * alone until the event) to p->desc when ids_bytes is not 0, then records
- * event (a pfcuda_event_create event) after it. */
+ * in here) and records event (a pfcuda_event_create event) after it.
+ * When ids_bytes is not 0, the kernel reads the index from ids (inside
+ * the staging buffer, left alone until the event) instead of p->desc. */
 int pfcuda_gather_launch(struct pfcuda_gather *g, struct gpu_gather *p, const void *ids,
 			 size_t ids_bytes, void *event, char *msg, size_t msglen);
 /* Makes stream (NULL: the legacy default stream) wait for event. */
