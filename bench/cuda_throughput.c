@@ -52,7 +52,10 @@
  *   hand-off  300 pf_next calls, the consumer sleeping 2 ms after each
  *             release so that a batch is always queued: p50/p99 of the time
  *             inside pf_next (each epoch's first call, which waits for the
- *             fill, is left out).
+ *             fill, is left out).  Then the same with the consumer spinning
+ *             2 ms instead (busy, like a trainer's thread queueing kernels):
+ *             a thread woken from a sleep also pays for its core waking up
+ *             and for caches the readers have cooled meanwhile.
  *   stall     1000 batches with a CPU spin between pf_next and pf_release as
  *             long as the reference needs to copy one batch: pf_stats' stall
  *             fraction over the phase, from the return of its first pf_next
@@ -560,6 +563,7 @@ struct phase_opts {
 	enum check_kind check;
 	double spin_s; /* CPU spin between pf_next and pf_release */
 	unsigned sleep_us;
+	unsigned busy_us; /* CPU spin after pf_release (a trainer's thread at work) */
 	uint64_t *picks; /* NULL or room for rows: the first epoch's picks in order */
 	double *next_s;	 /* NULL or room for limit: pf_next durations, epoch starts left out */
 };
@@ -841,6 +845,8 @@ static int run_phase(struct bench *bn, const struct phase_opts *o, struct phase_
 				       strerror(-rc));
 		if (o->sleep_us)
 			usleep(o->sleep_us);
+		if (o->busy_us)
+			spin_until(td_now() + o->busy_us / 1e6);
 		td_progress(&pg, res->batches, o->limit == UINT64_MAX ? expected : o->limit,
 			    "batches");
 	}
@@ -1218,12 +1224,12 @@ int main(int argc, char **argv)
 	enum pf_ipc ipc = PF_IPC_FD;
 	struct tdaemon td = {0};
 	struct bench bn = {0};
-	struct phase_result warm, ep, lat, stall;
+	struct phase_result warm, ep, lat, lat_busy, stall;
 	struct pf_stats ps;
 	struct pf_field fi;
 	uint8_t *pinned = NULL;
 	uint64_t *picks = NULL, rows, bytes, pin_bytes, session_bytes, pool_batch_bytes;
-	double *next_s = NULL;
+	double *next_s = NULL, *busy_s = NULL;
 	char data_path[400], extra[512], datasets[1200], msg[256] = "";
 	bool started = false; /* the daemon was launched: its log is worth showing */
 	int opt, rc = 1, st;
@@ -1346,7 +1352,8 @@ int main(int argc, char **argv)
 	}
 	picks = malloc(rows * sizeof(*picks));
 	next_s = malloc((LATENCY_BATCHES + 1) * sizeof(*next_s));
-	if (!picks || !next_s || !bn.pend) {
+	busy_s = malloc((LATENCY_BATCHES + 1) * sizeof(*busy_s));
+	if (!picks || !next_s || !busy_s || !bn.pend) {
 		td_fail("out of memory");
 		goto out;
 	}
@@ -1482,6 +1489,24 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	qsort(next_s, lat.nnext, sizeof(*next_s), cmp_double);
+	/* The same with the consumer's thread busy instead of asleep, as a
+	 * trainer's is while it queues and waits for its kernels: a thread
+	 * woken from a 2 ms sleep also pays for a cold core and caches. */
+	if (run_phase(&bn,
+		      &(struct phase_opts){.name = "hand-off latency, busy consumer",
+					   .seed = LATENCY_SEED + 50,
+					   .limit = LATENCY_BATCHES + 1,
+					   .roll = true,
+					   .check = CHECK_SAMPLED,
+					   .busy_us = LATENCY_SLEEP_US,
+					   .next_s = busy_s},
+		      &lat_busy))
+		goto out;
+	if (lat_busy.nnext == 0) {
+		td_fail("hand-off latency, busy consumer: no pf_next to time");
+		goto out;
+	}
+	qsort(busy_s, lat_busy.nnext, sizeof(*busy_s), cmp_double);
 
 	if (run_phase(&bn,
 		      &(struct phase_opts){.name = "stall at compute = copy time",
@@ -1522,6 +1547,10 @@ int main(int argc, char **argv)
 	       "p99 %.1f us, max %.1f us\n",
 	       lat.nnext, LATENCY_SLEEP_US / 1000, next_s[lat.nnext / 2] * 1e6,
 	       next_s[lat.nnext * 99 / 100] * 1e6, next_s[lat.nnext - 1] * 1e6);
+	printf("hand-off of a ready batch, consumer busy (%" PRIu64 " pf_next, %u ms of CPU spin "
+	       "apart): p50 %.1f us, p99 %.1f us, max %.1f us\n",
+	       lat_busy.nnext, LATENCY_SLEEP_US / 1000, busy_s[lat_busy.nnext / 2] * 1e6,
+	       busy_s[lat_busy.nnext * 99 / 100] * 1e6, busy_s[lat_busy.nnext - 1] * 1e6);
 	printf("compute = raw copy time (%.1f us/batch), %" PRIu64 " batches: stall fraction "
 	       "%.3f (wait %.3f s, busy %.3f s); %" PRIu64 " epoch start(s) inside, %.3f s in "
 	       "their first pf_next\n",
@@ -1565,6 +1594,7 @@ out:
 	free(bn.pend);
 	free(picks);
 	free(next_s);
+	free(busy_s);
 	return rc;
 }
 
