@@ -7,7 +7,7 @@
 #   make check      the whole test suite, Python's included (CUDA tests skip
 #                   without a GPU)
 #   make check-cuda the CUDA tests, C and torch (needs a GPU)
-#   make bench-host / bench-cuda / bench-train
+#   make bench-host / bench-cuda / bench-train / bench-linger
 #   make install PREFIX=/usr/local DESTDIR=   (builds only what it installs)
 #   make uninstall PREFIX=/usr/local DESTDIR=
 #   make deps       install missing Debian packages with apt-get
@@ -118,7 +118,7 @@ PROGS := $(B)/prefetchd $(B)/prefetchctl $(B)/libprefetch.so $(B)/libprefetch.a 
          $(B)/libprefetch.pc $(TOOLS)
 
 .SECONDARY:
-.PHONY: all run check check-unit check-integration check-cuda bench-host bench-cuda bench-train \
+.PHONY: all run check check-unit check-integration check-cuda bench-host bench-cuda bench-train bench-linger \
         install uninstall clean deps format
 all: $(PROGS) $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(TEST_PROGS) $(BENCHES)
 
@@ -267,6 +267,11 @@ bench-cuda: all
 # sweep next to the default configuration (GPU machine, torch).
 bench-train: all
 	@python3 bench/train_step.py
+
+# Trainers that come back (a new process and Loader each epoch) with the
+# pool lingering and without it; a dataset twice its pool budget.
+bench-linger: all
+	@python3 bench/pool_linger.py
 
 # What `make install` puts in place, and all it builds.
 INSTALLED := $(B)/prefetchd $(B)/prefetchctl $(B)/libprefetch.so $(B)/libprefetch.a \

@@ -263,6 +263,16 @@ static void json_pool(FILE *out, const Pf__PoolStatus *p)
 	jk_u64(out, &first, "hits", p->hits);
 	jk_u64(out, &first, "lookups", p->lookups);
 	jk_u64(out, &first, "h2d_saved", p->h2d_saved);
+	json_key(out, &first, "lingering");
+	fputs(p->lingering ? "true" : "false", out);
+	jk_num(out, &first, "linger_age_s", p->linger_age_s);
+	jk_num(out, &first, "linger_left_s", p->linger_left_s);
+	jk_str(out, &first, "linger_reason", p->linger_reason);
+	json_key(out, &first, "probe_age_s");
+	if (p->probe_age_s < 0)
+		fputs("null", out);
+	else
+		fprintf(out, "%.6g", p->probe_age_s);
 	jk_u64(out, &first, "slabs_dropped", p->slabs_dropped);
 	jk_u64(out, &first, "sessions", p->sessions);
 	fputc('}', out);
@@ -459,7 +469,8 @@ static int print_pools(const Pf__StatusReply *st)
 	putchar('\n');
 	for (size_t i = 0; i < st->n_pools && !rc; i++) {
 		const Pf__PoolStatus *p = st->pools[i];
-		char bytes[32], rows[48], hit[16], last[16], saved[32], budget[32];
+		char bytes[32], rows[48], hit[16], last[16], saved[32], budget[32], why[400];
+		char age[32], left[32];
 
 		ctl_human_bytes(bytes, sizeof(bytes), p->bytes);
 		snprintf(rows, sizeof(rows), "%" PRIu64 "/%" PRIu64, p->rows, p->samples);
@@ -467,8 +478,20 @@ static int print_pools(const Pf__StatusReply *st)
 		rate_text(last, sizeof(last), p->last_hit_rate, p->last_hit_rate >= 0);
 		ctl_human_bytes(saved, sizeof(saved), p->h2d_saved);
 		ctl_human_bytes(budget, sizeof(budget), p->budget);
-		rc = table_add(&t, p->dataset, p->device, p->enabled ? "on" : "off", bytes, rows,
-			       hit, last, saved, budget, p->budget_reason);
+		snprintf(why, sizeof(why), "%s", p->budget_reason);
+		if (p->lingering) {
+			/* What a user asks of a lingering pool: since when, for
+			 * how much longer, and whether it yielded to anyone. */
+			human_duration(age, sizeof(age), p->linger_age_s);
+			human_duration(left, sizeof(left), p->linger_left_s);
+			snprintf(why, sizeof(why), "no session for %s, %s left%s%s", age, left,
+				 p->linger_reason[0] ? "; " : "", p->linger_reason);
+		}
+		rc = table_add(&t, p->dataset, p->device,
+			       p->lingering ? "lingering"
+			       : p->enabled ? "on"
+					    : "off",
+			       bytes, rows, hit, last, saved, budget, why);
 	}
 	if (!rc)
 		table_print(&t, stdout);

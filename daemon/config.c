@@ -269,6 +269,7 @@ void config_defaults(struct config *cfg)
 	cfg->pool = true;
 	cfg->pool_bytes = 0;
 	cfg->pool_slab = 256ULL << 20;
+	cfg->pool_linger = CONFIG_POOL_LINGER_DEFAULT;
 	/* No allow keys: the daemon's own uid and root. */
 	cfg->allow_uids = malloc(2 * sizeof(*cfg->allow_uids));
 	if (cfg->allow_uids) {

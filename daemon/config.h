@@ -35,12 +35,15 @@
  *   pool = on                       ; VRAM sample pool for CUDA sessions: on | off
  *   pool_bytes = auto               ; cap of each pool (auto: the probe's budget only)
  *   pool_slab = 256M                ; the pool's unit of allocation and of release
+ *   pool_linger = 300               ; s a pool stays resident after its last session
+ *                                   ; (0: given back at once); README, "VRAM pool"
  *
  *   [dataset.NAME]
  *   format = npy
  *   field.x = /data/x.npy
  *   field.y = /data/y-0.npy, /data/y-1.npy   ; shards, in order
  *   pool = off                      ; overrides [daemon] pool for this dataset
+ *   pool_linger = 0                 ; overrides [daemon] pool_linger
  *
  *   [dataset.fineweb]               ; llm.c / modded-nanogpt token shards
  *   format = tokens
@@ -67,6 +70,14 @@
  */
 #ifndef PF_CONFIG_H
 #define PF_CONFIG_H
+
+/* pool_linger's default, 5 minutes: long enough for what re-opens a
+ * dataset soon after its last session left (a new Loader each epoch, an
+ * evaluation run, a crash or preemption restarted by torchrun or Slurm,
+ * whose rendezvous takes tens of seconds to minutes), short enough that an
+ * idle node gives its GPUs back soon.  Meanwhile the daemon's own probes
+ * give memory back to any process that needs it (README, "VRAM pool"). */
+#define CONFIG_POOL_LINGER_DEFAULT 300.0
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -99,6 +110,8 @@ struct config_dataset {
 	 * nothing but the declaration. */
 	enum config_read read;
 	enum config_pool pool;
+	double pool_linger; /* seconds, when pool_linger_set: overrides [daemon] */
+	bool pool_linger_set;
 	/* format = tokens: fields[0] is "tokens", its paths are the shard
 	 * patterns (`shards`, expanded with glob at load); seq_len tokens a
 	 * sample, plus one (the next-token target). */
@@ -138,6 +151,7 @@ struct config {
 	bool pool;			 /* VRAM pool for CUDA sessions (datasets may override) */
 	uint64_t pool_bytes;		 /* cap per pool, 0: only the probe's budget */
 	uint64_t pool_slab;		 /* bytes per slab */
+	double pool_linger;		 /* s a pool outlives its last session (0: none) */
 	struct config_dataset *datasets; /* owned, in file order */
 	size_t ndatasets;
 };

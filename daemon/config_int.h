@@ -29,7 +29,8 @@
 		X(ALLOW_GROUPS, allow_groups), X(DEPTH, depth), X(MAX_DEPTH, max_depth),           \
 		X(IPC, ipc), X(READ, read), X(RESERVE, reserve), X(RESERVE_MIN, reserve_min),      \
 		X(PROBE_INTERVAL, probe_interval), X(POOL, pool), X(POOL_BYTES, pool_bytes),       \
-		X(POOL_SLAB, pool_slab), X(MAX_EPOCH_PICKS, max_epoch_picks),                      \
+		X(POOL_SLAB, pool_slab), X(POOL_LINGER, pool_linger),                              \
+		X(MAX_EPOCH_PICKS, max_epoch_picks),                                               \
 		X(MEMORY_BUDGET, memory_budget), X(MEMORY_PER_UID, memory_per_uid),                \
 		X(MAX_SESSIONS_PER_UID, max_sessions_per_uid), X(MAX_CONNS, max_conns),            \
 		X(MAX_CONNS_PER_UID, max_conns_per_uid), X(IDLE_TIMEOUT, idle_timeout),            \

@@ -238,6 +238,16 @@ static int key_seconds(struct parse *st, const char *key, const char *value, dou
 	return 1;
 }
 
+/* pool_linger: 0 (a pool leaves with its last session) up to a week. */
+static int key_linger(struct parse *st, const char *key, const char *value, double *out)
+{
+	if (!key_double(st, key, value, out))
+		return 0;
+	if (*out < 0 || *out > 7 * 86400)
+		return fail(st, "%s: %s is out of range (0 <= seconds <= 604800)", key, value);
+	return 1;
+}
+
 static int key_reserve(struct parse *st, const char *value)
 {
 	struct config *cfg = st->cfg;
@@ -376,6 +386,7 @@ int config_daemon_key(struct parse *st, const char *name, const char *value)
 		return key_size(st, name, value, 0, UINT64_MAX, &cfg->reserve_min);
 	case K_PROBE_INTERVAL: return key_seconds(st, name, value, &cfg->probe_interval);
 	case K_POOL: return key_onoff(st, name, value, &cfg->pool);
+	case K_POOL_LINGER: return key_linger(st, name, value, &cfg->pool_linger);
 	case K_POOL_BYTES: return key_size_or_auto(st, name, value, 1, &cfg->pool_bytes);
 	case K_MEMORY_BUDGET:
 		/* Below 16M not even one default session's bookkeeping fits. */
@@ -499,10 +510,17 @@ int config_dataset_key(struct parse *st, const char *name, const char *value)
 		ds->pool = strcmp(value, "on") == 0 ? CONFIG_POOL_ON : CONFIG_POOL_OFF;
 		return 1;
 	}
+	if (strcmp(name, "pool_linger") == 0) {
+		if (ds->pool_linger_set)
+			return fail(st, "pool_linger: duplicate key");
+		ds->pool_linger_set = true;
+		return key_linger(st, name, value, &ds->pool_linger);
+	}
 	if (strncmp(name, "field.", 6) != 0)
 		return fail(
 			st,
-			"unknown key '%s' in [dataset.%s] (expected format, pool or field.NAME)",
+			"unknown key '%s' in [dataset.%s] (expected format, pool, pool_linger or "
+			"field.NAME)",
 			name, ds->name);
 	if (!config_valid_name(name + 6))
 		return fail(st, "%s: field names use letters, digits, '_', '-' and '.'", name);

@@ -314,6 +314,13 @@ bool daemon_pool_enabled(const struct daemon *d, const struct dataset *ds)
 	return d->cfg.pool;
 }
 
+double daemon_pool_linger(const struct daemon *d, const struct dataset *ds)
+{
+	const struct config_dataset *decl = find_decl(&d->cfg, ds->name);
+
+	return decl && decl->pool_linger_set ? decl->pool_linger : d->cfg.pool_linger;
+}
+
 void daemon_config_pools(struct daemon *d)
 {
 	d->pools.cfg.slab_bytes = d->cfg.pool_slab;

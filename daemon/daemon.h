@@ -58,6 +58,8 @@ struct daemon {
 	char ring_err[200];    /* why there is none, when ngpus > 0 */
 	struct xfer **xfers;   /* owned, ngpus entries: started on first use */
 	struct pool_set pools; /* owned: VRAM pools, one per (dataset, GPU) used */
+	uv_timer_t linger_timer;   /* probes and expiry of lingering pools (linger.c) */
+	struct linger_gpu *linger; /* owned, ngpus entries (linger.c's) */
 	struct quota quota;    /* what each uid holds, against the limits */
 	char quota_why[160];   /* how memory_budget was chosen, for the log */
 	char machine_why[200]; /* how auto readers and ring_bytes were chosen */
@@ -93,6 +95,9 @@ void daemon_dataset_hold(struct dataset *ds);
 void daemon_dataset_put(struct daemon *d, struct dataset *ds);
 /* Whether ds's VRAM pools are on: its [dataset] pool key, else [daemon]'s. */
 bool daemon_pool_enabled(const struct daemon *d, const struct dataset *ds);
+/* Seconds ds's pools outlive their last session: its [dataset]
+ * pool_linger, else [daemon]'s. */
+double daemon_pool_linger(const struct daemon *d, const struct dataset *ds);
 /* The pools take the configuration's pool settings (startup, reload): the
  * slab size and cap, and each pool on or off as its dataset now says. */
 void daemon_config_pools(struct daemon *d);

@@ -23,6 +23,7 @@
 #include "closer.h"
 #include "daemon.h"
 #include "gpu.h"
+#include "linger.h"
 #include "log.h"
 #include "reader.h"
 #include "server.h"
@@ -61,6 +62,7 @@ static void on_signal(uv_signal_t *h, int signum)
 	for (int g = 0; d->xfers && g < d->ngpus; g++)
 		if (d->xfers[g])
 			xfer_stop(d->xfers[g]);
+	linger_stop(d); /* after the transfer threads' last probes */
 	uv_timer_stop(&d->tick);
 	uv_close((uv_handle_t *)&d->tick, NULL);
 	if (d->watchdog_live)
@@ -242,6 +244,9 @@ int main(int argc, char **argv)
 	rc = reader_start(&d.readers, d.cfg.readers, d.loop, sess_job_done, &d);
 	if (rc)
 		fatal("cannot start %u reader threads: %s", d.cfg.readers, strerror(-rc));
+	rc = linger_init(&d);
+	if (rc)
+		fatal("out of memory");
 	rc = server_listen(&d);
 	if (rc)
 		fatal("cannot listen: %s", strerror(-rc));
@@ -290,6 +295,7 @@ int main(int argc, char **argv)
 	for (int g = 0; d.xfers && g < d.ngpus; g++)
 		xfer_free(d.xfers[g]);
 	free(d.xfers);
+	free(d.linger);
 	ring_destroy(&d.ring);
 	daemon_free_datasets(&d);
 	quota_free(&d.quota);

@@ -67,7 +67,13 @@ struct pool *pool_get(struct pool_set *set, const struct dataset *ds, int gpu, s
 
 	for (p = set->head; p; p = p->next) {
 		if (p->ds == ds && p->gpu == gpu) {
-			p->sessions++;
+			if (p->sessions++ == 0 && p->idle_ns) {
+				log_info("pool %s on cuda:%d: taken up after lingering %.1f s, "
+					 "%" PRIu64 " of %" PRIu64 " rows resident (%.0f MiB)",
+					 ds->name, gpu, (now_ns() - p->idle_ns) / 1e9, p->rows,
+					 ds->num_samples, pool_bytes(p) / 1048576.0);
+				p->idle_ns = 0;
+			}
 			return p;
 		}
 	}
@@ -760,17 +766,104 @@ static uint64_t drop_all(struct pool *p)
 	return freed;
 }
 
-void pool_put(struct pool *p)
+/* Gives everything back: the pool is as if no session had used it. */
+static void empty_idle(struct pool *p, const char *why)
+{
+	drop_all(p);
+	p->idle_ns = 0;
+	p->budget = 0;
+	p->budget_known = false;
+	snprintf(p->budget_reason, sizeof(p->budget_reason), "%s", why);
+}
+
+bool pool_put(struct pool *p, double linger_s)
 {
 	if (--p->sessions > 0)
-		return;
+		return false;
+	if (linger_s > 0 && p->enabled && p->nlive) {
+		/* The budget stays as the last probe left it: a lingering pool
+		 * does not grow (maybe_grow wants a session), it only shrinks. */
+		p->idle_ns = now_ns();
+		p->linger_s = linger_s;
+		p->linger_reason[0] = '\0';
+		log_info("pool %s on cuda:%d: last session gone, lingering %g s with %.0f MiB "
+			 "(%" PRIu64 " of %" PRIu64 " rows)",
+			 p->ds->name, p->gpu, linger_s, pool_bytes(p) / 1048576.0, p->rows,
+			 p->ds->num_samples);
+		return true;
+	}
 	if (p->nlive)
 		log_info("pool %s on cuda:%d: last session gone, %.0f MiB given back", p->ds->name,
 			 p->gpu, pool_bytes(p) / 1048576.0);
-	drop_all(p);
-	p->budget = 0;
-	p->budget_known = false;
-	snprintf(p->budget_reason, sizeof(p->budget_reason), "no session");
+	empty_idle(p, "no session");
+	return false;
+}
+
+bool pool_lingering(const struct pool *p)
+{
+	return p->sessions == 0 && p->idle_ns != 0;
+}
+
+double pool_linger_age(const struct pool *p, uint64_t now)
+{
+	return pool_lingering(p) && now > p->idle_ns ? (now - p->idle_ns) / 1e9 : 0;
+}
+
+double pool_linger_left(const struct pool *p, uint64_t now)
+{
+	double left = p->linger_s - pool_linger_age(p, now);
+
+	return pool_lingering(p) && left > 0 ? left : 0;
+}
+
+uint64_t pool_linger_reclaim(struct pool_set *set, int gpu, uint64_t bytes, const char *why)
+{
+	uint64_t given = 0;
+
+	for (struct pool *p = set->head; p && given < bytes; p = p->next) {
+		uint64_t was = pool_bytes(p), want = bytes - given;
+
+		if (!pool_lingering(p) || p->gpu != gpu || !was)
+			continue;
+		shrink_to(p, want >= was ? 0 : was - want);
+		given += was - pool_bytes(p);
+		snprintf(p->linger_reason, sizeof(p->linger_reason), "gave back %.0f MiB: %s",
+			 (was - pool_bytes(p)) / 1048576.0, why);
+		p->budget = pool_bytes(p);
+		snprintf(p->budget_reason, sizeof(p->budget_reason), "lingering; %.140s",
+			 p->linger_reason);
+		log_warn("pool %s on cuda:%d (lingering): %.0f -> %.0f MiB: %s", p->ds->name,
+			 p->gpu, was / 1048576.0, pool_bytes(p) / 1048576.0, why);
+		if (!p->nlive) {
+			char reason[sizeof(p->budget_reason)];
+
+			snprintf(reason, sizeof(reason), "%s", p->budget_reason);
+			empty_idle(p, reason);
+		}
+	}
+	return given;
+}
+
+double pool_linger_expire(struct pool_set *set, uint64_t now)
+{
+	double next = -1;
+
+	for (struct pool *p = set->head; p; p = p->next) {
+		double left;
+
+		if (!pool_lingering(p))
+			continue;
+		left = pool_linger_left(p, now);
+		if (left > 0) {
+			if (next < 0 || left < next)
+				next = left;
+			continue;
+		}
+		log_info("pool %s on cuda:%d: lingered %g s with no session, %.0f MiB given back",
+			 p->ds->name, p->gpu, p->linger_s, pool_bytes(p) / 1048576.0);
+		empty_idle(p, "no session (pool_linger over)");
+	}
+	return next;
 }
 
 uint64_t pool_set_enabled(struct pool *p, bool on)
@@ -778,10 +871,14 @@ uint64_t pool_set_enabled(struct pool *p, bool on)
 	uint64_t freed = 0;
 
 	p->enabled = on;
-	if (on)
+	if (on) {
 		maybe_grow(p);
-	else
+	} else if (pool_lingering(p)) {
+		freed = pool_bytes(p) + p->table.bytes;
+		empty_idle(p, "no session (pool off)");
+	} else {
 		freed = drop_all(p);
+	}
 	return freed;
 }
 
@@ -797,7 +894,10 @@ int pool_control(struct pool_set *set, const char *dataset, enum pool_action act
 		if (strcmp(p->ds->name, dataset) != 0)
 			continue;
 		n++;
-		if (action == POOL_DROP)
+		if (action == POOL_DROP && pool_lingering(p)) {
+			*bytes_freed += pool_bytes(p) + p->table.bytes;
+			empty_idle(p, "no session (dropped by prefetchctl)");
+		} else if (action == POOL_DROP)
 			*bytes_freed += drop_all(p);
 		else
 			*bytes_freed += pool_set_enabled(p, action == POOL_ON);

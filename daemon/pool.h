@@ -31,8 +31,13 @@
  * by `pool_bytes`.  Under pressure (a probe below what the pool holds, or a
  * device allocation failing once the target is at its floor) the pool
  * gives back whole slabs, newest first.  A pool lives as long as the
- * daemon; its slabs are given back when its last session goes, so an idle
- * pool never holds device memory a new trainer may need for its first step.
+ * daemon.  When its last session goes it *lingers* for pool_linger seconds
+ * (pool_put): its slabs and index stay, so the next session on the same
+ * dataset and GPU (a restarted trainer, a new Loader) hits from its first
+ * batch.  A lingering pool never grows, gives slabs back (newest first)
+ * whenever the daemon's own probe of the GPU finds free memory under the
+ * reserve (pool_linger_reclaim, called by linger.c), and gives everything
+ * back when its time is up (pool_linger_expire).
  *
  * The pools of a daemon live in one struct pool_set with the settings they
  * read (pool_slab, pool_bytes), which the daemon updates on a reload.  The
@@ -155,6 +160,11 @@ struct pool {
 	char budget_reason[160];
 	bool slab_pending; /* an allocation is on the transfer thread */
 	unsigned sessions; /* sessions using it */
+	/* Lingering: sessions is 0 and slabs are live.  Since idle_ns (0:
+	 * not lingering), for linger_s. */
+	uint64_t idle_ns;
+	double linger_s;
+	char linger_reason[160]; /* what the lingering pool last gave back and why */
 	/* Of those, the ones whose batches the daemon gathers (their clients
 	 * cannot): only they use the record table, so it is built for them. */
 	unsigned daemon_gathers;
@@ -170,8 +180,21 @@ struct pool {
  * many fields; why says so) or out of memory. */
 struct pool *pool_get(struct pool_set *set, const struct dataset *ds, int gpu, struct xfer *x,
 		      bool enabled, char *why, size_t whylen);
-/* A session leaves; the last one gives the slabs back. */
-void pool_put(struct pool *p);
+/* A session leaves.  After the last one the pool lingers linger_s
+ * seconds holding its slabs (true), or gives them back at once (false:
+ * linger_s is 0, or it is off or empty). */
+bool pool_put(struct pool *p, double linger_s);
+/* Whether p lingers (no session, slabs held). */
+bool pool_lingering(const struct pool *p);
+/* Seconds p has lingered and has left (0 when it does not linger). */
+double pool_linger_age(const struct pool *p, uint64_t now_ns);
+double pool_linger_left(const struct pool *p, uint64_t now_ns);
+/* Gives back at least `bytes` of the lingering pools on gpu, newest slabs
+ * first, and says why in each one's status.  Returns the bytes given. */
+uint64_t pool_linger_reclaim(struct pool_set *set, int gpu, uint64_t bytes, const char *why);
+/* Empties every lingering pool whose time is up.  Returns the seconds
+ * until the next one's is (-1: none lingers). */
+double pool_linger_expire(struct pool_set *set, uint64_t now_ns);
 /* Frees the pools of a dataset a reload retired, once no session and no
  * transfer job uses them.  True when none is left. */
 bool pool_forget(struct pool_set *set, const struct dataset *ds);

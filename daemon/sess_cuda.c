@@ -27,6 +27,7 @@
 #include "bigmem.h"
 #include "daemon.h"
 #include "dataset.h"
+#include "linger.h"
 #include "log.h"
 #include "util.h"
 #include "xfer.h"
@@ -100,7 +101,7 @@ static int setup_pool(struct sess *s, const Pf__OpenSession *req, uint64_t *ring
 	if (!c->pool->enabled) {
 		/* Off: this session's ring slots stay the plain size, so it
 		 * keeps the plain path even if the pool is turned on later. */
-		pool_put(c->pool);
+		pool_put(c->pool, 0);
 		c->pool = NULL;
 		return 0;
 	}
@@ -167,6 +168,9 @@ int sess_cuda_setup(struct sess *s, const Pf__OpenSession *req, char *err, size_
 	uv_timer_init(d->loop, &c->retry);
 	c->retry.data = s;
 	c->retry_live = true;
+	/* A pool lingering on this GPU may hold memory this trainer is about
+	 * to allocate: look at once, not at the next probe. */
+	linger_kick(d, s->gpu);
 	return 0;
 }
 
@@ -176,8 +180,8 @@ void sess_cuda_release(struct sess *s)
 
 	if (c->pool && !c->gather)
 		c->pool->daemon_gathers--;
-	if (c->pool)
-		pool_put(c->pool);
+	if (c->pool && pool_put(c->pool, daemon_pool_linger(s->d, s->ds)))
+		linger_kick(s->d, s->gpu);
 	free(c->slab_sent);
 	/* Device arenas are released on their transfer thread (the calls
 	 * block); by now every copy into them has completed. */
@@ -481,6 +485,15 @@ void sess_cuda_copy(struct sess *s, struct slot *sl)
 	xfer_submit(c->xfer, job);
 }
 
+/* The slots this session's target still wants and has not got. */
+static uint64_t slots_need(const struct sess *s)
+{
+	uint32_t want = slots_wanted(s);
+
+	return want > s->cuda.npresent ? (uint64_t)(want - s->cuda.npresent) * s->lay.slot_stride
+				       : 0;
+}
+
 /* The pool's budget from the same honest figure: what the trainer left
  * free, minus the reserve, minus the device slots the target still needs
  * (the target has first call on memory), plus what the pool holds already
@@ -488,7 +501,7 @@ void sess_cuda_copy(struct sess *s, struct slot *sl)
 static void size_pool(struct sess *s, uint64_t free_bytes, uint64_t total_bytes)
 {
 	const struct config *cfg = &s->d->cfg;
-	uint64_t reserve, need = 0, have = pool_bytes(s->cuda.pool), budget, dev_free, dev_total;
+	uint64_t reserve, need, have = pool_bytes(s->cuda.pool), budget, dev_free, dev_total;
 	unsigned npools;
 	int64_t room;
 	char why[160];
@@ -499,8 +512,7 @@ static void size_pool(struct sess *s, uint64_t free_bytes, uint64_t total_bytes)
 	if (free_bytes > total_bytes)
 		free_bytes = total_bytes;
 	reserve = gov_reserve(total_bytes, cfg->reserve_frac, cfg->reserve_min);
-	if (slots_wanted(s) > s->cuda.npresent)
-		need = (uint64_t)(slots_wanted(s) - s->cuda.npresent) * s->lay.slot_stride;
+	need = slots_need(s);
 	/* Every pool in use on this GPU draws on the same free memory: each
 	 * gets its share of the room (or of the shortfall). */
 	npools = pool_active_on(&s->d->pools, s->gpu);
@@ -532,6 +544,9 @@ void sess_cuda_probe(struct sess *s, uint64_t free_bytes, uint64_t total_bytes)
 	if (s->gov.target != was)
 		log_info("session %" PRIu64 ": target %u -> %u (%s)", s->id, was, s->gov.target,
 			 s->gov.reason);
+	/* Pools lingering on this GPU come after a trainer that is here:
+	 * what it is short of, they give back first. */
+	linger_trainer_probe(s->d, s->gpu, free_bytes, total_bytes, slots_need(s));
 	if (s->cuda.pool)
 		size_pool(s, free_bytes, total_bytes);
 }

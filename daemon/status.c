@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "daemon.h"
+#include "linger.h"
 #include "log.h"
 #include "sess.h"
 #include "util.h"
@@ -76,8 +77,10 @@ static void session_status(const struct sess *s, Pf__SessionStatus *st)
 }
 
 /* Strings borrow from p and buf (16 bytes). */
-static void pool_status(const struct pool *p, Pf__PoolStatus *st, char *buf)
+static void pool_status(const struct daemon *d, const struct pool *p, Pf__PoolStatus *st, char *buf)
 {
+	uint64_t now = now_ns();
+
 	snprintf(buf, 16, "cuda:%d", p->gpu);
 	st->dataset = p->ds->name;
 	st->device = buf;
@@ -97,6 +100,11 @@ static void pool_status(const struct pool *p, Pf__PoolStatus *st, char *buf)
 	st->h2d_saved = p->saved;
 	st->slabs_dropped = p->slabs_dropped;
 	st->sessions = p->sessions;
+	st->lingering = pool_lingering(p);
+	st->linger_age_s = pool_linger_age(p, now);
+	st->linger_left_s = pool_linger_left(p, now);
+	st->linger_reason = (char *)p->linger_reason;
+	st->probe_age_s = linger_probe_age(d, p->gpu);
 }
 
 static int reply(const struct peer *p, uint64_t id, Pf__Envelope *env)
@@ -165,7 +173,7 @@ int status_reply(struct daemon *d, const struct peer *p, uint64_t id)
 	k = 0;
 	for (struct pool *pl = d->pools.head; pl; pl = pl->next, k++) {
 		pf__pool_status__init(&ps[k]);
-		pool_status(pl, &ps[k], pool_dev[k]);
+		pool_status(d, pl, &ps[k], pool_dev[k]);
 		psp[k] = &ps[k];
 	}
 	msg.n_pools = npools;

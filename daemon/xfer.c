@@ -295,6 +295,10 @@ static void *xfer_main(void *arg)
 				run_alloc(x, job);
 				finish(x, job);
 				break;
+			case XFER_MEMINFO:
+				job->rc = gpu_mem_info(x->dev, &job->free_bytes, &job->total_bytes);
+				finish(x, job);
+				break;
 			case XFER_FREE:
 				/* Everything submitted before it is queued on the
 				 * stream by now, and cudaFree waits for it. */

@@ -12,7 +12,10 @@
  *               area instead and the gather kernel assembles the slot from
  *               it and from pool records;
  *   XFER_ALLOC  device memory (gpu_mem_alloc), exported as asked: a
- *               session's arena, a pool slab, a record table.
+ *               session's arena, a pool slab, a record table;
+ *   XFER_MEMINFO the device's free and total memory (gpu_mem_info), read
+ *               after every free submitted before it has run: the daemon's
+ *               own probe for lingering pools (linger.c).
  * Memory an XFER_ALLOC made is given back with xfer_free_mem, which cannot
  * fail: the job that frees it was allocated along with it.
  * Copies are pipelined: the thread queues every copy it has, records an
@@ -38,7 +41,7 @@
 #include "util.h"
 
 /* XFER_FREE is xfer.c's own: the loop asks with xfer_free_mem. */
-enum xfer_kind { XFER_COPY, XFER_ALLOC, XFER_FREE };
+enum xfer_kind { XFER_COPY, XFER_ALLOC, XFER_FREE, XFER_MEMINFO };
 
 struct xfer_job {
 	struct fifo_node link; /* of whichever queue holds the job */
@@ -66,6 +69,8 @@ struct xfer_job {
 	 * nothing). */
 	bool client_gather;
 	bool admits;
+	/* XFER_MEMINFO: out. */
+	uint64_t free_bytes, total_bytes;
 	/* XFER_ALLOC: bytes and ipc in, mem out.  XFER_FREE: mem in. */
 	enum gpu_ipc ipc;
 	struct gpu_mem mem;

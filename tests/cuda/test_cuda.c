@@ -1024,6 +1024,34 @@ static void mode_pool(struct trainer *t)
 	t_close(t);
 }
 
+/* mode=warm: the first epoch of a new trainer on a pool another trainer
+ * filled: every row a hit, no sample byte over PCIe, every byte checked. */
+static void mode_warm(struct trainer *t)
+{
+	Pf__Envelope *env;
+	Pf__SessionStatus *ss;
+	Pf__PoolStatus *p;
+
+	t_open(t, t->o.min_depth, t->o.max_depth);
+	t_start(t, t->o.seed);
+	t_finish_epoch(t);
+	p = t_pool(t, &env);
+	log_pool("after the first epoch", p);
+	ss = td_session(env, t_session(t));
+	if (!ss)
+		tfail("own session missing from status");
+	tlog("first epoch: %" PRIu64 " sample bytes over PCIe, %" PRIu64 " pool hits of %" PRIu64
+	     ", hit rate %.4f, every byte checked",
+	     ss->h2d_bytes, ss->pool_hits, t->n, p->hit_rate);
+	if (ss->h2d_bytes != 0 || ss->pool_hits != t->n || p->hit_rate != 1.0 || ss->errors)
+		tfail("first epoch from a lingering pool: %" PRIu64 " sample bytes over PCIe, "
+		      "%" PRIu64 " hits, hit rate %.4f, %" PRIu64 " errors; want 0, %" PRIu64
+		      ", 1, 0",
+		      ss->h2d_bytes, ss->pool_hits, p->hit_rate, ss->errors, t->n);
+	pf__envelope__free_unpacked(env, NULL);
+	t_close(t);
+}
+
 static int trainer_main(int argc, char **argv)
 {
 	struct trainer t = {.o = {.mode = "epochs", .epochs = 1, .seed = 1, .batch = BATCH}};
@@ -1090,6 +1118,8 @@ static int trainer_main(int argc, char **argv)
 		mode_pool(&t);
 	else if (!strcmp(t.o.mode, "poolkill"))
 		mode_poolkill(&t);
+	else if (!strcmp(t.o.mode, "warm"))
+		mode_warm(&t);
 	else
 		tfail("unknown mode '%s'", t.o.mode);
 	return 0;
@@ -1776,14 +1806,145 @@ static void pooled_trainers_killed_mid_gather_test(const char *daemon_extra, con
 	fx.done = true;
 }
 
+/* pool_linger 0: the pool goes with the killed trainer, so all of its
+ * memory must come back (the lingering case has its own tests below). */
 static void pooled_trainers_killed_mid_gather_give_back_all_device_memory_over_fd(void **state)
 {
-	pooled_trainers_killed_mid_gather_test("pool = on\nipc = fd\n", "ipc=fd");
+	pooled_trainers_killed_mid_gather_test("pool = on\npool_linger = 0\nipc = fd\n", "ipc=fd");
 }
 
 static void pooled_trainers_killed_mid_gather_give_back_all_device_memory_over_legacy(void **state)
 {
-	pooled_trainers_killed_mid_gather_test("pool = on\nipc = legacy\n", "ipc=default");
+	pooled_trainers_killed_mid_gather_test("pool = on\npool_linger = 0\nipc = legacy\n",
+					       "ipc=default");
+}
+
+/* The pool of dataset d in status (fails the case when there is none);
+ * free *env with pf__envelope__free_unpacked. */
+static Pf__PoolStatus *test_pool(Pf__Envelope **env)
+{
+	Pf__PoolStatus *p;
+
+	*env = td_status(fx.td.sock);
+	if (!*env)
+		fail_msg("no status from the daemon");
+	p = td_pool(*env, "d");
+	if (!p)
+		fail_msg("status shows no pool for dataset d");
+	return p;
+}
+
+static void a_trainer_killed_in_epoch_two_leaves_a_warm_pool_for_the_next_one(void **state)
+{
+	const char *kill_args[] = {"mode=poolkill", "seed=800", "ipc=fd", NULL};
+	const char *warm_args[] = {"mode=warm", "seed=900", "ipc=fd", NULL};
+	Pf__PoolStatus *p;
+	Pf__Envelope *env;
+	uint64_t session;
+	struct kid *v;
+	char line[256];
+
+	need_gpu();
+	start_daemon("pool = on\npool_linger = 60\n", NULL);
+	v = spawn("filler", kill_args);
+	kid_line(v, "gathering ", 120000, false, line, sizeof(line));
+	session = strtoull(line + strlen("gathering "), NULL, 10);
+	kill(v->pid, SIGKILL);
+	kid_reap(v, 10000);
+	kid_close_fds(v);
+	v->name[0] = '\0';
+	for (double deadline = td_now() + 5; session_held(session) >= 0 && td_now() < deadline;)
+		usleep(2000);
+	p = test_pool(&env);
+	print_message("after the kill: pool %s, %u session(s), %" PRIu64 "/%" PRIu64
+		      " rows, %.1f MiB, %.1f s left\n",
+		      p->lingering ? "lingering" : "NOT lingering", p->sessions, p->rows,
+		      p->samples, p->bytes / (double)MiB, p->linger_left_s);
+	assert_true(p->lingering);
+	assert_int_equal(p->sessions, 0);
+	assert_int_equal(p->rows, p->samples);
+	assert_true(p->linger_left_s > 50);
+	pf__envelope__free_unpacked(env, NULL);
+	/* The next trainer: hit rate 1 and no PCIe bytes from batch one on. */
+	run_trainer("warm", warm_args, 120000);
+	stop_daemon();
+	fx.done = true;
+}
+
+#define LINGER_S 8
+static void a_lingering_pool_gives_way_to_a_process_filling_the_gpu_then_leaves(void **state)
+{
+	const char *args[] = {"mode=pool", "pool=all", "seed=1000", NULL};
+	uint64_t base, before, free_b, total = 0, reserve, grab, ptr = 0, now_free;
+	double t_alloc, took = -1, ended = 0;
+	char msg[256] = "";
+	Pf__PoolStatus *p;
+	Pf__Envelope *env;
+
+	need_gpu();
+	/* 2 MiB slabs: the pool is a few of them, so it can give back some. */
+	start_daemon("pool = on\npool_slab = 2M\nprobe_interval = 1\npool_linger = 8\n", NULL);
+	base = settled_gpu_free();
+	print_message("baseline: %.1f MiB free, daemon idle\n", base / (double)MiB);
+	run_trainer("pooler", args, 120000);
+	ended = td_now();
+	p = test_pool(&env);
+	before = p->bytes;
+	print_message("lingering: %s, %.1f MiB in %u slabs\n", p->lingering ? "yes" : "NO",
+		      before / (double)MiB, p->slabs);
+	assert_true(p->lingering);
+	assert_true(p->slabs >= 2);
+	pf__envelope__free_unpacked(env, NULL);
+
+	/* Another process takes all but a little under the daemon's reserve. */
+	free_b = gpu_free();
+	assert_int_equal(pfcuda_mem_info(gpu, &free_b, &total, msg, sizeof(msg)), 0);
+	reserve = total / 10 > 2 * GiB ? total / 10 : 2 * GiB;
+	grab = (free_b - reserve + 3 * MiB) & ~(2 * MiB - 1);
+	t_alloc = td_now();
+	assert_int_equal(pfcuda_mem_alloc(gpu, grab, &ptr, msg, sizeof(msg)), 0);
+	do {
+		now_free = gpu_free();
+		if (now_free >= reserve) {
+			took = td_now() - t_alloc;
+			break;
+		}
+		usleep(5000);
+	} while (td_now() - t_alloc < 3);
+	p = test_pool(&env);
+	print_message("filled to %.1f MiB under the reserve: free back at the reserve after %.0f "
+		      "ms; pool %.1f MiB (%s), why: %s\n",
+		      (reserve - (free_b - grab)) / (double)MiB, took * 1000,
+		      p->bytes / (double)MiB, p->lingering ? "lingering" : "gone",
+		      p->linger_reason);
+	assert_true(took >= 0);
+	assert_true(took <= 1.0 + 0.1); /* probe_interval + 100 ms */
+	assert_true(p->bytes < before);
+	assert_non_null(strstr(p->linger_reason, "under the reserve"));
+	pf__envelope__free_unpacked(env, NULL);
+	pfcuda_mem_free(gpu, ptr);
+
+	/* pool_linger after the session left, everything goes back. */
+	do {
+		p = test_pool(&env);
+		if (!p->lingering)
+			break;
+		pf__envelope__free_unpacked(env, NULL);
+		env = NULL;
+		usleep(50000);
+	} while (td_now() - ended < LINGER_S + 3);
+	assert_false(p->lingering);
+	print_message("pool_linger over %.1f s after the session left: pool %.1f MiB (%s)\n",
+		      td_now() - ended, p->bytes / (double)MiB, p->budget_reason);
+	assert_int_equal(p->bytes, 0);
+	pf__envelope__free_unpacked(env, NULL);
+	now_free = settled_gpu_free();
+	print_message("free device memory %.1f MiB, baseline %.1f MiB (%+.2f MiB)\n",
+		      now_free / (double)MiB, base / (double)MiB,
+		      ((double)now_free - (double)base) / MiB);
+	assert_true(absdiff(now_free, base) <= 2 * MiB);
+	stop_daemon();
+	fx.done = true;
 }
 
 static void pool_test(const char *daemon_extra, const char *how, const char *seed)
@@ -1914,6 +2075,8 @@ int main(int argc, char **argv)
 		CASE(trainer_grabbing_the_gpu_shrinks_the_pool_and_its_epoch_completes),
 		CASE(pooled_trainers_killed_mid_gather_give_back_all_device_memory_over_fd),
 		CASE(pooled_trainers_killed_mid_gather_give_back_all_device_memory_over_legacy),
+		CASE(a_trainer_killed_in_epoch_two_leaves_a_warm_pool_for_the_next_one),
+		CASE(a_lingering_pool_gives_way_to_a_process_filling_the_gpu_then_leaves),
 		CASE(killed_daemon_is_ridden_through_by_a_reconnecting_trainer_over_fd),
 		CASE(killed_daemon_is_ridden_through_by_a_reconnecting_trainer_over_legacy_ipc),
 	};

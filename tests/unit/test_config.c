@@ -507,7 +507,7 @@ static const struct {
 	{"[dataset.t]\nformat = tokens\nshards = /t-*.bin\nseq_len = 8\n  9\n", 5,
 	 "seq_len: a continuation line"},
 	{"[dataset.a]\nfield.x = /x\nshape = 3\n", 3,
-	 "unknown key 'shape' in [dataset.a] (expected format, pool or field.NAME)"},
+	 "unknown key 'shape' in [dataset.a] (expected format, pool, pool_linger or field.NAME)"},
 	{"[dataset.a]\nfield.x = /x\nfield.x = /y\n", 3, "field.x: duplicate field"},
 	{"[dataset.a]\nfield.x = /a.npy,,/b.npy\n", 2, "field.x: empty shard path in list"},
 	{"[dataset.a]\nfield. = /a.npy\n", 2, "field.: field names use"},

@@ -1089,7 +1089,7 @@ static void the_last_session_leaving_gives_every_slab_back(void **state)
 	assert_int_equal(f->p->nmissed, N - 2 * lay.per);
 
 	/* One of two sessions leaves: nothing changes. */
-	pool_put(f->p);
+	pool_put(f->p, 0);
 	assert_int_equal(f->p->sessions, 1);
 	assert_int_equal(f->p->nlive, 2);
 	assert_int_equal(f->p->rows, 2 * lay.per);
@@ -1101,7 +1101,7 @@ static void the_last_session_leaving_gives_every_slab_back(void **state)
 	batch_submit(f, b);
 	pool_set_budget(f->p, lay.need * lay.slab, "test");
 	assert_true(f->p->slab_pending);
-	pool_put(f->p);
+	pool_put(f->p, 0);
 	assert_true(pool_check(f->p));
 	assert_int_equal(f->p->sessions, 0);
 	assert_int_equal(f->p->nlive, 0);

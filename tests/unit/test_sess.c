@@ -35,7 +35,9 @@
 #include "config.h"
 #include "daemon.h"
 #include "dataset.h"
+#include "gov.h"
 #include "gpu.h"
+#include "linger.h"
 #include "order.h"
 #include "pool.h"
 #include "reader.h"
@@ -286,6 +288,7 @@ static int setup(void **state)
 	assert_non_null(f->d.xfers);
 	assert_int_equal(ring_init(&f->d.ring, 16u << 20, err, sizeof(err)), 0);
 	assert_int_equal(reader_start(&f->d.readers, 2, &f->loop, sess_job_done, &f->d), 0);
+	assert_int_equal(linger_init(&f->d), 0);
 	f->peer = (struct peer){.conn = f, .send = fake_send, .uid = getuid(), .pid = getpid()};
 	snprintf(f->peer.name, sizeof(f->peer.name), "test peer");
 	*state = f;
@@ -324,7 +327,9 @@ static int teardown(void **state)
 	reader_stop(f->d.readers);
 	if (f->d.xfers[0])
 		xfer_stop(f->d.xfers[0]);
+	linger_stop(&f->d);
 	uv_run(&f->loop, UV_RUN_DEFAULT);
+	free(f->d.linger);
 	if (f->d.xfers[0])
 		xfer_free(f->d.xfers[0]);
 	free(f->d.xfers);
@@ -910,6 +915,174 @@ a_client_gather_epoch_is_byte_exact_and_slabs_outlive_the_batches_that_read_them
 	assert_int_equal(gone, slabs_out);
 }
 
+/* ---- lingering pools ---------------------------------------------------------- */
+
+/* The session goes as a killed trainer's does (its connection closes);
+ * waits until it is freed.  The "client" loses its slab mappings with it. */
+static void end_session(struct fixture *f)
+{
+	sess_detach(f->s);
+	f->s = NULL;
+	for (int i = 0; i < 5000 && g.ds.users; i++) {
+		uv_run(&f->loop, UV_RUN_NOWAIT);
+		usleep(1000);
+	}
+	assert_int_equal(g.ds.users, 0);
+	for (int j = 0; j < MAX_SLABS; j++)
+		f->slabs[j].gen = 0;
+}
+
+/* A gathering session fills the pool (every sample resident) and ends. */
+static struct pool *fill_and_leave(struct fixture *f)
+{
+	struct order_spec spec = {.kind = ORDER_SHUFFLE, .seed = 5};
+	struct pool *p;
+
+	open_gather = true;
+	open_session(f, "cuda:0", 32, 0);
+	open_gather = false;
+	start_epoch(f, 1, PF__ORDER__ORDER_SHUFFLE, 5);
+	consume_epoch(f, 1, &spec, 32);
+	fill_pool(f, &spec);
+	p = f->s->cuda.pool;
+	end_session(f);
+	return p;
+}
+
+static bool pool_left(struct fixture *f)
+{
+	return !pool_lingering(f->d.pools.head);
+}
+
+static void a_lingering_pool_serves_the_next_session_from_its_first_batch(void **state)
+{
+	struct fixture *f = *state;
+	struct order_spec spec = {.kind = ORDER_SHUFFLE, .seed = 40};
+	struct pool *p = fill_and_leave(f);
+	uint64_t bytes = pool_bytes(p);
+	int inline_before, gathers;
+
+	/* No session, everything kept, and it says so. */
+	assert_true(pool_lingering(p));
+	assert_int_equal(p->sessions, 0);
+	assert_int_equal(p->rows, N);
+	assert_true(bytes > 0);
+	assert_true(pool_linger_left(p, now_ns()) > CONFIG_POOL_LINGER_DEFAULT - 5);
+	/* A new trainer on the same dataset and GPU: every batch of its first
+	 * epoch is all hits, byte-exact, with nothing over PCIe. */
+	open_gather = true;
+	open_session(f, "cuda:0", 32, 0);
+	open_gather = false;
+	assert_ptr_equal(f->s->cuda.pool, p);
+	assert_false(pool_lingering(p));
+	inline_before = count_inline(f);
+	gathers = gpu_fake_gathers_run();
+	start_epoch(f, 40, PF__ORDER__ORDER_SHUFFLE, 40);
+	assert_int_equal(consume_epoch(f, 40, &spec, 32), 10);
+	assert_int_equal(f->s->cuda.pool_hits, N);
+	assert_int_equal(f->s->cuda.h2d_bytes, 0);
+	/* Every batch all hits, its index in the message: no daemon kernel. */
+	assert_int_equal(count_inline(f) - inline_before, 10);
+	assert_int_equal(gpu_fake_gathers_run(), gathers);
+	assert_int_equal(pool_bytes(p), bytes);
+}
+
+static void a_lingering_pool_gives_back_what_free_memory_lacks_of_the_reserve(void **state)
+{
+	struct fixture *f = *state;
+	struct pool *p;
+	uint64_t bytes, reserve, total = 80ull << 30, slab;
+	int live;
+
+	f->d.cfg.probe_interval = 0.05;
+	f->d.cfg.pool_slab = 64u << 10; /* 65 records a slab: 5 slabs */
+	daemon_config_pools(&f->d);
+	p = fill_and_leave(f);
+	bytes = pool_bytes(p);
+	slab = p->slab_bytes;
+	assert_true(bytes >= 2 * slab);
+	/* The session's arenas go on the transfer thread after it: wait for
+	 * the count to settle before taking it. */
+	live = gpu_fake_live_allocs();
+	for (int same = 0, i = 0; same < 50 && i < 5000; i++) {
+		uv_run(&f->loop, UV_RUN_NOWAIT);
+		usleep(1000);
+		same = gpu_fake_live_allocs() == live ? same + 1 : 0;
+		live = gpu_fake_live_allocs();
+	}
+	/* Another process takes memory: free is now a slab and a half under
+	 * the reserve.  The next probe (50 ms) gives back two slabs, newest
+	 * first, and no more. */
+	reserve = gov_reserve(total, f->d.cfg.reserve_frac, f->d.cfg.reserve_min);
+	gpu_fake_set_mem(reserve - slab - slab / 2, total);
+	for (int i = 0; i < 2000 && pool_bytes(p) == bytes; i++) {
+		uv_run(&f->loop, UV_RUN_NOWAIT);
+		usleep(1000);
+	}
+	assert_int_equal(pool_bytes(p), bytes - 2 * slab);
+	assert_true(pool_lingering(p));
+	assert_non_null(strstr(p->linger_reason, "under the reserve"));
+	assert_non_null(strstr(p->linger_reason, "daemon's probe"));
+	assert_true(linger_probe_age(&f->d, 0) >= 0);
+	for (int i = 0; i < 2000 && gpu_fake_live_allocs() > live - 2; i++) {
+		uv_run(&f->loop, UV_RUN_NOWAIT);
+		usleep(1000);
+	}
+	assert_int_equal(gpu_fake_live_allocs(), live - 2);
+	/* Far below: everything goes, and the pool no longer lingers. */
+	gpu_fake_set_mem(1ull << 30, total);
+	run_until(f, pool_left);
+	assert_int_equal(pool_bytes(p), 0);
+	assert_int_equal(p->rows, 0);
+}
+
+static void a_lingering_pool_is_given_back_when_pool_linger_is_over(void **state)
+{
+	struct fixture *f = *state;
+	int before = gpu_fake_live_allocs();
+	struct pool *p;
+	uint64_t t0;
+
+	f->d.cfg.pool_linger = 0.3;
+	p = fill_and_leave(f);
+	t0 = now_ns();
+	assert_true(pool_lingering(p));
+	run_until(f, pool_left);
+	assert_true(now_ns() - t0 > 200000000ull);
+	assert_int_equal(pool_bytes(p), 0);
+	assert_non_null(strstr(p->budget_reason, "pool_linger over"));
+	for (int i = 0; i < 2000 && gpu_fake_live_allocs() > before; i++) {
+		uv_run(&f->loop, UV_RUN_NOWAIT);
+		usleep(1000);
+	}
+	assert_int_equal(gpu_fake_live_allocs(), before);
+}
+
+static void pool_linger_zero_gives_a_pool_back_with_its_last_session(void **state)
+{
+	struct fixture *f = *state;
+	struct pool *p;
+
+	f->d.cfg.pool_linger = 0;
+	p = fill_and_leave(f);
+	assert_false(pool_lingering(p));
+	assert_int_equal(pool_bytes(p), 0);
+	assert_int_equal(p->rows, 0);
+}
+
+static void a_lingering_pool_dropped_by_prefetchctl_empties_at_once(void **state)
+{
+	struct fixture *f = *state;
+	struct pool *p = fill_and_leave(f);
+	uint64_t bytes = pool_bytes(p), freed = 0;
+
+	assert_int_equal(pool_control(&f->d.pools, "ds", POOL_DROP, &freed), 1);
+	assert_true(freed >= bytes);
+	assert_false(pool_lingering(p));
+	assert_int_equal(pool_bytes(p), 0);
+	assert_non_null(strstr(p->budget_reason, "dropped by prefetchctl"));
+}
+
 /* A CUDA session of a client that copies batches itself, on a dataset with
  * no pool: host arenas, SessionOpened.client_copy, no device work at all in
  * the daemon; with the pool on, the same request gets the device path. */
@@ -1077,6 +1250,18 @@ int main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			a_client_that_copies_gets_the_device_path_from_a_pool, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			a_lingering_pool_serves_the_next_session_from_its_first_batch, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			a_lingering_pool_gives_back_what_free_memory_lacks_of_the_reserve, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			a_lingering_pool_is_given_back_when_pool_linger_is_over, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			pool_linger_zero_gives_a_pool_back_with_its_last_session, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			a_lingering_pool_dropped_by_prefetchctl_empties_at_once, setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			a_device_allocation_failing_every_try_is_an_error_batch, setup, teardown),
 		cmocka_unit_test_setup_teardown(
