@@ -97,8 +97,9 @@ def run_child(args, data, sock, epoch, timed=1):
            data["path"], "--rows", str(data["rows"]), "--sum", repr(data["sum"]), "--epoch",
            str(epoch), "--timed", str(timed), "--seed", "7"]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600)
-    if p.returncode != 0:
+    if p.returncode != 0 or args.diag:
         sys.stderr.write(p.stderr.decode("utf-8", "replace")[-4000:])
+    if p.returncode != 0:
         raise SystemExit("pool_linger: a trainer process failed (exit %d)" % p.returncode)
     return json.loads(p.stdout.decode())
 
