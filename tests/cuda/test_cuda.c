@@ -1924,7 +1924,16 @@ static void a_lingering_pool_gives_way_to_a_process_filling_the_gpu_then_leaves(
 	pf__envelope__free_unpacked(env, NULL);
 	pfcuda_mem_free(gpu, ptr);
 
-	/* pool_linger after the session left, everything goes back. */
+	/* The pressure may have taken the whole pool: a second trainer fills
+	 * it again and leaves, and this time nothing presses.  pool_linger
+	 * after it left, everything goes back. */
+	run_trainer("pooler2", args, 120000);
+	ended = td_now();
+	p = test_pool(&env);
+	print_message("lingering again: %s, %.1f MiB\n", p->lingering ? "yes" : "NO",
+		      p->bytes / (double)MiB);
+	assert_true(p->lingering && p->bytes > 0);
+	pf__envelope__free_unpacked(env, NULL);
 	do {
 		p = test_pool(&env);
 		if (!p->lingering)
