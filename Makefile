@@ -36,7 +36,7 @@ say = @printf '  %-7s %s\n' $(1) $(2);
 endif
 
 CC      ?= cc
-PKGS    := libuv libprotobuf-c inih libsystemd
+PKGS    := libuv libprotobuf-c inih libsystemd liburing
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null || echo -lcmocka)

@@ -356,7 +356,8 @@ int config_load(const char *path, struct config *cfg, char *err, size_t errlen)
 	}
 	/* [daemon] may come after the datasets, so the copy waits for EOF. */
 	for (size_t d = 0; d < cfg->ndatasets; d++)
-		cfg->datasets[d].read = cfg->read;
+		if (!cfg->datasets[d].read_set)
+			cfg->datasets[d].read = cfg->read;
 out:
 	if (st.file)
 		fclose(st.file);

@@ -28,7 +28,7 @@
  *   depth = 4                       ; default target when not sized by a probe
  *   max_depth = 16                  ; default upper bound of a session's target
  *   ipc = fd                        ; fd | legacy (CUDA arenas)
- *   read = mmap                     ; mmap | pread: how readers gather rows
+ *   read = mmap                     ; mmap | pread | direct: how readers gather rows
  *   reserve = 10%                   ; device memory left free (at least reserve_min)
  *   reserve_min = 2G
  *   probe_interval = 5              ; seconds between honest-depth probes
@@ -44,6 +44,7 @@
  *   field.y = /data/y-0.npy, /data/y-1.npy   ; shards, in order
  *   pool = off                      ; overrides [daemon] pool for this dataset
  *   pool_linger = 0                 ; overrides [daemon] pool_linger
+ *   read = direct                   ; overrides [daemon] read for this dataset
  *
  *   [dataset.fineweb]               ; llm.c / modded-nanogpt token shards
  *   format = tokens
@@ -93,6 +94,7 @@ struct config_field {
 enum config_read {
 	CONFIG_READ_MMAP, /* the default: zero, so a zeroed declaration maps */
 	CONFIG_READ_PREAD,
+	CONFIG_READ_DIRECT, /* O_DIRECT runs, io_uring where allowed (direct.c) */
 };
 
 enum config_pool {
@@ -109,6 +111,7 @@ struct config_dataset {
 	/* [daemon] read, copied here by config_load so that ds_load needs
 	 * nothing but the declaration. */
 	enum config_read read;
+	bool read_set; /* the dataset's own `read`, else [daemon]'s is copied */
 	enum config_pool pool;
 	double pool_linger; /* seconds, when pool_linger_set: overrides [daemon] */
 	bool pool_linger_set;

@@ -367,8 +367,10 @@ int config_daemon_key(struct parse *st, const char *name, const char *value)
 			cfg->read = CONFIG_READ_MMAP;
 		else if (strcmp(value, "pread") == 0)
 			cfg->read = CONFIG_READ_PREAD;
+		else if (strcmp(value, "direct") == 0)
+			cfg->read = CONFIG_READ_DIRECT;
 		else
-			return fail(st, "read: '%s' is not mmap or pread", value);
+			return fail(st, "read: '%s' is not mmap, pread or direct", value);
 		return 1;
 	case K_RESERVE:
 		if (st->key_line[K_RESERVE_MIN] && config_parse_size(value, &(uint64_t){0}) == 0)
@@ -510,6 +512,20 @@ int config_dataset_key(struct parse *st, const char *name, const char *value)
 		ds->pool = strcmp(value, "on") == 0 ? CONFIG_POOL_ON : CONFIG_POOL_OFF;
 		return 1;
 	}
+	if (strcmp(name, "read") == 0) {
+		if (ds->read_set)
+			return fail(st, "read: duplicate key");
+		ds->read_set = true;
+		if (strcmp(value, "mmap") == 0)
+			ds->read = CONFIG_READ_MMAP;
+		else if (strcmp(value, "pread") == 0)
+			ds->read = CONFIG_READ_PREAD;
+		else if (strcmp(value, "direct") == 0)
+			ds->read = CONFIG_READ_DIRECT;
+		else
+			return fail(st, "read: '%s' is not mmap, pread or direct", value);
+		return 1;
+	}
 	if (strcmp(name, "pool_linger") == 0) {
 		if (ds->pool_linger_set)
 			return fail(st, "pool_linger: duplicate key");
@@ -517,11 +533,11 @@ int config_dataset_key(struct parse *st, const char *name, const char *value)
 		return key_linger(st, name, value, &ds->pool_linger);
 	}
 	if (strncmp(name, "field.", 6) != 0)
-		return fail(
-			st,
-			"unknown key '%s' in [dataset.%s] (expected format, pool, pool_linger or "
-			"field.NAME)",
-			name, ds->name);
+		return fail(st,
+			    "unknown key '%s' in [dataset.%s] (expected format, pool, pool_linger, "
+			    "read "
+			    "or field.NAME)",
+			    name, ds->name);
 	if (!config_valid_name(name + 6))
 		return fail(st, "%s: field names use letters, digits, '_', '-' and '.'", name);
 	for (i = 0; i < ds->nfields; i++)

@@ -66,6 +66,8 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "direct.h"
+#include "log.h"
 #include "tokens.h"
 #include "util.h"
 
@@ -97,6 +99,8 @@ static void free_fields(struct dataset *ds)
 				munmap((void *)shard->map, (size_t)shard->map_len);
 			if (shard->fd >= 0)
 				close(shard->fd);
+			if (shard->dfd >= 0)
+				close(shard->dfd);
 			free(shard->path);
 		}
 		free(field->shards);
@@ -140,6 +144,7 @@ static int load_field(struct dataset *ds, struct ds_field *field, const struct c
 		uint64_t first_row = k ? shard[-1].first_row + shard[-1].rows : 0;
 
 		shard->fd = -1;
+		shard->dfd = -1;
 		field->nshards = k + 1;
 		shard->path = strdup(decl->paths[k]);
 		if (!shard->path)
@@ -321,6 +326,32 @@ static void map_shard(struct ds_field *field, struct ds_shard *shard, int rc)
 	field->nmapped++;
 }
 
+/* read = direct: every shard of field opened again with O_DIRECT, through
+ * /proc/self/fd so that it is the very file loaded (a path could have been
+ * renamed over since).  A file system that refuses O_DIRECT (tmpfs, some
+ * FUSE) leaves the field on pread, which the log says. */
+static void open_direct(const struct dataset *ds, struct ds_field *field)
+{
+	for (size_t k = 0; k < field->nshards; k++) {
+		struct ds_shard *shard = &field->shards[k];
+		char proc[64];
+
+		snprintf(proc, sizeof(proc), "/proc/self/fd/%d", shard->fd);
+		shard->dfd = open(proc, O_RDONLY | O_DIRECT | O_CLOEXEC);
+		if (shard->dfd < 0) {
+			log_warn("dataset %s: %s cannot be opened with O_DIRECT (%s): field %s is "
+				 "read with pread (through the page cache)",
+				 ds->name, shard->path, strerror(errno), field->name);
+			for (size_t j = 0; j < k; j++) {
+				close(field->shards[j].dfd);
+				field->shards[j].dfd = -1;
+			}
+			return;
+		}
+	}
+	field->direct = true;
+}
+
 /* Appends shard `path` (a token shard, already known to hold `windows`
  * samples) to field; fd becomes the shard's. */
 static int add_token_shard(struct ds_field *field, const char *path, int fd, uint64_t data_offset,
@@ -338,6 +369,7 @@ static int add_token_shard(struct ds_field *field, const char *path, int fd, uin
 	field->shards = grown;
 	shard = &field->shards[field->nshards];
 	memset(shard, 0, sizeof(*shard));
+	shard->dfd = -1;
 	shard->fd = fd;
 	shard->path = strdup(path);
 	if (!shard->path)
@@ -546,6 +578,9 @@ int ds_load(struct dataset *ds, const struct config_dataset *decl)
 		goto fail;
 	}
 map:
+	if (decl->read == CONFIG_READ_DIRECT)
+		for (f = 0; f < ds->nfields; f++)
+			open_direct(ds, &ds->fields[f]);
 	if (decl->read == CONFIG_READ_MMAP) {
 		int map_rc = install_sigbus_handler();
 
@@ -603,6 +638,9 @@ bool ds_check(const struct dataset *ds)
 		}
 		if (mapped != field->nmapped)
 			return false;
+		for (k = 0; field->direct && k < field->nshards; k++)
+			if (field->shards[k].dfd < 0)
+				return false;
 		if (field_rows(field) != ds->num_samples)
 			return false;
 		bytes += field->sample_bytes;
@@ -610,8 +648,7 @@ bool ds_check(const struct dataset *ds)
 	return bytes == ds->sample_bytes;
 }
 
-/* The shard of field holding row s (s < field_rows). */
-static const struct ds_shard *find_shard(const struct ds_field *field, uint64_t s)
+const struct ds_shard *ds_find_shard(const struct ds_field *field, uint64_t s)
 {
 	size_t lo = 0, hi = field->nshards;
 
@@ -695,7 +732,7 @@ static int copy_mapped(const struct ds_field *field, const uint64_t *samples, si
 	}
 	guard = g;
 	for (i = 0; i < n; i += run) {
-		const struct ds_shard *shard = find_shard(field, samples[i]);
+		const struct ds_shard *shard = ds_find_shard(field, samples[i]);
 
 		run = run_length(field, shard, samples + i, n - i);
 		if (!shard->map)
@@ -774,7 +811,7 @@ static int check_mapped(const struct ds_field *field, const uint64_t *samples, s
 
 	memset(seen, 0, sizeof(seen));
 	for (i = 0; i < n; i += run) {
-		const struct ds_shard *shard = find_shard(field, samples[i]);
+		const struct ds_shard *shard = ds_find_shard(field, samples[i]);
 		uint64_t end;
 
 		run = run_length(field, shard, samples + i, n - i);
@@ -812,7 +849,7 @@ static int read_unmapped(const struct ds_field *field, const uint64_t *samples, 
 	size_t i, run;
 
 	for (i = 0; i < n; i += run) {
-		const struct ds_shard *shard = find_shard(field, samples[i]);
+		const struct ds_shard *shard = ds_find_shard(field, samples[i]);
 		uint64_t row, bytes, done = 0;
 		off_t off;
 
@@ -874,6 +911,8 @@ int ds_read_field(const struct dataset *ds, size_t field_index, const uint64_t *
 	}
 	if (n == 0 || field->sample_bytes == 0)
 		return 0;
+	if (field->direct)
+		return direct_read_field(field, samples, n, dst, err, errlen);
 	if (field->nmapped) {
 		rc = copy_mapped(field, samples, n, dst, &g);
 		if (rc)

@@ -48,6 +48,7 @@ struct ds_file_id {
 struct ds_shard {
 	char *path; /* owned */
 	int fd;	    /* owned, -1 when not open */
+	int dfd;    /* owned: the same file opened O_DIRECT (read = direct), else -1 */
 	struct ds_file_id id;
 	uint64_t first_row; /* row of the field where this shard begins */
 	uint64_t rows;
@@ -73,6 +74,7 @@ struct ds_field {
 	struct ds_shard *shards; /* owned */
 	size_t nshards;
 	size_t nmapped; /* shards with a mapping */
+	bool direct;	/* read = direct: every shard has its dfd */
 };
 
 struct dataset {

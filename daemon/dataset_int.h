@@ -37,6 +37,8 @@ int ds_open_regular(int dirfd, const char *name, bool follow, const char *path, 
 int ds_open_match(const char *pattern, const char *path, int *out, char *err, size_t len);
 /* Takes shard's identity (its fd open, data_offset known) at load. */
 int ds_take_id(struct ds_shard *shard, char *err, size_t len);
+/* The shard of field holding row s (s < the field's rows). */
+const struct ds_shard *ds_find_shard(const struct ds_field *field, uint64_t s);
 /* glob(3) of one shard pattern, in name order.  0, or -errno with err. */
 int ds_glob_shards(const char *pattern, glob_t *gl, char *err, size_t len);
 

@@ -27,6 +27,7 @@
 
 #include "config.h"
 #include "dataset.h"
+#include "direct.h"
 #include "npygen.h"
 #include "testutil.h"
 
@@ -310,6 +311,174 @@ static void pread_mode_maps_nothing_and_reads_every_byte(void **state)
 	ds_close(&ds);
 }
 
+/* read = direct: the reads the other modes do, through O_DIRECT (rows of
+ * 48 and 5 bytes behind headers of 128 and more bytes: nothing aligned),
+ * and a field of rows larger than a block, over more runs than one
+ * submission holds.  Once through io_uring (this thread) and once with
+ * pread (a thread that starts with PREFETCHD_NO_IO_URING=1). */
+struct direct_case {
+	const struct dataset *ds;
+	uint64_t seed;
+	int uring; /* direct_uses_io_uring() afterwards */
+	char why[512];
+	int rc;
+};
+
+#define BIG_ROWS  5000
+#define BIG_BYTES 4097
+#define BIG_SEED  33
+
+static int big_reads_match(const struct dataset *ds, const uint64_t *samples, size_t n, char *why,
+			   size_t len)
+{
+	uint8_t *b = malloc(n * BIG_BYTES);
+	char err[256] = "";
+	int rc = 0;
+
+	if (!b || ds_read_field(ds, 0, samples, n, b, err, sizeof(err)) != 0) {
+		snprintf(why, len, "big read failed: %s", err);
+		free(b);
+		return -1;
+	}
+	for (size_t k = 0; k < n && !rc; k++)
+		for (size_t q = 0; q < BIG_BYTES; q++)
+			if (b[k * BIG_BYTES + q] != npygen_byte(BIG_SEED, samples[k], q)) {
+				snprintf(why, len, "big: sample %llu byte %zu differs",
+					 (unsigned long long)samples[k], q);
+				rc = -1;
+				break;
+			}
+	free(b);
+	return rc;
+}
+
+/* Pages of path in the page cache. */
+static size_t cached_pages(const char *path)
+{
+	int fd = open(path, O_RDONLY);
+	struct stat st;
+	size_t pages, n = 0;
+	unsigned char *vec;
+	void *m;
+
+	assert_true(fd >= 0 && fstat(fd, &st) == 0);
+	pages = ((size_t)st.st_size + 4095) / 4096;
+	m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	vec = malloc(pages);
+	assert_true(m != MAP_FAILED && vec);
+	assert_int_equal(mincore(m, (size_t)st.st_size, vec), 0);
+	for (size_t i = 0; i < pages; i++)
+		n += vec[i] & 1;
+	munmap(m, (size_t)st.st_size);
+	free(vec);
+	close(fd);
+	return n;
+}
+
+static void *direct_case_main(void *arg)
+{
+	struct direct_case *c = arg;
+	uint64_t samples[300], rng = c->seed;
+
+	for (int i = 0; i < 200 && !c->rc; i++) {
+		size_t n = random_samples(&rng, samples, 300);
+
+		c->rc = check_reads(c->ds, samples, n, c->why, sizeof(c->why));
+	}
+	c->uring = direct_uses_io_uring();
+	return NULL;
+}
+
+static void direct_mode_reads_every_byte_with_o_direct_through_io_uring_and_pread(void **state)
+{
+	struct fixture *fx = *state;
+	struct dataset ds, big;
+	struct direct_case c = {.ds = &ds, .seed = 9};
+	char *big_paths[1];
+	struct config_field big_field;
+	struct config_dataset big_decl;
+	uint64_t *all = malloc(BIG_ROWS * sizeof(*all));
+	uint64_t big_shape[1] = {BIG_BYTES}, rng = 5;
+	char why[512] = "";
+	pthread_t t;
+
+	assert_non_null(all);
+	write_good_dataset(fx);
+	fx->decl.read = CONFIG_READ_DIRECT;
+	assert_int_equal(ds_load(&ds, &fx->decl), 0);
+	assert_true(ds_check(&ds));
+	assert_true(ds.fields[0].direct && ds.fields[1].direct);
+	assert_int_equal(ds.fields[0].nmapped, 0);
+	for (size_t k = 0; k < 3; k++)
+		assert_true(ds.fields[0].shards[k].dfd >= 0);
+	/* This thread: io_uring (the kernel here allows it). */
+	direct_case_main(&c);
+	if (c.rc)
+		fail_msg("io_uring: %s", c.why);
+	print_message("direct reads through %s\n", c.uring ? "io_uring" : "pread");
+	/* A new thread with the ring refused: pread, the same bytes. */
+	setenv("PREFETCHD_NO_IO_URING", "1", 1);
+	c = (struct direct_case){.ds = &ds, .seed = 10};
+	assert_int_equal(pthread_create(&t, NULL, direct_case_main, &c), 0);
+	pthread_join(t, NULL);
+	unsetenv("PREFETCHD_NO_IO_URING");
+	if (c.rc)
+		fail_msg("pread: %s", c.why);
+	assert_false(c.uring);
+	ds_close(&ds);
+
+	/* Rows of 4097 bytes (each across two or three blocks), 20 MB: in
+	 * order it is runs of DIRECT_RUN_MAX over more than one bounce
+	 * buffer; shuffled, more runs than one submission takes. */
+	big_paths[0] = write_npy(fx, "big.npy", 1, "|u1", 1, BIG_SEED, 0, BIG_ROWS, big_shape, 1);
+	{
+		/* Out of the page cache first, so that what is there after the
+		 * reads is what they brought in. */
+		int fd = open(big_paths[0], O_RDONLY);
+
+		assert_true(fd >= 0);
+		assert_int_equal(fdatasync(fd), 0);
+		assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+		close(fd);
+	}
+	big_field = (struct config_field){"b", big_paths, 1};
+	big_decl = (struct config_dataset){.name = "big",
+					   .format = "npy",
+					   .fields = &big_field,
+					   .nfields = 1,
+					   .read = CONFIG_READ_DIRECT};
+	assert_int_equal(ds_load(&big, &big_decl), 0);
+	assert_true(big.fields[0].direct);
+	for (uint64_t i = 0; i < BIG_ROWS; i++)
+		all[i] = i;
+	if (big_reads_match(&big, all, BIG_ROWS, why, sizeof(why)))
+		fail_msg("in order: %s", why);
+	for (uint64_t i = BIG_ROWS - 1; i > 0; i--) {
+		uint64_t j = npygen_mix(++rng) % (i + 1), tmp = all[i];
+
+		all[i] = all[j];
+		all[j] = tmp;
+	}
+	if (big_reads_match(&big, all, 700, why, sizeof(why)))
+		fail_msg("shuffled: %s", why);
+	/* The last rows: the file's size is no multiple of a block. */
+	all[0] = BIG_ROWS - 1, all[1] = BIG_ROWS - 2, all[2] = 0;
+	if (big_reads_match(&big, all, 3, why, sizeof(why)))
+		fail_msg("the tail: %s", why);
+	/* 20 MB read, and the page cache holds only what the load read (the
+	 * header), not the rows. */
+	{
+		size_t cached = cached_pages(big_paths[0]);
+
+		print_message("after the direct reads of %d rows: %zu of %d pages cached\n",
+			      BIG_ROWS, cached, (BIG_ROWS * BIG_BYTES + 128 + 4095) / 4096);
+		assert_true(cached <= 16);
+	}
+	ds_close(&big);
+	free(big_paths[0]);
+	free(all);
+}
+
 /* A shard whose mmap failed at load is read with pread, next to mapped ones
  * in the same field and the same read.  The failure is made here by hand:
  * nothing makes mmap fail on demand for one file. */
@@ -502,10 +671,11 @@ static void token_windows_stay_in_their_shard_and_hold_the_right_tokens(void **s
 {
 	struct fixture *fx = *state;
 	char pattern[128];
-	enum config_read modes[] = {CONFIG_READ_MMAP, CONFIG_READ_PREAD};
+	enum config_read modes[] = {CONFIG_READ_MMAP, CONFIG_READ_PREAD, CONFIG_READ_DIRECT};
+	static const char *const names[] = {"mmap", "pread", "direct"};
 
 	write_token_shards(fx, pattern, sizeof(pattern));
-	for (size_t m = 0; m < 2; m++) {
+	for (size_t m = 0; m < 3; m++) {
 		struct dataset ds;
 		uint64_t want = 0, shard_first[4] = {0}, start = 0, sample = 0;
 		uint16_t row[TOK_SEQ + 1];
@@ -536,8 +706,7 @@ static void token_windows_stay_in_their_shard_and_hold_the_right_tokens(void **s
 					if (row[t] !=
 					    td_token(TOK_SEED, shard_first[i] + w * TOK_SEQ + t))
 						fail_msg("%s: sample %llu token %llu is wrong",
-							 m ? "pread" : "mmap",
-							 (unsigned long long)s,
+							 names[m], (unsigned long long)s,
 							 (unsigned long long)t);
 			}
 		}
@@ -696,6 +865,24 @@ static void file_truncated_after_load_reads_as_eio_naming_the_file_with_pread(vo
 	assert_reads_match(&ds, intact, sizeof(intact) / sizeof(intact[0]));
 	assert_int_equal(ds_read_field(&ds, 1, cut, 3, y, err, sizeof(err)), 0);
 	assert_int_equal(y[2 * Y_ROW_BYTES + 4], npygen_byte(Y_SEED, 501, 4));
+	ds_close(&ds);
+}
+
+static void direct_read_of_a_file_cut_after_load_is_eio_naming_it(void **state)
+{
+	struct fixture *fx = *state;
+	static const uint64_t cut[] = {X2(98), X2(99), X2(100)};
+	uint8_t x[3 * X_ROW_BYTES];
+	char err[512] = "", want[512];
+	struct dataset ds;
+
+	write_good_dataset(fx);
+	fx->decl.read = CONFIG_READ_DIRECT;
+	assert_int_equal(ds_load(&ds, &fx->decl), 0);
+	truncate_x2(fx, &ds, 128 + 100 * X_ROW_BYTES + 10);
+	assert_int_equal(ds_read_field(&ds, 0, cut, 3, x, err, sizeof(err)), -EIO);
+	snprintf(want, sizeof(want), "%s: short read at row 100 (file truncated?)", fx->x_paths[2]);
+	assert_string_equal(err, want);
 	ds_close(&ds);
 }
 
@@ -1132,6 +1319,8 @@ int main(void)
 		T(dataset_without_fields_is_refused),
 		T(empty_dataset_is_refused),
 		T(pread_mode_maps_nothing_and_reads_every_byte),
+		T(direct_mode_reads_every_byte_with_o_direct_through_io_uring_and_pread),
+		T(direct_read_of_a_file_cut_after_load_is_eio_naming_it),
 		T(shard_without_mapping_is_read_with_pread_beside_mapped_ones),
 		T(file_truncated_after_load_reads_as_eio_naming_the_file_with_pread),
 		T(mid_page_truncation_after_load_is_eio_naming_the_file),
