@@ -19,6 +19,7 @@
 #include <unistd.h>
 #include <time.h>
 
+#include "blocks.h"
 #include "dataset.h"
 #include "handback.h"
 #include "log.h"
@@ -52,7 +53,10 @@ void reader_run_job(struct reader_job *job)
 			job->samples[k] %= job->wrap;
 		job->wrap = 0;
 	}
-	for (size_t f = 0; f < ds->nfields && job->rc == 0; f++)
+	if (job->blocks)
+		job->rc = blocks_read(job->blocks, job->samples, job->count, job->dst,
+				      job->field_offset, job->first, job->err, sizeof(job->err));
+	for (size_t f = 0; !job->blocks && f < ds->nfields && job->rc == 0; f++)
 		job->rc = ds_read_field(ds, f, job->samples, job->count,
 					job->dst + job->field_offset[f] +
 						(uint64_t)job->first * ds->fields[f].sample_bytes,

@@ -39,6 +39,9 @@ struct reader_job {
 	int rc; /* 0, or -errno with err set; -ESTALE: a file of ds changed on disk */
 	char err[256];
 	uint64_t read_ns; /* time the reads took */
+	/* A block-shuffled direct epoch's block cache (blocks.h), or NULL:
+	 * a reference the owner took for the job and puts when it is back. */
+	struct blocks *blocks;
 };
 
 /* The reader threads, shared by every session. */
