@@ -2,7 +2,7 @@
 # Installs the Debian 12 packages prefetchd builds and tests with, when any is
 # missing.  `make deps` runs it; `make run` and `make check` depend on it.
 set -e
-pkgs="build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev libinih-dev libsystemd-dev libdlpack-dev python3-numpy clang libclang-rt-14-dev systemd"
+pkgs="build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev libinih-dev libsystemd-dev python3-numpy clang libclang-rt-14-dev systemd"
 missing=""
 for p in $pkgs; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
