@@ -10,7 +10,9 @@
 #   make bench-host / bench-cuda / bench-train / bench-linger
 #   make install PREFIX=/usr/local DESTDIR=   (builds only what it installs)
 #   make uninstall PREFIX=/usr/local DESTDIR=
-#   make deps       install missing Debian packages with apt-get
+#   make deps       install every package any target needs (tools/deps.sh)
+#   NO_DEPS=1       skip tools/deps.sh (a system it does not know, with the
+#                   packages installed by hand)
 #   V=1             show the commands
 
 PREFIX  ?= /usr/local
@@ -241,14 +243,27 @@ $(PY_CUDA):
 	$(call py_wrapper,numpy,test_torch_cuda.py,torch)
 
 # ---- user targets -----------------------------------------------------------
-deps:
-	@sh tools/deps.sh
+# Each target that builds or tests first runs tools/deps.sh with the groups
+# of packages it needs (build, test, clang: the script says which packages
+# each is on this system), then builds in a new make, whose pkg-config
+# flags are read after the install.
+ifeq ($(NO_DEPS),)
+INSTALL_DEPS := sh tools/deps.sh
+else
+INSTALL_DEPS := :
+endif
 
-run: deps
-	@$(MAKE) --no-print-directory all
+deps:
+	@$(INSTALL_DEPS) build test clang
+
+# The demo needs the programs, not the tests (nor cmocka to link them).
+run:
+	@$(INSTALL_DEPS) build
+	@$(MAKE) --no-print-directory $(PROGS)
 	@sh tools/demo.sh
 
-check: deps
+check:
+	@$(INSTALL_DEPS) build test
 	@$(MAKE) --no-print-directory all $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER)
 	@sh tests/run.sh $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(PY_HOST) $(PY_CUDA) \
 	  $(UNITS_TEST) $(PY_ORDER)
