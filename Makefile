@@ -219,6 +219,7 @@ PY_HOST := $(B)/tests/py_host
 PY_CUDA := $(B)/tests/py_torch_cuda
 UNITS_TEST := $(B)/tests/units
 PY_ORDER := $(B)/tests/py_order
+DEPS_TEST := $(B)/tests/deps
 
 # $(1): the modules the test needs, $(2): the test file, $(3): modules it
 # would like.
@@ -229,7 +230,7 @@ define py_wrapper
 	  chmod +x $@.tmp && mv $@.tmp $@
 endef
 
-.PHONY: $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER)
+.PHONY: $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER) $(DEPS_TEST)
 $(PY_ORDER):
 	$(call py_wrapper,numpy,test_order.py)
 # The systemd units, checked with systemd-analyze (tests/units.sh).
@@ -237,6 +238,12 @@ $(UNITS_TEST):
 	@mkdir -p $(@D)
 	$(call say,GEN,$@)printf '#!/bin/sh\nexec sh %s %s %s\n' '$(CURDIR)/tests/units.sh' '$(CURDIR)' \
 	  '$(abspath $(B))' > $@.tmp && chmod +x $@.tmp && mv $@.tmp $@
+# tools/deps.sh's choice of packages on the os-release files of the systems
+# it knows and of some it does not (tests/deps.sh); it installs nothing.
+$(DEPS_TEST):
+	@mkdir -p $(@D)
+	$(call say,GEN,$@)printf '#!/bin/sh\nexec sh %s %s\n' '$(CURDIR)/tests/deps.sh' '$(CURDIR)' \
+	  > $@.tmp && chmod +x $@.tmp && mv $@.tmp $@
 $(PY_HOST):
 	$(call py_wrapper,numpy,test_host.py)
 $(PY_CUDA):
@@ -264,9 +271,9 @@ run:
 
 check:
 	@$(INSTALL_DEPS) build test
-	@$(MAKE) --no-print-directory all $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER)
+	@$(MAKE) --no-print-directory all $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER) $(DEPS_TEST)
 	@sh tests/run.sh $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(PY_HOST) $(PY_CUDA) \
-	  $(UNITS_TEST) $(PY_ORDER)
+	  $(UNITS_TEST) $(PY_ORDER) $(DEPS_TEST)
 
 check-cuda: all $(PY_CUDA)
 	@PF_REQUIRE_GPU=1 sh tests/run.sh $(CUDA_TESTS) $(PY_CUDA)
