@@ -5,7 +5,7 @@
 # tests/run.sh.  Nothing is installed: OS_RELEASE points the script at the
 # os-release files in tests/os-release/, and dpkg-query, id and apt-get are
 # stand-ins on PATH that answer from a list and write down how they were
-# called.
+# called.  README's Set-up section, which lists the packages, must name each.
 #   tests/deps.sh REPO
 #
 # The os-release files are those systems' own:
@@ -194,6 +194,16 @@ apt-get install -y -qq --no-install-recommends libuv1-dev python3-numpy libclang
 		echo "  want: $want"
 		return 1
 	fi
+}
+
+t_readme_set_up_names_every_package() {
+	setup=$(sed -n '/^## Set-up/,/^## [^S]/p' "$repo/README.md")
+	for p in $build $test $clang_debian_12 $clang_ubuntu_22_04 $clang_ubuntu_24_04; do
+		echo "$setup" | grep -qw -- "$p" || {
+			echo "README's Set-up section does not name $p"
+			return 1
+		}
+	done
 }
 
 cases=$(sed -n 's/^\(t_[a-z0-9_]*\)() {$/\1/p' "$0")
