@@ -10,7 +10,9 @@
 #   make bench-host / bench-cuda / bench-train / bench-linger
 #   make install PREFIX=/usr/local DESTDIR=   (builds only what it installs)
 #   make uninstall PREFIX=/usr/local DESTDIR=
-#   make deps       install missing Debian packages with apt-get
+#   make deps       install every package any target needs (tools/deps.sh)
+#   NO_DEPS=1       skip tools/deps.sh (a system it does not know, with the
+#                   packages installed by hand)
 #   V=1             show the commands
 
 PREFIX  ?= /usr/local
@@ -217,6 +219,7 @@ PY_HOST := $(B)/tests/py_host
 PY_CUDA := $(B)/tests/py_torch_cuda
 UNITS_TEST := $(B)/tests/units
 PY_ORDER := $(B)/tests/py_order
+DEPS_TEST := $(B)/tests/deps
 
 # $(1): the modules the test needs, $(2): the test file, $(3): modules it
 # would like.
@@ -227,7 +230,7 @@ define py_wrapper
 	  chmod +x $@.tmp && mv $@.tmp $@
 endef
 
-.PHONY: $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER)
+.PHONY: $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER) $(DEPS_TEST)
 $(PY_ORDER):
 	$(call py_wrapper,numpy,test_order.py)
 # The systemd units, checked with systemd-analyze (tests/units.sh).
@@ -235,23 +238,42 @@ $(UNITS_TEST):
 	@mkdir -p $(@D)
 	$(call say,GEN,$@)printf '#!/bin/sh\nexec sh %s %s %s\n' '$(CURDIR)/tests/units.sh' '$(CURDIR)' \
 	  '$(abspath $(B))' > $@.tmp && chmod +x $@.tmp && mv $@.tmp $@
+# tools/deps.sh's choice of packages on the os-release files of the systems
+# it knows and of some it does not (tests/deps.sh); it installs nothing.
+$(DEPS_TEST):
+	@mkdir -p $(@D)
+	$(call say,GEN,$@)printf '#!/bin/sh\nexec sh %s %s\n' '$(CURDIR)/tests/deps.sh' '$(CURDIR)' \
+	  > $@.tmp && chmod +x $@.tmp && mv $@.tmp $@
 $(PY_HOST):
 	$(call py_wrapper,numpy,test_host.py)
 $(PY_CUDA):
 	$(call py_wrapper,numpy,test_torch_cuda.py,torch)
 
 # ---- user targets -----------------------------------------------------------
-deps:
-	@sh tools/deps.sh
+# Each target that builds or tests first runs tools/deps.sh with the groups
+# of packages it needs (build, test, clang: the script says which packages
+# each is on this system), then builds in a new make, whose pkg-config
+# flags are read after the install.
+ifeq ($(NO_DEPS),)
+INSTALL_DEPS := sh tools/deps.sh
+else
+INSTALL_DEPS := :
+endif
 
-run: deps
-	@$(MAKE) --no-print-directory all
+deps:
+	@$(INSTALL_DEPS) build test clang
+
+# The demo needs the programs, not the tests (nor cmocka to link them).
+run:
+	@$(INSTALL_DEPS) build
+	@$(MAKE) --no-print-directory $(PROGS)
 	@sh tools/demo.sh
 
-check: deps
-	@$(MAKE) --no-print-directory all $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER)
+check:
+	@$(INSTALL_DEPS) build test
+	@$(MAKE) --no-print-directory all $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER) $(DEPS_TEST)
 	@sh tests/run.sh $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(PY_HOST) $(PY_CUDA) \
-	  $(UNITS_TEST) $(PY_ORDER)
+	  $(UNITS_TEST) $(PY_ORDER) $(DEPS_TEST)
 
 check-cuda: all $(PY_CUDA)
 	@PF_REQUIRE_GPU=1 sh tests/run.sh $(CUDA_TESTS) $(PY_CUDA)

@@ -95,14 +95,20 @@ TSAN_MAKE = $(MAKE) --no-print-directory B=$(TSAN_B) CC='$(TSAN_CC)' CFLAGS='$(S
 	SAN_ENV='TSAN_OPTIONS=$(SAN_TSAN_OPTS)' \
 	SAN_PY_ENV='LD_PRELOAD=$(TSAN_RT) TSAN_OPTIONS=$(SAN_TSAN_OPTS)'
 
-# The Python tests also load the plain build/libprefetch.so (the library
-# search test copies it): build it first, as `make check` would.
-check-asan: $(B)/libprefetch.so
+# The packages first (tools/deps.sh: the host suite's, and clang for ASan;
+# gcc's TSan runtime comes with the build group), then, since the Python
+# tests also load the plain build/libprefetch.so (the library search test
+# copies it), that library, as `make check` would build it.
+check-asan:
+	@$(INSTALL_DEPS) build test clang
+	@$(MAKE) --no-print-directory $(B)/libprefetch.so
 	$(call san_fresh,$(ASAN_B),$(ASAN_CC) $(SAN_CFLAGS))
 	@$(ASAN_MAKE) san-build
 	@$(ASAN_MAKE) san-run
 
-check-tsan: $(B)/libprefetch.so
+check-tsan:
+	@$(INSTALL_DEPS) build test
+	@$(MAKE) --no-print-directory $(B)/libprefetch.so
 	$(call san_fresh,$(TSAN_B),$(TSAN_CC) $(SAN_CFLAGS))
 	@$(TSAN_MAKE) san-build
 	@$(TSAN_MAKE) san-run
@@ -158,7 +164,9 @@ $(B)/tests/soak: $(B)/tests/soakobj/soak.o $(B)/tests/soakobj/hostile.o $(TEST_U
 		 $(B)/prefetchd
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) -ldl $(LDLIBS)
 
-soak: $(B)/tests/soak
+soak:
+	@$(INSTALL_DEPS) build
+	@$(MAKE) --no-print-directory $(B)/tests/soak
 	@PREFETCHD_BIN=$(CURDIR)/$(B)/prefetchd $(B)/tests/soak
 
 # Under a sanitizer the RSS is not judged: ASan keeps freed blocks in a
@@ -166,11 +174,13 @@ soak: $(B)/tests/soak
 # so RSS grows by design; LeakSanitizer at the daemon's exit (its status
 # must be 0) and the exact fd count are the leak checks there.
 soak-asan:
+	@$(INSTALL_DEPS) build clang
 	$(call san_fresh,$(ASAN_B),$(ASAN_CC) $(SAN_CFLAGS))
 	@$(ASAN_MAKE) $(ASAN_B)/tests/soak
 	@$(ASAN_MAKE) san-soak
 
 soak-tsan:
+	@$(INSTALL_DEPS) build
 	$(call san_fresh,$(TSAN_B),$(TSAN_CC) $(SAN_CFLAGS))
 	@$(TSAN_MAKE) $(TSAN_B)/tests/soak
 	@$(TSAN_MAKE) san-soak

@@ -69,7 +69,7 @@ fuzz: $(FUZZ_BINS) $(FZ)/seeds/.stamp
 fuzz-need-clang:
 	@command -v $(FUZZ_CC) >/dev/null 2>&1 || { \
 	  echo "fuzz: $(FUZZ_CC) not found; the harnesses need clang with libFuzzer" \
-	       "(Debian: apt-get install clang)" >&2; exit 1; }
+	       "(make fuzz-smoke installs it: tools/deps.sh build clang)" >&2; exit 1; }
 	@printf 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { return 0; }\n' | \
 	  $(FUZZ_CC) -fsanitize=fuzzer -x c -o /dev/null - 2>/dev/null || { \
 	  echo "fuzz: $(FUZZ_CC) cannot link -fsanitize=fuzzer (is compiler-rt/libFuzzer installed?)" >&2; \
@@ -96,8 +96,16 @@ $(FZ)/mkcorpus: $(B)/tests/fuzz/mkcorpus.o $(WIRE_OBJ)
 $(FZ)/seeds/.stamp: $(FZ)/mkcorpus
 	$(call say,GEN,$(FZ)/seeds)rm -rf $(FZ)/seeds && $(FZ)/mkcorpus $(FZ)/seeds && touch $@
 
-fuzz-smoke: fuzz-need-clang $(FUZZ_BINS) $(FZ)/seeds/.stamp
+# The packages first (tools/deps.sh: the build's and clang's), then the
+# harnesses in a new make, clang checked before anything is compiled.
+fuzz-smoke:
+	@$(INSTALL_DEPS) build clang
+	@$(MAKE) --no-print-directory fuzz-need-clang
+	@$(MAKE) --no-print-directory fuzz
 	@sh tests/fuzz/run.sh -j 1 -w $(FUZZ_WORKERS) $(FZ) -max_total_time=$(FUZZ_TIME) $(FUZZ_NAMES)
 
-fuzz-long: fuzz-need-clang $(FUZZ_BINS) $(FZ)/seeds/.stamp
+fuzz-long:
+	@$(INSTALL_DEPS) build clang
+	@$(MAKE) --no-print-directory fuzz-need-clang
+	@$(MAKE) --no-print-directory fuzz
 	@sh tests/fuzz/run.sh -j $(FUZZ_JOBS) -w $(FUZZ_WORKERS) $(FZ) -runs=$(FUZZ_RUNS) $(FUZZ_NAMES)
