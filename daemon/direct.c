@@ -189,7 +189,7 @@ static int read_ring(struct direct_ctx *x, const struct ds_field *field, struct 
 		runs[i].got = 0;
 		io_uring_prep_read(sqe, field->shards[runs[i].shard].dfd, x->bounce + runs[i].at,
 				   (unsigned)runs[i].len, runs[i].start);
-		io_uring_sqe_set_data64(sqe, i);
+		io_uring_sqe_set_data(sqe, (void *)(uintptr_t)i);
 		inflight++;
 	}
 	while (inflight) {
@@ -199,7 +199,9 @@ static int read_ring(struct direct_ctx *x, const struct ds_field *field, struct 
 		if (rc < 0 && rc != -EINTR)
 			return rc;
 		while (io_uring_peek_cqe(&x->ring, &cqe) == 0) {
-			struct drun *r = &runs[io_uring_cqe_get_data64(cqe)];
+			/* Pointer-sized data: liburing 2.1 (Ubuntu 22.04) has no
+			 * io_uring_cqe_get_data64. */
+			struct drun *r = &runs[(uintptr_t)io_uring_cqe_get_data(cqe)];
 			int res = cqe->res;
 
 			io_uring_cqe_seen(&x->ring, cqe);
@@ -220,7 +222,7 @@ static int read_ring(struct direct_ctx *x, const struct ds_field *field, struct 
 						   x->bounce + r->at + r->got,
 						   (unsigned)(r->len - (uint64_t)r->got),
 						   r->start + (uint64_t)r->got);
-				io_uring_sqe_set_data64(sqe, (uint64_t)(r - runs));
+				io_uring_sqe_set_data(sqe, (void *)(uintptr_t)(r - runs));
 				inflight++;
 				continue;
 			}

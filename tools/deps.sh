@@ -92,6 +92,7 @@ build|protobuf-c headers and library|libprotobuf-c-dev|libprotobuf-c-dev|libprot
 build|protoc-c, protobuf-c's code generator|protobuf-c-compiler|protobuf-c-compiler|protobuf-c-compiler
 build|inih headers and library (pkg-config name inih)|libinih-dev|libinih-dev|libinih-dev
 build|libsystemd headers and library|libsystemd-dev|libsystemd-dev|libsystemd-dev
+build|liburing headers and library (read = direct's io_uring)|liburing-dev|liburing-dev|liburing-dev
 test|cmocka headers and library (the C tests)|libcmocka-dev|libcmocka-dev|libcmocka-dev
 test|numpy for python3 (the Python tests)|python3-numpy|python3-numpy|python3-numpy
 test|systemd-analyze (the systemd units test)|systemd|systemd|systemd
