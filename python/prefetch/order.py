@@ -156,7 +156,8 @@ def block_params(n, augment, sample_bytes, block_rows=None, block_bytes=None,
             raise ValueError("%s must be a positive integer (or None for the default), "
                              "not %r" % (name, v))
     if block_rows is not None and block_bytes is not None:
-        raise ValueError("block_rows and block_bytes are both set: give one of them")
+        raise ValueError("block_rows (%d) and block_bytes (%d) are both set: give one of them"
+                         % (block_rows, block_bytes))
     sample_bytes = max(int(sample_bytes), 1)
     if block_rows is not None:
         b = int(block_rows)
