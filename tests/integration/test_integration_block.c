@@ -443,6 +443,40 @@ static void bad_block_options_are_refused_and_the_daemon_serves_on(void **state)
 	free(want);
 }
 
+static void prefetchctl_bench_runs_block_shuffle_epochs(void **state)
+{
+	char cmd[1200], out[4096];
+
+	snprintf(cmd, sizeof(cmd),
+		 "%s -s %s bench blocks --order block_shuffle --block-rows 50 --window 4 "
+		 "--epochs 2 --batch-size 64 2>/dev/null",
+		 td_prefetchctl(), td.sock);
+	assert_int_equal(td_capture(cmd, out, sizeof(out)), 0);
+	if (!strstr(out, "samples/s") || !strstr(out, "(2006 samples)"))
+		fail_msg("bench printed:\n%s", out);
+	snprintf(cmd, sizeof(cmd),
+		 "%s -s %s bench blocks --order block_shuffle --block-bytes 4096 2>/dev/null",
+		 td_prefetchctl(), td.sock);
+	assert_int_equal(td_capture(cmd, out, sizeof(out)), 0);
+	/* What the wire cannot carry, or carries for another order, is a
+	 * usage error here. */
+	snprintf(cmd, sizeof(cmd),
+		 "%s -s %s bench blocks --order block_shuffle --block-rows 0 2>&1 >/dev/null",
+		 td_prefetchctl(), td.sock);
+	assert_int_equal(td_capture(cmd, out, sizeof(out)), 2);
+	assert_non_null(strstr(out, "--block-rows needs a positive number, not '0'"));
+	snprintf(cmd, sizeof(cmd),
+		 "%s -s %s bench blocks --order block_shuffle --block-rows 8 --block-bytes 64 "
+		 "2>&1 >/dev/null",
+		 td_prefetchctl(), td.sock);
+	assert_int_equal(td_capture(cmd, out, sizeof(out)), 2);
+	assert_non_null(strstr(out, "exclude each other"));
+	snprintf(cmd, sizeof(cmd), "%s -s %s bench blocks --window 8 2>&1 >/dev/null",
+		 td_prefetchctl(), td.sock);
+	assert_int_equal(td_capture(cmd, out, sizeof(out)), 2);
+	assert_non_null(strstr(out, "are for --order block_shuffle"));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -454,6 +488,7 @@ int main(void)
 		cmocka_unit_test(block_sizes_in_bytes_and_by_default_resolve_as_documented),
 		cmocka_unit_test(block_larger_than_the_dataset_is_clamped_and_logged_once),
 		cmocka_unit_test(bad_block_options_are_refused_and_the_daemon_serves_on),
+		cmocka_unit_test(prefetchctl_bench_runs_block_shuffle_epochs),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
