@@ -213,13 +213,14 @@ int sess_load(struct sess *s, uint64_t id, const Pf__LoadBatch *req)
 	return 0;
 }
 
-/* After a shuffled epoch started: the next one's order, built ahead when
- * the uid's quota has room for it (it is only a head start). */
+/* After a shuffled or block-shuffled epoch started: the next one's order,
+ * built ahead when the uid's quota has room for it (it is only a head
+ * start). */
 static void plan_ahead(struct sess *s, const struct order_spec *spec, uint64_t space)
 {
 	uint64_t peak, keep;
 
-	if (spec->kind != ORDER_SHUFFLE)
+	if (spec->kind != ORDER_SHUFFLE && spec->kind != ORDER_BLOCK_SHUFFLE)
 		return;
 	order_memory(spec, space, &peak, &keep);
 	if (!s->ahead.busy) /* a finished order nobody took is built anew */
