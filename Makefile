@@ -187,6 +187,9 @@ $(UNIT_TESTS): $(B)/tests/%: $(B)/tests/unit/%.o $(DAEMON_OBJ) $(GPU_FAKE) $(WIR
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) -ldl $(LDLIBS)
 $(INTEG_TESTS): $(B)/tests/%: $(B)/tests/integration/%.o $(TEST_UTIL) $(B)/libprefetch.a $(B)/prefetchd
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) -ldl $(LDLIBS)
+# The block_shuffle test compares what the daemon delivers with the order
+# the daemon's own order.c builds for the same request.
+$(B)/tests/test_integration_block: $(B)/daemon/order.o
 $(B)/tests/bystander: $(B)/tests/integration/bystander_main.o $(TEST_UTIL) $(B)/libprefetch.a
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a \
 	  $(shell pkg-config --libs libprotobuf-c) -ldl $(LDLIBS)

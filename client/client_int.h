@@ -291,6 +291,7 @@ struct pf_client {
 	enum pf_order epoch_order;
 	uint64_t epoch_seed;
 	uint32_t epoch_rank, epoch_world;
+	uint64_t epoch_block_rows, epoch_block_bytes, epoch_window_blocks;
 	uint64_t *epoch_indices;
 	size_t epoch_nindices;
 	uint64_t resume_seq;

@@ -308,6 +308,9 @@ int pfc_send_start(struct pf_client *c, uint64_t start_batch, const uint64_t *in
 	msg.rank = c->epoch_rank;
 	msg.world = c->epoch_world;
 	msg.start_batch = start_batch;
+	msg.block_rows = c->epoch_block_rows;
+	msg.block_bytes = c->epoch_block_bytes;
+	msg.window_blocks = c->epoch_window_blocks;
 	msg.n_indices = nindices;
 	msg.indices = (uint64_t *)indices;
 	env.msg_case = PF__ENVELOPE__MSG_START;
@@ -350,6 +353,9 @@ static int start_epoch_once(struct pf_client *c, const struct pf_epoch_opts *opt
 	c->epoch_seed = opts->seed;
 	c->epoch_rank = opts->rank;
 	c->epoch_world = opts->world;
+	c->epoch_block_rows = opts->block_rows;
+	c->epoch_block_bytes = opts->block_bytes;
+	c->epoch_window_blocks = opts->window_blocks;
 	c->resume_seq = opts->start_batch;
 	free(c->epoch_indices);
 	c->epoch_indices = NULL;

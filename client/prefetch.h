@@ -96,12 +96,18 @@ struct pf_client;
 
 /* PF_ORDER_PACED: the epoch has no order; each batch is what the trainer
  * asks for with pf_load (custom samplers, weighted sampling, curricula),
- * delivered in request order; pf_load_end ends the epoch. */
+ * delivered in request order; pf_load_end ends the epoch.
+ * PF_ORDER_BLOCK_SHUFFLE: for datasets larger than memory, read from disk
+ * in blocks of consecutive samples.  The blocks are shuffled, then the
+ * samples of each window of window_blocks blocks among themselves, so a
+ * sample stays within its window of the epoch (docs/SHUFFLE.md, "Block
+ * shuffle", specifies it and says how well it mixes). */
 enum pf_order {
 	PF_ORDER_SEQUENTIAL = 0,
 	PF_ORDER_SHUFFLE = 1,
 	PF_ORDER_EXPLICIT = 2,
-	PF_ORDER_PACED = 3
+	PF_ORDER_PACED = 3,
+	PF_ORDER_BLOCK_SHUFFLE = 4
 };
 enum pf_ipc { PF_IPC_DEFAULT = 0, PF_IPC_FD = 1, PF_IPC_LEGACY = 2 };
 
@@ -129,6 +135,15 @@ struct pf_epoch_opts {
 	uint64_t start_batch;	 /* resume: skip this many batches of the share */
 	const uint64_t *indices; /* PF_ORDER_EXPLICIT: the picks, in order */
 	size_t nindices;
+	/* PF_ORDER_BLOCK_SHUFFLE only (set with another order: -EINVAL).  0
+	 * is "not set", so no size can be 0.  The block size in samples
+	 * (block_rows) or in bytes of a sample's fields (block_bytes, rounded
+	 * down to whole samples, at least one), not both (-EINVAL); neither:
+	 * 4 MiB of samples.  A block larger than the dataset is one block per
+	 * copy of it.  window_blocks: blocks shuffled together, 0 = 16. */
+	uint64_t block_rows;
+	uint64_t block_bytes;
+	uint64_t window_blocks;
 };
 
 struct pf_field {

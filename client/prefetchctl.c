@@ -49,8 +49,13 @@ static const char usage_text[] =
 	"  bench DATASET [OPTIONS]   consume epochs as fast as possible; print\n"
 	"                            delivered GB/s, batches/s, samples/s and stall\n"
 	"      --batch-size N        samples per batch (default 256)\n"
-	"      --order shuffle|sequential\n"
+	"      --order shuffle|sequential|block_shuffle\n"
 	"                            sample order (default shuffle)\n"
+	"      --block-rows R        block_shuffle: R samples a block\n"
+	"      --block-bytes BYTES   block_shuffle: blocks of BYTES of samples, rounded\n"
+	"                            down (default: 4 MiB; one of the two only)\n"
+	"      --window W            block_shuffle: W blocks shuffled together\n"
+	"                            (default 16)\n"
 	"      --seed S              seed of the first epoch; epoch e uses S + e\n"
 	"                            (default 0)\n"
 	"      --epochs E            epochs to run (default 1)\n"
@@ -248,6 +253,7 @@ struct bench_opts {
 	enum pf_order order;
 	uint64_t seed;
 	uint64_t epochs;
+	uint64_t block_rows, block_bytes, window_blocks; /* 0: not given */
 };
 
 /* Progress on stderr: a bar redrawn at most ten times a second on a
@@ -332,7 +338,11 @@ static int run_bench(struct pf_client *c, const struct bench_opts *o)
 	t0 = mono_s();
 	prog.t0 = t0;
 	for (uint64_t e = 0; e < o->epochs; e++) {
-		struct pf_epoch_opts eo = {.order = o->order, .seed = o->seed + e};
+		struct pf_epoch_opts eo = {.order = o->order,
+					   .seed = o->seed + e,
+					   .block_rows = o->block_rows,
+					   .block_bytes = o->block_bytes,
+					   .window_blocks = o->window_blocks};
 		uint64_t total = 0, done = 0;
 
 		rc = pf_start_epoch(c, &eo, &total);
@@ -396,6 +406,15 @@ static int run_bench(struct pf_client *c, const struct bench_opts *o)
 		      : 0;
 }
 
+/* A block_shuffle option: a positive number.  0 would mean "not set" on
+ * the wire; here it can be told apart, so it is refused. */
+static int parse_block_opt(const char *name, const char *arg, uint64_t *out)
+{
+	if (parse_u64(arg, out) || *out == 0)
+		return usage_error("bench: --%s needs a positive number, not '%s'", name, arg);
+	return 0;
+}
+
 static int cmd_bench(const char *socket_path, int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -404,6 +423,9 @@ static int cmd_bench(const char *socket_path, int argc, char **argv)
 		{"seed", required_argument, NULL, 's'},
 		{"epochs", required_argument, NULL, 'e'},
 		{"device", required_argument, NULL, 'd'},
+		{"block-rows", required_argument, NULL, 'R'},
+		{"block-bytes", required_argument, NULL, 'B'},
+		{"window", required_argument, NULL, 'W'},
 		{"help", no_argument, NULL, 'h'},
 		{0},
 	};
@@ -428,10 +450,24 @@ static int cmd_bench(const char *socket_path, int argc, char **argv)
 				o.order = PF_ORDER_SHUFFLE;
 			else if (!strcmp(optarg, "sequential"))
 				o.order = PF_ORDER_SEQUENTIAL;
+			else if (!strcmp(optarg, "block_shuffle"))
+				o.order = PF_ORDER_BLOCK_SHUFFLE;
 			else
-				return usage_error(
-					"bench: --order is shuffle or sequential, not '%s'",
-					optarg);
+				return usage_error("bench: --order is shuffle, sequential or "
+						   "block_shuffle, not '%s'",
+						   optarg);
+			break;
+		case 'R':
+			if (parse_block_opt("block-rows", optarg, &o.block_rows))
+				return EXIT_USAGE;
+			break;
+		case 'B':
+			if (parse_block_opt("block-bytes", optarg, &o.block_bytes))
+				return EXIT_USAGE;
+			break;
+		case 'W':
+			if (parse_block_opt("window", optarg, &o.window_blocks))
+				return EXIT_USAGE;
 			break;
 		case 's':
 			if (parse_u64(optarg, &o.seed))
@@ -461,6 +497,11 @@ static int cmd_bench(const char *socket_path, int argc, char **argv)
 		return usage_error(optind >= argc
 					   ? "bench: which dataset? (see prefetchctl datasets)"
 					   : "bench: one dataset only");
+	if (o.block_rows && o.block_bytes)
+		return usage_error("bench: --block-rows and --block-bytes exclude each other");
+	if ((o.block_rows || o.block_bytes || o.window_blocks) && o.order != PF_ORDER_BLOCK_SHUFFLE)
+		return usage_error("bench: --block-rows, --block-bytes and --window are for "
+				   "--order block_shuffle");
 	o.dataset = argv[optind];
 	if (connect_daemon(socket_path, &c))
 		return EXIT_FAILURE;

@@ -10,21 +10,48 @@
 
 #include <stdlib.h>
 
-#include "order.h"
 #include "util.h"
 
-static void ahead_queue(struct ahead *a, uint64_t seed, uint32_t rank, uint32_t world,
-			uint64_t space);
+static void ahead_queue(struct ahead *a, const struct order_spec *spec, uint64_t space);
 
 static void work(uv_work_t *w)
 {
 	struct ahead *a = container_of(w, struct ahead, work);
-	struct order_spec spec = {
-		.kind = ORDER_SHUFFLE, .seed = a->seed, .rank = a->rank, .world = a->world};
 	char err[200];
 
 	order_lower_priority();
-	a->rc = order_build(&spec, a->space, &a->picks, &a->npicks, err, sizeof(err));
+	a->rc = order_build(&a->spec, a->space, &a->picks, &a->npicks, err, sizeof(err));
+}
+
+static bool builds_ahead(const struct order_spec *spec)
+{
+	return spec->kind == ORDER_SHUFFLE || spec->kind == ORDER_BLOCK_SHUFFLE;
+}
+
+/* The part of a spec that decides the order (world 0 being 1). */
+static struct order_spec order_of(const struct order_spec *spec)
+{
+	struct order_spec o = {.kind = spec->kind,
+			       .seed = spec->seed,
+			       .rank = spec->rank,
+			       .world = spec->world ? spec->world : 1};
+
+	if (spec->kind == ORDER_BLOCK_SHUFFLE) {
+		o.samples = spec->samples;
+		o.block_rows = spec->block_rows;
+		o.window_blocks = spec->window_blocks;
+	}
+	return o;
+}
+
+static bool same_order(const struct order_spec *x, uint64_t xspace, const struct order_spec *y,
+		       uint64_t yspace)
+{
+	struct order_spec a = order_of(x), b = order_of(y);
+
+	return xspace == yspace && a.kind == b.kind && a.seed == b.seed && a.rank == b.rank &&
+	       a.world == b.world && a.samples == b.samples && a.block_rows == b.block_rows &&
+	       a.window_blocks == b.window_blocks;
 }
 
 static void work_done(uv_work_t *w, int status)
@@ -40,22 +67,18 @@ static void work_done(uv_work_t *w, int status)
 	/* Epochs left early (a warm-up, an abandon) can start faster than an
 	 * order is built: build the one for the newest epoch now. */
 	if (!a->cancelled && a->again &&
-	    !(a->ready && a->seed == a->again_seed && a->rank == a->again_rank &&
-	      a->world == a->again_world && a->space == a->again_space))
-		ahead_queue(a, a->again_seed, a->again_rank, a->again_world, a->again_space);
+	    !(a->ready && same_order(&a->spec, a->space, &a->again_spec, a->again_space)))
+		ahead_queue(a, &a->again_spec, a->again_space);
 	a->again = false;
 	a->done(a);
 }
 
-static void ahead_queue(struct ahead *a, uint64_t seed, uint32_t rank, uint32_t world,
-			uint64_t space)
+static void ahead_queue(struct ahead *a, const struct order_spec *spec, uint64_t space)
 {
 	free(a->picks);
 	a->picks = NULL;
 	a->ready = false;
-	a->seed = seed;
-	a->rank = rank;
-	a->world = world;
+	a->spec = order_of(spec);
 	a->space = space;
 	if (uv_queue_work(a->loop, &a->work, work, work_done) == 0)
 		a->busy = true;
@@ -68,17 +91,19 @@ void ahead_init(struct ahead *a, uv_loop_t *loop, void (*done)(struct ahead *a))
 
 void ahead_epoch_started(struct ahead *a, const struct order_spec *spec, uint64_t space)
 {
-	if (spec->kind != ORDER_SHUFFLE || a->cancelled)
+	struct order_spec next;
+
+	if (!builds_ahead(spec) || a->cancelled)
 		return;
+	next = order_of(spec);
+	next.seed++;
 	if (a->busy) {
 		a->again = true;
-		a->again_seed = spec->seed + 1;
-		a->again_rank = spec->rank;
-		a->again_world = spec->world;
+		a->again_spec = next;
 		a->again_space = space;
 		return;
 	}
-	ahead_queue(a, spec->seed + 1, spec->rank, spec->world, space);
+	ahead_queue(a, &next, space);
 }
 
 uint64_t *ahead_take(struct ahead *a, const struct order_spec *spec, uint64_t space,
@@ -87,9 +112,8 @@ uint64_t *ahead_take(struct ahead *a, const struct order_spec *spec, uint64_t sp
 	uint64_t *picks;
 
 	/* While busy the pool thread owns a->picks: look only when ready. */
-	if (spec->kind != ORDER_SHUFFLE || a->busy || !a->ready || a->seed != spec->seed ||
-	    a->rank != spec->rank || (a->world ? a->world : 1) != (spec->world ? spec->world : 1) ||
-	    a->space != space)
+	if (!builds_ahead(spec) || a->busy || !a->ready ||
+	    !same_order(&a->spec, a->space, spec, space))
 		return NULL;
 	picks = a->picks;
 	*npicks = a->npicks;

@@ -4,7 +4,8 @@
  * Our clients start epoch n+1 shuffled with seed + 1, the same rank and
  * world, so once a shuffled epoch starts its successor's order is built off
  * the loop thread, and StartEpoch need not build 10 ms of order on the loop
- * before the first batch.  Any other request builds its order as before; a
+ * before the first batch.  The same goes for block shuffles, with the same
+ * block size and window.  Any other request builds its order as before; a
  * guess that missed only cost a pool thread's time.
  *
  * DESIGN: loop thread, except the build itself, which runs on a libuv pool
@@ -20,31 +21,34 @@
 #include <stdint.h>
 #include <uv.h>
 
-struct order_spec;
+#include "order.h"
 
 struct ahead {
 	uv_loop_t *loop; /* borrowed */
 	uv_work_t work;
-	uint64_t seed, space;
-	uint32_t rank, world;
+	/* What is (being) built: a shuffle or a block shuffle (no indices),
+	 * world 0 taken as 1. */
+	struct order_spec spec;
+	uint64_t space;
 	uint64_t *picks; /* owned: the order, once ready */
 	uint64_t npicks;
 	int rc;
 	bool busy;	/* queued or running on the pool thread */
-	bool ready;	/* picks hold the order for (seed, rank, world, space) */
+	bool ready;	/* picks hold the order for (spec, space) */
 	bool cancelled; /* the owner is going: build nothing more */
 	/* A newer epoch started while busy: what to build when it is done. */
 	bool again;
-	uint64_t again_seed, again_space;
-	uint32_t again_rank, again_world;
+	struct order_spec again_spec;
+	uint64_t again_space;
 	/* Loop thread: a build came back (busy is false unless another one
 	 * was queued after it). */
 	void (*done)(struct ahead *a);
 };
 
 void ahead_init(struct ahead *a, uv_loop_t *loop, void (*done)(struct ahead *a));
-/* A shuffled epoch of `space` picks started as spec says: build the next
- * one's order (or note it, to follow the build still running). */
+/* A shuffled or block-shuffled epoch of `space` picks started as spec
+ * says: build the next one's order (or note it, to follow the build still
+ * running). */
 void ahead_epoch_started(struct ahead *a, const struct order_spec *spec, uint64_t space);
 /* The order built ahead, when it is the one spec asks for (ownership moves
  * to the caller, with its length in *npicks); else NULL. */

@@ -7,6 +7,8 @@
  * resume, to audit, or to key per-sample transforms.  Every step below is
  * therefore spelled out exactly: splitmix64, rejection sampling for an
  * unbiased bounded draw, and Fisher–Yates from the top index down.
+ * block_shuffle reuses all three: one generator permutes the blocks, then
+ * shuffles each window of the laid-out list, window after window.
  *
  * DESIGN: pure functions with no shared state; the loop thread calls
  * order_build off the loop thread (a session's worker, ahead.c) and owns
@@ -187,6 +189,64 @@ void order_shuffle(uint64_t *perm, uint64_t n, uint64_t seed)
 	}
 }
 
+/* The spec's Fisher–Yates over a[0..n), drawing from *state and leaving it
+ * where the next draw of the same generator starts (block_shuffle's
+ * windows continue the generator of its block permutation). */
+static void fisher_yates(uint64_t *a, uint64_t n, uint64_t *state)
+{
+	for (uint64_t i = n; i > 1; i--) {
+		uint64_t j = order_bounded(state, i), t = a[i - 1];
+
+		a[i - 1] = a[j];
+		a[j] = t;
+	}
+}
+
+static uint64_t block_samples(const struct order_spec *spec, uint64_t space)
+{
+	return spec->samples ? spec->samples : space;
+}
+
+/* Blocks of a block_shuffle schedule: ceil(N / B) per copy of the data. */
+static uint64_t block_count(const struct order_spec *spec, uint64_t space)
+{
+	uint64_t n = block_samples(spec, space);
+
+	return space / n * order_sample_blocks(n, spec->block_rows);
+}
+
+/* list[0..space) := the block_shuffle list (docs/SHUFFLE.md), given a
+ * scratch array of block_count entries for the block permutation.  The
+ * spec draws the whole permutation first, then the windows in order;
+ * laying each window out just before its shuffle keeps the same draws in
+ * the same order, and touches the window while it is still in cache. */
+static void block_shuffle(uint64_t *list, uint64_t *bperm, const struct order_spec *spec,
+			  uint64_t space)
+{
+	uint64_t n = block_samples(spec, space), rows = spec->block_rows;
+	uint64_t per_copy = order_sample_blocks(n, rows), nb = block_count(spec, space);
+	uint64_t state = spec->seed, pos = 0, w = 0;
+
+	for (uint64_t k = 0; k < nb; k++)
+		bperm[k] = k;
+	fisher_yates(bperm, nb, &state);
+	while (w < nb) {
+		/* Written so that a W of up to 2^64 - 1 does not wrap. */
+		uint64_t end = nb - w > spec->window_blocks ? w + spec->window_blocks : nb;
+		uint64_t start = pos;
+
+		for (; w < end; w++) {
+			uint64_t copy = bperm[w] / per_copy, j = bperm[w] % per_copy;
+			uint64_t first = copy * n + j * rows;
+			uint64_t count = j + 1 < per_copy ? rows : n - j * rows;
+
+			for (uint64_t r = 0; r < count; r++)
+				list[pos++] = first + r;
+		}
+		fisher_yates(list + start, pos - start, &state);
+	}
+}
+
 void order_lower_priority(void)
 {
 	static __thread bool lowered;
@@ -214,8 +274,13 @@ void order_memory(const struct order_spec *spec, uint64_t space, uint64_t *peak,
 	*peak = *keep;
 	/* A shuffle permutes the whole schedule first; an explicit list is
 	 * copied off the request it came in. */
-	if ((spec->kind == ORDER_SHUFFLE && world > 1) || spec->kind == ORDER_EXPLICIT)
+	if (((spec->kind == ORDER_SHUFFLE || spec->kind == ORDER_BLOCK_SHUFFLE) && world > 1) ||
+	    spec->kind == ORDER_EXPLICIT)
 		*peak += len * sizeof(uint64_t);
+	/* ... and a block shuffle permutes its blocks before that. */
+	if (spec->kind == ORDER_BLOCK_SHUFFLE && space && spec->block_rows &&
+	    space % block_samples(spec, space) == 0)
+		*peak += block_count(spec, space) * sizeof(uint64_t);
 }
 
 uint64_t order_num_batches(uint64_t npicks, uint32_t batch_size, bool drop_last)
@@ -242,6 +307,25 @@ int order_check(const struct order_spec *spec, uint64_t space, uint64_t *nshare,
 	case ORDER_SHUFFLE:
 		if (space == 0) {
 			set_err(err, errlen, "the schedule is empty (the dataset has no samples)");
+			return -EINVAL;
+		}
+		len = space;
+		break;
+	case ORDER_BLOCK_SHUFFLE:
+		if (space == 0) {
+			set_err(err, errlen, "the schedule is empty (the dataset has no samples)");
+			return -EINVAL;
+		}
+		if (space % block_samples(spec, space) != 0) {
+			set_err(err, errlen,
+				"a schedule of %llu picks is not a whole number of copies of "
+				"%llu samples",
+				(unsigned long long)space, (unsigned long long)spec->samples);
+			return -EINVAL;
+		}
+		if (spec->block_rows == 0 || spec->window_blocks == 0) {
+			set_err(err, errlen, "block_shuffle with %s 0 (it must be at least 1)",
+				spec->block_rows == 0 ? "block_rows" : "window_blocks");
 			return -EINVAL;
 		}
 		len = space;
@@ -292,7 +376,7 @@ int order_build(const struct order_spec *spec, uint64_t space, uint64_t **picks,
 		rc = -ENOMEM;
 		goto out;
 	}
-	if (spec->kind == ORDER_SHUFFLE) {
+	if (spec->kind == ORDER_SHUFFLE || spec->kind == ORDER_BLOCK_SHUFFLE) {
 		if (len > SIZE_MAX / sizeof(*list)) {
 			rc = -ENOMEM;
 			goto out;
@@ -302,7 +386,19 @@ int order_build(const struct order_spec *spec, uint64_t space, uint64_t **picks,
 			rc = -ENOMEM;
 			goto out;
 		}
-		order_shuffle(list, len, spec->seed);
+		if (spec->kind == ORDER_SHUFFLE) {
+			order_shuffle(list, len, spec->seed);
+		} else {
+			/* At most one block per pick: no overflow past len's. */
+			uint64_t *bperm = malloc((size_t)block_count(spec, len) * sizeof(*bperm));
+
+			if (!bperm) {
+				rc = -ENOMEM;
+				goto out;
+			}
+			block_shuffle(list, bperm, spec, len);
+			free(bperm);
+		}
 		if (world == 1) {
 			/* One rank: the share is the whole list, as is. */
 			*picks = list;
@@ -326,10 +422,10 @@ int order_build(const struct order_spec *spec, uint64_t space, uint64_t **picks,
 
 		if (spec->kind == ORDER_SEQ)
 			share[k] = p;
-		else if (spec->kind == ORDER_SHUFFLE)
-			share[k] = list[p];
-		else
+		else if (spec->kind == ORDER_EXPLICIT)
 			share[k] = spec->indices[p];
+		else
+			share[k] = list[p];
 	}
 
 	*picks = share;
@@ -340,4 +436,88 @@ out:
 	free(list);
 	free(share);
 	return rc;
+}
+
+int order_block_params(uint64_t block_rows, uint64_t block_bytes, uint64_t window_blocks,
+		       uint64_t samples, uint32_t augment, uint64_t sample_bytes, uint64_t *rows,
+		       uint64_t *window, bool *clamped, char *err, size_t errlen)
+{
+	uint64_t b, nb;
+
+	*clamped = false;
+	/* 0 is "not set" on the wire, so only both set can be told wrong. */
+	if (block_rows && block_bytes) {
+		set_err(err, errlen,
+			"block_rows (%llu) and block_bytes (%llu) are both set: give one of them",
+			(unsigned long long)block_rows, (unsigned long long)block_bytes);
+		return -EINVAL;
+	}
+	if (samples == 0) {
+		set_err(err, errlen, "the schedule is empty (the dataset has no samples)");
+		return -EINVAL;
+	}
+	if (sample_bytes == 0) /* no fields: every size is that many rows */
+		sample_bytes = 1;
+	if (block_rows)
+		b = block_rows;
+	else
+		b = (block_bytes ? block_bytes : ORDER_BLOCK_DEFAULT_BYTES) / sample_bytes;
+	if (b == 0) /* a block smaller than one sample */
+		b = 1;
+	if (b > samples) {
+		/* The default is bigger than any small dataset: no news. */
+		*clamped = block_rows || block_bytes;
+		b = samples;
+	}
+	nb = (uint64_t)(augment ? augment : 1) * order_sample_blocks(samples, b);
+	*rows = b;
+	*window = window_blocks ? window_blocks : ORDER_BLOCK_DEFAULT_WINDOW;
+	if (*window > nb)
+		*window = nb;
+	return 0;
+}
+
+void order_served(uint64_t npicks, uint32_t batch_size, bool drop_last, uint64_t start_batch,
+		  uint64_t *first, uint64_t *count)
+{
+	uint64_t nbatches = order_num_batches(npicks, batch_size, drop_last), end;
+
+	*first = *count = 0;
+	if (start_batch >= nbatches)
+		return;
+	/* Both below npicks + batch_size: start_batch < nbatches. */
+	*first = start_batch * batch_size;
+	end = nbatches * batch_size < npicks ? nbatches * batch_size : npicks;
+	*count = end - *first;
+}
+
+int order_block_uses(const uint64_t *picks, uint64_t npicks, uint64_t samples, uint64_t block_rows,
+		     uint32_t **uses, uint64_t *nblocks)
+{
+	uint64_t nb;
+	uint32_t *u;
+
+	*uses = NULL;
+	*nblocks = 0;
+	if (samples == 0 || block_rows == 0)
+		return -EINVAL;
+	nb = order_sample_blocks(samples, block_rows);
+	if (nb > SIZE_MAX / sizeof(*u))
+		return -ENOMEM;
+	u = calloc((size_t)nb, sizeof(*u));
+	if (!u)
+		return -ENOMEM;
+	for (uint64_t i = 0; i < npicks; i++) {
+		uint32_t *c = &u[order_sample_block(picks[i], samples, block_rows)];
+
+		/* Only a share of more than 2^32 picks can get here. */
+		if (*c == UINT32_MAX) {
+			free(u);
+			return -EOVERFLOW;
+		}
+		(*c)++;
+	}
+	*uses = u;
+	*nblocks = nb;
+	return 0;
 }

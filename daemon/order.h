@@ -14,6 +14,15 @@
  * Every rank gets the same count; when world divides the list length no pick
  * is repeated.
  *
+ * block_shuffle (docs/SHUFFLE.md, "Block shuffle") is the order for datasets
+ * read from disk in blocks: the schedule is cut into blocks of B consecutive
+ * picks (restarting at each copy of the dataset), the blocks are permuted
+ * with the same Fisher-Yates, laid out each in ascending order, and each
+ * window of W consecutive blocks of that layout is shuffled in place,
+ * continuing the same generator.  A pick never leaves its window, so a
+ * reader that reads whole blocks reads each one once per epoch and holds W
+ * of them at a time.
+ *
  * DESIGN: pure functions, no state; called by the loop thread at StartEpoch.
  */
 #ifndef PF_ORDER_H
@@ -23,7 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum order_kind { ORDER_SEQ, ORDER_SHUFFLE, ORDER_EXPLICIT };
+enum order_kind { ORDER_SEQ, ORDER_SHUFFLE, ORDER_EXPLICIT, ORDER_BLOCK_SHUFFLE };
 
 struct order_spec {
 	enum order_kind kind;
@@ -32,6 +41,14 @@ struct order_spec {
 	uint64_t nindices;
 	uint32_t rank;
 	uint32_t world; /* 0 is taken as 1 */
+	/* ORDER_BLOCK_SHUFFLE only: the dataset's N (the schedule space is a
+	 * whole number of copies of it; 0 is taken as the space itself), the
+	 * block size B >= 1 in samples and the window W >= 1 in blocks, as
+	 * order_block_params resolves them.  B above N and W above the
+	 * number of blocks give the same order as N and that number. */
+	uint64_t samples;
+	uint64_t block_rows;
+	uint64_t window_blocks;
 };
 
 uint64_t order_splitmix64(uint64_t *state);
@@ -68,5 +85,65 @@ void order_memory(const struct order_spec *spec, uint64_t space, uint64_t *peak,
 
 /* Batches in a share of npicks: ceil, or floor when drop_last. */
 uint64_t order_num_batches(uint64_t npicks, uint32_t batch_size, bool drop_last);
+
+/* ---- block_shuffle ------------------------------------------------------------ */
+
+/* StartEpoch without a block size or a window: blocks of 4 MiB of samples
+ * and 16 blocks a window.  Not measured here: 4 MiB is where a read's
+ * fixed cost (~0.1 ms on NVMe, more on network file systems) is a few
+ * percent of its transfer at 2-4 GB/s, and 16 such blocks (64 MiB a
+ * session) are cheap to hold while a window is served. */
+#define ORDER_BLOCK_DEFAULT_BYTES  (4ULL << 20)
+#define ORDER_BLOCK_DEFAULT_WINDOW 16
+
+/* B and W of a block_shuffle epoch over augment copies of `samples` samples
+ * of sample_bytes each (all fields), from StartEpoch's block_rows,
+ * block_bytes and window_blocks, where 0 means "not set": B = block_rows,
+ * or max(1, block_bytes / sample_bytes), or the default bytes' worth;
+ * clamped to samples (*clamped says so, when a size was asked for);
+ * W = window_blocks or the default, clamped to the number of blocks.
+ * Returns 0, or -EINVAL with err naming the problem (both sizes set, no
+ * samples). */
+int order_block_params(uint64_t block_rows, uint64_t block_bytes, uint64_t window_blocks,
+		       uint64_t samples, uint32_t augment, uint64_t sample_bytes, uint64_t *rows,
+		       uint64_t *window, bool *clamped, char *err, size_t errlen);
+
+/*
+ * What a block cache needs to read each block of a block_shuffle epoch
+ * once (read = direct): a pick reads sample block
+ * order_sample_block(pick, N, B), which holds samples b*B .. min((b+1)*B,
+ * N) - 1 of the dataset.  Copies of a sample (augment > 1: picks s, N + s,
+ * 2N + s, ...) read the same block, though their picks lie in different
+ * blocks of the order; padded duplicates (world not dividing the list)
+ * read it again.  order_block_uses counts, per sample block, the picks of
+ * the share that read it: a cache that counts down as it serves rows may
+ * free a block at zero, and never reads it again in the epoch.
+ */
+static inline uint64_t order_sample_block(uint64_t pick, uint64_t samples, uint64_t block_rows)
+{
+	return pick % samples / block_rows;
+}
+
+/* Sample blocks of a dataset: ceil(samples / block_rows). */
+static inline uint64_t order_sample_blocks(uint64_t samples, uint64_t block_rows)
+{
+	return samples / block_rows + (samples % block_rows != 0);
+}
+
+/* The part of a share of npicks that an epoch serves: from start_batch on,
+ * and without the short last batch when drop_last.  *first and *count,
+ * for order_block_uses; *count is 0 when start_batch is at or past the
+ * end. */
+void order_served(uint64_t npicks, uint32_t batch_size, bool drop_last, uint64_t start_batch,
+		  uint64_t *first, uint64_t *count);
+
+/* uses[b], for each sample block b < order_sample_blocks(samples,
+ * block_rows): how many of picks[0..npicks) read it (pass the served part,
+ * order_served).  *uses is malloc'd, *nblocks long (caller frees).
+ * Returns 0, -EINVAL (no samples or block_rows 0), -ENOMEM, or -EOVERFLOW
+ * when a count would pass UINT32_MAX (shares of more than 2^32 picks
+ * only). */
+int order_block_uses(const uint64_t *picks, uint64_t npicks, uint64_t samples, uint64_t block_rows,
+		     uint32_t **uses, uint64_t *nblocks);
 
 #endif

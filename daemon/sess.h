@@ -236,6 +236,12 @@ struct sess {
 	uint64_t start_batch;
 	uint64_t next_fill; /* next seq to hand to a reader */
 	uint64_t next_send; /* next seq to send */
+	/* ORDER_BLOCK_SHUFFLE: the epoch's block size B (samples) and window
+	 * W (blocks), as resolved (order_block_params); 0 for other orders.
+	 * A block cache maps picks to blocks with order_sample_block(pick,
+	 * ds->num_samples, block_rows). */
+	uint64_t block_rows, window_blocks;
+	bool block_clamp_logged; /* a block above N was logged (once a session) */
 	/* Paced epochs (ORDER_PACED): no picks list; batch seq is request
 	 * reqs[seq % SESS_PACED_MAX], nbatches counts requests so far, and
 	 * the epoch ends once `end` came and every request was sent. */

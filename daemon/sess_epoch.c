@@ -139,6 +139,7 @@ static int start_paced(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 	s->nbatches = 0;
 	s->paced = true;
 	s->paced_end = false;
+	s->block_rows = s->window_blocks = 0;
 	s->epoch_started_ns = now_ns();
 	log_debug("session %" PRIu64 ": epoch %" PRIu64 " paced", s->id, s->epoch);
 	msg.epoch = s->epoch;
@@ -212,13 +213,14 @@ int sess_load(struct sess *s, uint64_t id, const Pf__LoadBatch *req)
 	return 0;
 }
 
-/* After a shuffled epoch started: the next one's order, built ahead when
- * the uid's quota has room for it (it is only a head start). */
+/* After a shuffled or block-shuffled epoch started: the next one's order,
+ * built ahead when the uid's quota has room for it (it is only a head
+ * start). */
 static void plan_ahead(struct sess *s, const struct order_spec *spec, uint64_t space)
 {
 	uint64_t peak, keep;
 
-	if (spec->kind != ORDER_SHUFFLE)
+	if (spec->kind != ORDER_SHUFFLE && spec->kind != ORDER_BLOCK_SHUFFLE)
 		return;
 	order_memory(spec, space, &peak, &keep);
 	if (!s->ahead.busy) /* a finished order nobody took is built anew */
@@ -361,7 +363,7 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 	struct order_spec spec = {0};
 	struct sess_start *st;
 	char err[300] = "", what[120];
-	bool ahead;
+	bool ahead, clamped = false;
 	int rc;
 
 	if (req->epoch <= s->epoch && s->epoch != 0)
@@ -372,11 +374,30 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 	if (s->ds->changed[0])
 		return peer_error(s->peer, id, -ESTALE, "epoch %" PRIu64 ": %s", req->epoch,
 				  s->ds->changed);
+	/* A block size meant for a block shuffle but sent with another order
+	 * is a client's mistake, which a silent ignore would hide. */
+	if (req->order != PF__ORDER__ORDER_BLOCK_SHUFFLE &&
+	    (req->block_rows || req->block_bytes || req->window_blocks))
+		return peer_error(s->peer, id, -EINVAL,
+				  "epoch %" PRIu64 ": block_rows, block_bytes and window_blocks "
+				  "are for the block_shuffle order only",
+				  req->epoch);
 	switch (req->order) {
 	case PF__ORDER__ORDER_SEQUENTIAL: spec.kind = ORDER_SEQ; break;
 	case PF__ORDER__ORDER_SHUFFLE: spec.kind = ORDER_SHUFFLE; break;
 	case PF__ORDER__ORDER_EXPLICIT: spec.kind = ORDER_EXPLICIT; break;
 	case PF__ORDER__ORDER_PACED: return start_paced(s, id, req);
+	case PF__ORDER__ORDER_BLOCK_SHUFFLE:
+		spec.kind = ORDER_BLOCK_SHUFFLE;
+		spec.samples = s->ds->num_samples;
+		rc = order_block_params(req->block_rows, req->block_bytes, req->window_blocks,
+					s->ds->num_samples, s->augment, s->ds->sample_bytes,
+					&spec.block_rows, &spec.window_blocks, &clamped, err,
+					sizeof(err));
+		if (rc)
+			return peer_error(s->peer, id, rc, "epoch %" PRIu64 ": %s", req->epoch,
+					  err);
+		break;
 	default: return peer_error(s->peer, id, -EINVAL, "unknown order %d", req->order);
 	}
 	spec.seed = req->seed;
@@ -444,6 +465,17 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 	s->npicks = nshare;
 	s->nbatches = nbatches;
 	s->epoch_started_ns = st->t_req; /* when the request came */
+	s->block_rows = spec.kind == ORDER_BLOCK_SHUFFLE ? spec.block_rows : 0;
+	s->window_blocks = spec.kind == ORDER_BLOCK_SHUFFLE ? spec.window_blocks : 0;
+	if (clamped && !s->block_clamp_logged) {
+		/* Once: a trainer asks the same of every epoch. */
+		log_info("session %" PRIu64 ": epoch %" PRIu64 ": block_%s %" PRIu64
+			 " is more than the dataset's %" PRIu64
+			 " samples: one block per copy of it (logged once)",
+			 s->id, req->epoch, req->block_rows ? "rows" : "bytes",
+			 req->block_rows ? req->block_rows : req->block_bytes, s->ds->num_samples);
+		s->block_clamp_logged = true;
+	}
 	if (ahead) {
 		take_order(s, st);
 		start_free(st);

@@ -25,6 +25,8 @@ import threading
 PF_ORDER_SEQUENTIAL = 0
 PF_ORDER_SHUFFLE = 1
 PF_ORDER_EXPLICIT = 2
+PF_ORDER_PACED = 3
+PF_ORDER_BLOCK_SHUFFLE = 4
 
 PF_IPC = {"default": 0, "fd": 1, "legacy": 2}
 
@@ -59,7 +61,37 @@ class EpochOpts(ctypes.Structure):
         ("start_batch", ctypes.c_uint64),
         ("indices", _u64p),
         ("nindices", ctypes.c_size_t),
+        # PF_ORDER_BLOCK_SHUFFLE only; 0: not set (block_options).
+        ("block_rows", ctypes.c_uint64),
+        ("block_bytes", ctypes.c_uint64),
+        ("window_blocks", ctypes.c_uint64),
     ]
+
+
+def block_options(block_rows=None, block_bytes=None, window_blocks=None):
+    """The EpochOpts fields of a block_shuffle epoch, as keyword arguments:
+
+        EpochOpts(order=PF_ORDER_BLOCK_SHUFFLE, seed=..., **block_options(block_rows=4096))
+
+    None is "not set" (the daemon's default: 4 MiB of samples a block, 16
+    blocks a window; docs/SHUFFLE.md).  On the wire and in the C struct 0
+    means the same, so an explicit 0, which can be told apart only here,
+    is refused, as are both sizes at once (the daemon would refuse them
+    too, with the same message)."""
+    out = {}
+    for name, v in (("block_rows", block_rows), ("block_bytes", block_bytes),
+                    ("window_blocks", window_blocks)):
+        if v is None:
+            out[name] = 0
+            continue
+        if isinstance(v, bool) or int(v) != v or not 1 <= v < 1 << 64:
+            raise ValueError("%s must be a positive integer, or None for the default, not %r"
+                             % (name, v))
+        out[name] = int(v)
+    if out["block_rows"] and out["block_bytes"]:
+        raise ValueError("block_rows (%d) and block_bytes (%d) are both set: give one of them"
+                         % (out["block_rows"], out["block_bytes"]))
+    return out
 
 
 class Field(ctypes.Structure):

@@ -171,6 +171,62 @@ class HostSessions(unittest.TestCase):
                 picks, _, _ = self.run_epoch(loader, 0, check=False)
                 self.assertEqual(picks.tolist(), pfutil.shard(perm, rank, 3))
 
+    def test_block_shuffle_through_the_binding_is_the_reference_order(self):
+        # What the Loader will do for a block_shuffle epoch, with the
+        # ctypes binding alone: EpochOpts with block_options, every batch
+        # compared with order.py's picks and with the arrays' rows.
+        from prefetch import _lib, order
+
+        lib = _lib.lib()
+        client = ctypes.c_void_p()
+        self.assertEqual(lib.pf_connect(self.daemon.sock.encode(), ctypes.byref(client)), 0)
+        try:
+            oo = _lib.OpenOpts(dataset=b"multi", batch_size=48)
+            self.assertEqual(lib.pf_open(client, ctypes.byref(oo)), 0, lib.pf_errmsg(client))
+            fields = []
+            for i in range(lib.pf_num_fields(client)):
+                fi = _lib.Field()
+                self.assertEqual(lib.pf_field_info(client, i, ctypes.byref(fi)), 0)
+                fields.append((fi.name.decode(), fi.sample_bytes))
+            sample_bytes = sum(b for _, b in fields)
+            for kw, rank, world, start in (({"block_rows": 37, "window_blocks": 3}, 0, 1, 0),
+                                           ({"block_bytes": 5000}, 1, 3, 2),
+                                           ({}, 2, 4, 1)):
+                b, w = order.block_params(N, 1, sample_bytes, **kw)
+                want = order.batches(order.block_epoch_picks(N, b, w, seed=SEED, epoch=4,
+                                                             rank=rank, world=world),
+                                     48, start_batch=start)
+                opts = _lib.EpochOpts(order=_lib.PF_ORDER_BLOCK_SHUFFLE, seed=SEED + 4,
+                                      rank=rank, world=world, start_batch=start,
+                                      **_lib.block_options(**kw))
+                nbatches = ctypes.c_uint64()
+                self.assertEqual(lib.pf_start_epoch(client, ctypes.byref(opts),
+                                                    ctypes.byref(nbatches)), 0,
+                                 lib.pf_errmsg(client))
+                self.assertEqual(nbatches.value, len(want))
+                for k in range(len(want) + 1):
+                    batch = ctypes.POINTER(_lib.Batch)()
+                    self.assertEqual(lib.pf_next(client, 30000, ctypes.byref(batch)), 0,
+                                     lib.pf_errmsg(client))
+                    if not batch:
+                        break
+                    bt = batch.contents
+                    picks = np.frombuffer(ctypes.string_at(bt.picks, 8 * bt.count), np.uint64)
+                    self.assertEqual(picks.tolist(), want[k], "%s, batch %d" % (kw, k))
+                    for f, (name, nbytes) in enumerate(fields):
+                        self.assertEqual(ctypes.string_at(bt.data[f], nbytes * bt.count),
+                                         self.arrays[name][picks % N].tobytes(), name)
+                    self.assertEqual(lib.pf_release(client, batch, None), 0)
+                self.assertEqual(k, len(want))
+            # Both sizes: refused by the daemon with its message.
+            opts = _lib.EpochOpts(order=_lib.PF_ORDER_BLOCK_SHUFFLE, block_rows=4,
+                                  block_bytes=64)
+            self.assertEqual(lib.pf_start_epoch(client, ctypes.byref(opts), None),
+                             -errno.EINVAL)
+            self.assertIn(b"are both set", lib.pf_errmsg(client))
+        finally:
+            lib.pf_close(client)
+
     def test_rank_and_world_size_default_from_torchrun_environment(self):
         saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE")}
         os.environ.update(RANK="1", WORLD_SIZE="2")

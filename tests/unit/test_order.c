@@ -1,6 +1,7 @@
 /*
- * test_order.c — the epoch order: splitmix64, the documented shuffle, and
- * DistributedSampler-style sharding.
+ * test_order.c — the epoch order: splitmix64, the documented shuffle, the
+ * block shuffle, DistributedSampler-style sharding, and what a block cache
+ * is told about a block shuffle.
  *
  * The expected vectors were printed by the Python reference implementation
  * in docs/SHUFFLE.md (an independent implementation of the same spec), so a
@@ -389,6 +390,411 @@ static void num_batches_rounds_up_unless_drop_last(void **unused)
 	assert_int_equal(order_num_batches(10, 0, false), 0);
 }
 
+/* ---- block_shuffle ------------------------------------------------------------ */
+
+static uint64_t *build_block(uint64_t n, uint32_t augment, uint64_t rows, uint64_t window,
+			     uint64_t seed, uint32_t rank, uint32_t world, uint64_t *npicks)
+{
+	struct order_spec spec = {.kind = ORDER_BLOCK_SHUFFLE,
+				  .seed = seed,
+				  .rank = rank,
+				  .world = world,
+				  .samples = n,
+				  .block_rows = rows,
+				  .window_blocks = window};
+	uint64_t *picks = NULL;
+	char err[200] = "";
+
+	if (order_build(&spec, n * augment, &picks, npicks, err, sizeof(err)))
+		fail_msg("order_build: %s", err);
+	return picks;
+}
+
+static void block_shuffle_matches_the_documented_vectors(void **unused)
+{
+	/* docs/SHUFFLE.md, "Block shuffle": printed by its Python reference. */
+	static const struct {
+		uint64_t n;
+		uint32_t augment;
+		uint64_t rows, window, seed;
+		uint64_t want[20];
+	} v[] = {
+		{10, 1, 3, 2, 42, {0, 1, 7, 8, 2, 6, 9, 5, 4, 3}},
+		{8, 2, 3, 3, 7, {5, 15, 14, 2, 1, 3, 0, 4, 13, 7, 11, 10, 8, 6, 12, 9}},
+		{20, 1, 4, 2, 2026, {15, 3,  0,	 1, 2,	12, 14, 13, 19, 10,
+				     11, 18, 17, 9, 16, 8,  6,	4,  5,	7}},
+		/* B = 1, W = 1 and B = N are shuffle(seed) by the text. */
+		{10, 1, 1, 1, 42, {0, 9, 5, 8, 6, 4, 7, 2, 1, 3}},
+		{10, 1, 10, 1, 42, {0, 9, 5, 8, 6, 4, 7, 2, 1, 3}},
+	};
+
+	for (size_t i = 0; i < ARRAY_LEN(v); i++) {
+		uint64_t n, *picks = build_block(v[i].n, v[i].augment, v[i].rows, v[i].window,
+						 v[i].seed, 0, 1, &n);
+
+		assert_int_equal(n, v[i].n * v[i].augment);
+		assert_memory_equal(picks, v[i].want, n * sizeof(*picks));
+		free(picks);
+	}
+}
+
+static void block_shuffle_of_4_ranks_matches_the_documented_shares(void **unused)
+{
+	static const uint64_t want[4][3] = {{0, 2, 4}, {1, 6, 3}, {7, 9, 0}, {8, 5, 1}};
+
+	for (uint32_t r = 0; r < 4; r++) {
+		uint64_t n, *picks = build_block(10, 1, 3, 2, 42, r, 4, &n);
+
+		assert_int_equal(n, 3);
+		assert_memory_equal(picks, want[r], sizeof(want[r]));
+		free(picks);
+	}
+}
+
+/* True when list[0..len) is block_shuffle-shaped for (n, augment, rows,
+ * window): it cuts into consecutive windows, each holding every pick of
+ * `window` whole blocks (the last one fewer) and nothing else, where the
+ * blocks are those of the spec (restarting at each copy). */
+static bool windows_hold_whole_blocks(const uint64_t *list, uint64_t len, uint64_t n,
+				      uint32_t augment, uint64_t rows, uint64_t window)
+{
+	uint64_t per_copy = order_sample_blocks(n, rows), nb = augment * per_copy;
+	uint64_t *left = calloc(nb, sizeof(*left)); /* picks of a block not yet seen */
+	bool *done = calloc(nb, sizeof(*done)), ok = true;
+	uint64_t in_window = 0, open = 0, closed = 0;
+
+	for (uint64_t b = 0; b < nb; b++) {
+		uint64_t j = b % per_copy;
+
+		left[b] = j + 1 < per_copy ? rows : n - j * rows;
+	}
+	for (uint64_t i = 0; i < len && ok; i++) {
+		uint64_t b = list[i] / n * per_copy + list[i] % n / rows;
+
+		if (list[i] >= n * augment || done[b]) {
+			ok = false;
+			break;
+		}
+		if (left[b] == (b % per_copy + 1 < per_copy ? rows : n - b % per_copy * rows)) {
+			/* A block's first pick: it joins the window. */
+			if (in_window == window) {
+				ok = false;
+				break;
+			}
+			in_window++;
+			open++;
+		}
+		if (--left[b] == 0) {
+			done[b] = true;
+			open--;
+			closed++;
+			if (in_window == window && open == 0)
+				in_window = 0;
+		}
+	}
+	ok = ok && closed == nb && open == 0;
+	free(left);
+	free(done);
+	return ok;
+}
+
+static void block_shuffle_keeps_every_pick_in_its_window(void **unused)
+{
+	static const struct {
+		uint64_t n;
+		uint32_t augment;
+		uint64_t rows, window;
+	} c[] = {
+		{1000, 1, 64, 4},  {1000, 1, 7, 16}, {1000, 3, 64, 5}, {97, 2, 10, 3},
+		{4096, 1, 512, 8}, {5, 4, 2, 1},     {1, 1, 1, 1},     {100003, 1, 1000, 16},
+	};
+
+	for (size_t i = 0; i < ARRAY_LEN(c); i++) {
+		uint64_t n, *picks = build_block(c[i].n, c[i].augment, c[i].rows, c[i].window,
+						 1000 + i, 0, 1, &n);
+		unsigned char *hit = calloc(n, 1);
+
+		assert_int_equal(n, c[i].n * c[i].augment);
+		for (uint64_t k = 0; k < n; k++) {
+			assert_true(picks[k] < n);
+			assert_int_equal(hit[picks[k]], 0);
+			hit[picks[k]] = 1;
+		}
+		if (!windows_hold_whole_blocks(picks, n, c[i].n, c[i].augment, c[i].rows,
+					       c[i].window))
+			fail_msg("case %zu: a window holds other than whole blocks", i);
+		free(hit);
+		free(picks);
+	}
+}
+
+static void block_shuffle_mixes_within_windows(void **unused)
+{
+	/* 1024 picks in 16 blocks of 64, windows of 4: a window's positions
+	 * hold its picks in a shuffled order, not block after block. */
+	uint64_t n, in_run = 0, *picks = build_block(1024, 1, 64, 4, 5, 0, 1, &n);
+
+	for (uint64_t k = 1; k < n; k++)
+		in_run += picks[k] == picks[k - 1] + 1;
+	assert_true(in_run < n / 10);
+	free(picks);
+}
+
+static void block_shards_of_4_ranks_are_the_padded_list(void **unused)
+{
+	/* 1001 picks over 4 ranks: 251 each, the padded list's last three
+	 * entries being its first three (delivered twice in the epoch). */
+	enum { N = 1001, WORLD = 4 };
+	uint64_t len, *list = build_block(N, 1, 37, 3, 9, 0, 1, &len), total = 0;
+	unsigned hits[N] = {0};
+
+	for (uint32_t r = 0; r < WORLD; r++) {
+		uint64_t n, *picks = build_block(N, 1, 37, 3, 9, r, WORLD, &n);
+
+		assert_int_equal(n, 251);
+		for (uint64_t k = 0; k < n; k++) {
+			assert_int_equal(picks[k], list[(r + k * WORLD) % N]);
+			hits[picks[k]]++;
+		}
+		total += n;
+		free(picks);
+	}
+	assert_int_equal(total, 1004);
+	for (uint64_t i = 0; i < N; i++) {
+		bool head = i == list[0] || i == list[1] || i == list[2];
+
+		assert_int_equal(hits[i], head ? 2 : 1);
+	}
+	free(list);
+}
+
+static void block_resume_at_start_batch_serves_the_same_suffix(void **unused)
+{
+	/* The order does not depend on where an epoch resumes: batch k of a
+	 * resumed epoch is batch k of the whole one. */
+	uint64_t n, *a = build_block(999, 2, 16, 5, 77, 1, 3, &n), first, count, first0, count0;
+	uint64_t m, *b = build_block(999, 2, 16, 5, 77, 1, 3, &m);
+
+	assert_int_equal(n, 666);
+	assert_int_equal(m, n);
+	order_served(n, 50, false, 0, &first0, &count0);
+	assert_int_equal(first0, 0);
+	assert_int_equal(count0, 666);
+	order_served(m, 50, false, 7, &first, &count);
+	assert_int_equal(first, 350);
+	assert_int_equal(count, 316);
+	assert_memory_equal(a + first0 + 350, b + first, count * sizeof(*a));
+	/* drop_last serves 13 batches of 50; resuming at 13 serves nothing. */
+	order_served(n, 50, true, 7, &first, &count);
+	assert_int_equal(first, 350);
+	assert_int_equal(count, 300);
+	order_served(n, 50, true, 13, &first, &count);
+	assert_int_equal(count, 0);
+	order_served(n, 50, false, 14, &first, &count);
+	assert_int_equal(count, 0);
+	free(a);
+	free(b);
+}
+
+static void block_larger_than_the_dataset_is_one_block_per_copy(void **unused)
+{
+	uint64_t rows, window, n1, n2;
+	bool clamped;
+	uint64_t *a, *b;
+
+	assert_int_equal(
+		order_block_params(5000, 0, 0, 1000, 3, 8, &rows, &window, &clamped, NULL, 0), 0);
+	assert_int_equal(rows, 1000);
+	assert_int_equal(window, 3); /* 16 clamped to the 3 blocks */
+	assert_true(clamped);
+	/* The clamp changes no pick. */
+	a = build_block(1000, 3, 5000, 16, 4, 0, 1, &n1);
+	b = build_block(1000, 3, 1000, 3, 4, 0, 1, &n2);
+	assert_int_equal(n1, n2);
+	assert_memory_equal(a, b, n1 * sizeof(*a));
+	assert_true(windows_hold_whole_blocks(a, n1, 1000, 3, 1000, 3));
+	free(a);
+	free(b);
+	/* In bytes too. */
+	assert_int_equal(
+		order_block_params(0, 1 << 30, 0, 1000, 1, 8, &rows, &window, &clamped, NULL, 0),
+		0);
+	assert_int_equal(rows, 1000);
+	assert_true(clamped);
+	/* The default exceeding a small dataset is clamped without news. */
+	assert_int_equal(order_block_params(0, 0, 0, 1000, 1, 8, &rows, &window, &clamped, NULL, 0),
+			 0);
+	assert_int_equal(rows, 1000);
+	assert_int_equal(window, 1);
+	assert_false(clamped);
+}
+
+static void window_larger_than_the_blocks_is_all_of_them(void **unused)
+{
+	uint64_t rows, window, n1, n2, *a, *b;
+	bool clamped;
+
+	/* 1000 samples in blocks of 64: 16 blocks. */
+	assert_int_equal(
+		order_block_params(64, 0, 1000, 1000, 1, 8, &rows, &window, &clamped, NULL, 0), 0);
+	assert_int_equal(rows, 64);
+	assert_int_equal(window, 16);
+	assert_false(clamped);
+	a = build_block(1000, 1, 64, 1000, 8, 0, 1, &n1);
+	b = build_block(1000, 1, 64, 16, 8, 0, 1, &n2);
+	assert_memory_equal(a, b, n1 * sizeof(*a));
+	free(b);
+	/* ... and so is a window of 2^64 - 1 blocks, which must not wrap. */
+	b = build_block(1000, 1, 64, UINT64_MAX, 8, 0, 1, &n2);
+	assert_memory_equal(a, b, n1 * sizeof(*a));
+	free(a);
+	free(b);
+}
+
+static void block_size_in_bytes_rounds_down_to_whole_samples(void **unused)
+{
+	uint64_t rows, window;
+	bool clamped;
+
+	/* 24-byte samples: 10000 bytes hold 416 of them. */
+	assert_int_equal(
+		order_block_params(0, 10000, 0, 1000000, 1, 24, &rows, &window, &clamped, NULL, 0),
+		0);
+	assert_int_equal(rows, 416);
+	assert_int_equal(window, 16);
+	/* Less than a sample: one a block. */
+	assert_int_equal(
+		order_block_params(0, 10, 7, 1000000, 1, 24, &rows, &window, &clamped, NULL, 0), 0);
+	assert_int_equal(rows, 1);
+	assert_int_equal(window, 7);
+	/* Neither size: 4 MiB of samples. */
+	assert_int_equal(
+		order_block_params(0, 0, 0, 1000000, 1, 24, &rows, &window, &clamped, NULL, 0), 0);
+	assert_int_equal(rows, (4 << 20) / 24);
+	assert_int_equal(order_block_params(0, 0, 0, 1ULL << 40, 1, 64ULL << 20, &rows, &window,
+					    &clamped, NULL, 0),
+			 0);
+	assert_int_equal(rows, 1); /* samples above 4 MiB */
+}
+
+static void block_size_in_rows_and_bytes_at_once_is_refused(void **unused)
+{
+	uint64_t rows = 99, window = 99;
+	bool clamped;
+	char err[200] = "";
+
+	assert_int_equal(order_block_params(64, 4096, 0, 1000, 1, 8, &rows, &window, &clamped, err,
+					    sizeof(err)),
+			 -EINVAL);
+	assert_string_equal(
+		err, "block_rows (64) and block_bytes (4096) are both set: give one of them");
+	assert_int_equal(
+		order_block_params(64, 0, 0, 0, 1, 8, &rows, &window, &clamped, err, sizeof(err)),
+		-EINVAL);
+	assert_non_null(strstr(err, "empty"));
+}
+
+static void block_spec_without_a_size_or_a_whole_copy_is_refused(void **unused)
+{
+	struct order_spec spec = {
+		.kind = ORDER_BLOCK_SHUFFLE, .samples = 10, .block_rows = 0, .window_blocks = 1};
+	uint64_t *picks, n;
+	char err[200] = "";
+
+	assert_int_equal(order_build(&spec, 10, &picks, &n, err, sizeof(err)), -EINVAL);
+	assert_string_equal(err, "block_shuffle with block_rows 0 (it must be at least 1)");
+	assert_null(picks);
+	spec.block_rows = 3;
+	spec.window_blocks = 0;
+	assert_int_equal(order_build(&spec, 10, &picks, &n, err, sizeof(err)), -EINVAL);
+	assert_string_equal(err, "block_shuffle with window_blocks 0 (it must be at least 1)");
+	spec.window_blocks = 2;
+	assert_int_equal(order_build(&spec, 25, &picks, &n, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "not a whole number of copies"));
+	assert_int_equal(order_build(&spec, 0, &picks, &n, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "empty"));
+	assert_int_equal(order_build(&spec, 30, &picks, &n, err, sizeof(err)), 0);
+	assert_int_equal(n, 30);
+	free(picks);
+}
+
+static void augmented_block_shuffle_keeps_copies_apart(void **unused)
+{
+	/* 100 samples, B = 30 (blocks of 30, 30, 30, 10 per copy), 4 copies:
+	 * every sample 4 times, and no block runs from one copy into the
+	 * next (windows_hold_whole_blocks checks the blocks of the spec). */
+	uint64_t n, *picks = build_block(100, 4, 30, 3, 21, 0, 1, &n);
+	unsigned per_sample[100] = {0};
+
+	assert_int_equal(n, 400);
+	for (uint64_t k = 0; k < n; k++)
+		per_sample[picks[k] % 100]++;
+	for (int i = 0; i < 100; i++)
+		assert_int_equal(per_sample[i], 4);
+	assert_true(windows_hold_whole_blocks(picks, n, 100, 4, 30, 3));
+	free(picks);
+}
+
+static void block_uses_count_every_served_read_of_a_sample_block(void **unused)
+{
+	/* 103 samples, augment 2, blocks of 10 (the last of 3), 3 ranks:
+	 * 206 picks pad to 207, 69 a rank. */
+	enum { N = 103, AUG = 2, B = 10, WORLD = 3 };
+	uint64_t sum[11] = {0}, len, *list = build_block(N, AUG, B, 4, 3, 0, 1, &len);
+
+	assert_int_equal(order_sample_blocks(N, B), 11);
+	assert_int_equal(order_sample_block(0, N, B), 0);
+	assert_int_equal(order_sample_block(102, N, B), 10);
+	assert_int_equal(order_sample_block(103 + 15, N, B), 1); /* copy 1 of sample 15 */
+	for (uint32_t r = 0; r < WORLD; r++) {
+		uint64_t n, nb, *picks = build_block(N, AUG, B, 4, 3, r, WORLD, &n);
+		uint32_t *uses;
+
+		assert_int_equal(order_block_uses(picks, n, N, B, &uses, &nb), 0);
+		assert_int_equal(nb, 11);
+		for (uint64_t b = 0; b < nb; b++)
+			sum[b] += uses[b];
+		free(uses);
+		free(picks);
+	}
+	/* Over the ranks: each sample block AUG times its rows, plus the one
+	 * padded pick (the list's first) once more. */
+	for (uint64_t b = 0; b < 11; b++) {
+		uint64_t rows = b < 10 ? B : N - 10 * B;
+
+		assert_int_equal(sum[b], AUG * rows + (b == order_sample_block(list[0], N, B)));
+	}
+	free(list);
+}
+
+static void block_uses_of_block_size_0_are_refused(void **unused)
+{
+	uint32_t canary, *uses = &canary;
+	uint64_t nb = 5;
+
+	assert_int_equal(order_block_uses(NULL, 0, 103, 0, &uses, &nb), -EINVAL);
+	assert_null(uses);
+	assert_int_equal(nb, 0);
+}
+
+static void block_order_memory_counts_the_block_permutation(void **unused)
+{
+	struct order_spec spec = {.kind = ORDER_BLOCK_SHUFFLE,
+				  .world = 1,
+				  .samples = 1000,
+				  .block_rows = 10,
+				  .window_blocks = 4};
+	uint64_t peak, keep;
+
+	order_memory(&spec, 2000, &peak, &keep);
+	assert_int_equal(keep, 2000 * 8);
+	assert_int_equal(peak, 2000 * 8 + 200 * 8);
+	spec.world = 4;
+	order_memory(&spec, 2000, &peak, &keep);
+	assert_int_equal(keep, 500 * 8);
+	assert_int_equal(peak, 500 * 8 + 2000 * 8 + 200 * 8);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -415,6 +821,21 @@ int main(void)
 		cmocka_unit_test(empty_schedule_is_refused),
 		cmocka_unit_test(rank_not_below_world_is_refused),
 		cmocka_unit_test(num_batches_rounds_up_unless_drop_last),
+		cmocka_unit_test(block_shuffle_matches_the_documented_vectors),
+		cmocka_unit_test(block_shuffle_of_4_ranks_matches_the_documented_shares),
+		cmocka_unit_test(block_shuffle_keeps_every_pick_in_its_window),
+		cmocka_unit_test(block_shuffle_mixes_within_windows),
+		cmocka_unit_test(block_shards_of_4_ranks_are_the_padded_list),
+		cmocka_unit_test(block_resume_at_start_batch_serves_the_same_suffix),
+		cmocka_unit_test(block_larger_than_the_dataset_is_one_block_per_copy),
+		cmocka_unit_test(window_larger_than_the_blocks_is_all_of_them),
+		cmocka_unit_test(block_size_in_bytes_rounds_down_to_whole_samples),
+		cmocka_unit_test(block_size_in_rows_and_bytes_at_once_is_refused),
+		cmocka_unit_test(block_spec_without_a_size_or_a_whole_copy_is_refused),
+		cmocka_unit_test(augmented_block_shuffle_keeps_copies_apart),
+		cmocka_unit_test(block_uses_count_every_served_read_of_a_sample_block),
+		cmocka_unit_test(block_uses_of_block_size_0_are_refused),
+		cmocka_unit_test(block_order_memory_counts_the_block_permutation),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

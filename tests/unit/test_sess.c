@@ -622,6 +622,58 @@ static void a_host_epoch_delivers_every_sample_once_with_its_bytes(void **state)
 	assert_int_equal(consume_epoch(f, 2, &spec, 32), 10);
 }
 
+/* Starts a block-shuffled epoch of blocks of `rows` and windows of
+ * `window`; true when its order was the one built ahead (taken at once,
+ * nothing to build). */
+static bool start_block_epoch(struct fixture *f, uint64_t epoch, uint64_t seed, uint64_t rows,
+			      uint64_t window)
+{
+	Pf__StartEpoch req = PF__START_EPOCH__INIT;
+	bool taken;
+
+	req.epoch = epoch, req.order = PF__ORDER__ORDER_BLOCK_SHUFFLE, req.seed = seed;
+	req.block_rows = rows, req.window_blocks = window;
+	assert_int_equal(sess_start_epoch(f->s, ++f->last_id, &req), 0);
+	assert_true(sess_check(f->s));
+	taken = f->s->building == NULL;
+	assert_int_equal(f->s->block_rows, rows);
+	assert_int_equal(f->s->window_blocks, window);
+	want_epoch = epoch;
+	run_until(f, epoch_started);
+	return taken;
+}
+
+static void a_block_shuffled_epoch_has_its_successor_built_ahead(void **state)
+{
+	struct fixture *f = *state;
+	struct order_spec spec = {.kind = ORDER_BLOCK_SHUFFLE,
+				  .seed = 7,
+				  .samples = N,
+				  .block_rows = 16,
+				  .window_blocks = 3};
+
+	open_session(f, "host", 32, 0);
+	assert_false(start_block_epoch(f, 1, 7, 16, 3));
+	assert_int_equal(consume_epoch(f, 1, &spec, 32), 10);
+	run_until(f, no_jobs);
+	assert_true(f->s->ahead.ready);
+	/* The next seed with the same blocks: the order built ahead. */
+	spec.seed = 8;
+	assert_true(start_block_epoch(f, 2, 8, 16, 3));
+	assert_int_equal(consume_epoch(f, 2, &spec, 32), 10);
+	run_until(f, no_jobs);
+	/* Other blocks: built anew, and the right order for them. */
+	spec.seed = 9;
+	spec.block_rows = 17;
+	assert_false(start_block_epoch(f, 3, 9, 17, 3));
+	assert_int_equal(consume_epoch(f, 3, &spec, 32), 10);
+	run_until(f, no_jobs);
+	/* A shuffle of the same seed is not the block order built ahead. */
+	spec = (struct order_spec){.kind = ORDER_SHUFFLE, .seed = 10};
+	start_epoch(f, 4, PF__ORDER__ORDER_SHUFFLE, 10);
+	assert_int_equal(consume_epoch(f, 4, &spec, 32), 10);
+}
+
 static uint64_t want_sent;
 
 static bool all_sent(struct fixture *f)
@@ -1226,6 +1278,8 @@ int main(void)
 		cmocka_unit_test(auto_readers_and_ring_fit_the_machine_and_set_values_stay),
 		cmocka_unit_test_setup_teardown(
 			a_host_epoch_delivers_every_sample_once_with_its_bytes, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			a_block_shuffled_epoch_has_its_successor_built_ahead, setup, teardown),
 		cmocka_unit_test_setup_teardown(the_pump_keeps_target_batches_ahead_and_no_more,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(
