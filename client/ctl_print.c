@@ -234,6 +234,9 @@ static void json_session(FILE *out, const Pf__SessionStatus *s)
 	jk_u64(out, &first, "h2d_bytes", s->h2d_bytes);
 	jk_u64(out, &first, "pool_hits", s->pool_hits);
 	jk_u64(out, &first, "index_bytes", s->index_bytes);
+	jk_u64(out, &first, "blocks_read", s->blocks_read);
+	jk_u64(out, &first, "block_cache_bytes", s->block_cache_bytes);
+	jk_u64(out, &first, "block_cache_peak", s->block_cache_peak);
 	fputc('}', out);
 }
 

@@ -141,6 +141,16 @@ struct sess_start {
 	int rc;
 	char err[200];
 	bool cancelled; /* not wanted any more: thrown away when back */
+	/* A block-shuffled epoch read with read = direct (sess_start_epoch
+	 * says): the build also counts the rows the epoch takes from each
+	 * sample block, for its block cache (blocks.h); count_only when the
+	 * order itself was built ahead.  Copied here: the build's thread
+	 * reads no session. */
+	bool want_uses, count_only;
+	uint32_t batch_size;
+	bool drop_last;
+	uint64_t start_batch;
+	uint32_t *uses; /* owned until blocks_new takes it */
 	/* The big buffers the loop will write first in this epoch (bigmem),
 	 * made present by the build (big_prefault) so that their page faults
 	 * are not the loop's: the slots' sample numbers (borrowed: the
@@ -242,6 +252,11 @@ struct sess {
 	 * ds->num_samples, block_rows). */
 	uint64_t block_rows, window_blocks;
 	bool block_clamp_logged; /* a block above N was logged (once a session) */
+	/* The running epoch's block cache (read = direct and block_shuffle:
+	 * every row comes from a block read once), or NULL; the session's
+	 * reference, and the quota taken for its two windows. */
+	struct blocks *blocks;
+	uint64_t blocks_held;
 	/* Paced epochs (ORDER_PACED): no picks list; batch seq is request
 	 * reqs[seq % SESS_PACED_MAX], nbatches counts requests so far, and
 	 * the epoch ends once `end` came and every request was sent. */

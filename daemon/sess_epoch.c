@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "bigmem.h"
+#include "blocks.h"
 #include "daemon.h"
 #include "dataset.h"
 #include "log.h"
@@ -91,6 +92,7 @@ static void new_epoch(struct sess *s, uint64_t epoch, uint64_t start_batch)
 	s->sent = 0;
 	s->running = true;
 	s->timing = (struct sess_timing){0};
+	sess_drop_blocks(s);
 	gov_new_epoch(&s->gov);
 	if (s->cuda.pool)
 		pool_new_epoch(s->cuda.pool, epoch);
@@ -103,6 +105,7 @@ static void start_free(struct sess_start *st)
 		big_free(st->frames[i], st->frame_bytes);
 	free(st->picks);
 	free((uint64_t *)st->spec.indices);
+	free(st->uses);
 	free(st);
 }
 
@@ -299,8 +302,19 @@ static void build_work(uv_work_t *w)
 	struct sess_start *st = container_of(w, struct sess_start, work);
 
 	order_lower_priority();
-	st->rc = order_build(&st->spec, st->space, &st->picks, &st->npicks, st->err,
-			     sizeof(st->err));
+	if (!st->count_only)
+		st->rc = order_build(&st->spec, st->space, &st->picks, &st->npicks, st->err,
+				     sizeof(st->err));
+	if (!st->rc && st->want_uses) {
+		uint64_t first, count, nb;
+
+		/* Only the batches this epoch serves read their blocks. */
+		order_served(st->npicks, st->batch_size, st->drop_last, st->start_batch, &first,
+			     &count);
+		if (order_block_uses(st->picks + first, count, st->spec.samples,
+				     st->spec.block_rows, &st->uses, &nb))
+			st->uses = NULL; /* the epoch goes on reading rows */
+	}
 	for (uint32_t i = 0; i < st->nrows; i++)
 		big_prefault(st->rows[i], st->rows_bytes);
 	for (uint32_t i = 0; i < st->nframes; i++)
@@ -345,8 +359,37 @@ static void build_done(uv_work_t *w, int status)
 	/* Built: the share is what stays. */
 	sess_give(s, &st->held, st->held - st->npicks * sizeof(uint64_t));
 	take_order(s, st);
+	if (st->want_uses) {
+		s->blocks = st->uses ? blocks_new(s->ds, s->block_rows, st->uses) : NULL;
+		st->uses = NULL; /* blocks_new took it, whatever came of it */
+		if (!s->blocks)
+			log_warn("session %" PRIu64 ": epoch %" PRIu64 ": no block cache (out of "
+				 "memory): its rows are read one by one",
+				 s->id, s->epoch);
+	}
 	start_free(st);
 	sess_pump(s);
+}
+
+/* Whether an epoch of spec reads its rows through a block cache: a block
+ * shuffle of a dataset read with O_DIRECT, whose every pick the readers
+ * read (no pool takes some of them, no augment reads a block once per
+ * copy, far apart in the epoch). */
+static bool wants_blocks(const struct sess *s, const struct order_spec *spec)
+{
+	bool direct = false;
+
+	for (size_t f = 0; f < s->ds->nfields; f++)
+		direct |= s->ds->fields[f].direct;
+	return spec->kind == ORDER_BLOCK_SHUFFLE && direct && s->augment <= 1 &&
+	       !(s->cuda.pool && s->cuda.pool->enabled);
+}
+
+void sess_drop_blocks(struct sess *s)
+{
+	blocks_put(s->blocks);
+	s->blocks = NULL;
+	sess_give(s, &s->blocks_held, s->blocks_held);
 }
 
 /* Every check is made here, on the request, and the epoch starts at once:
@@ -363,7 +406,8 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 	struct order_spec spec = {0};
 	struct sess_start *st;
 	char err[300] = "", what[120];
-	bool ahead, clamped = false;
+	bool ahead, clamped = false, want_uses;
+	uint64_t blocks_held = 0;
 	int rc;
 
 	if (req->epoch <= s->epoch && s->epoch != 0)
@@ -414,11 +458,34 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 				  "start_batch %" PRIu64 " is beyond the %" PRIu64
 				  " batches of this share",
 				  req->start_batch, nbatches);
+	/* A block cache holds about two windows at a time (blocks.h). */
+	want_uses = wants_blocks(s, &spec);
+	if (want_uses) {
+		uint64_t bytes = 2 * spec.window_blocks * spec.block_rows * s->ds->sample_bytes;
+
+		snprintf(what, sizeof(what),
+			 "epoch %" PRIu64 "'s block cache (2 windows of %" PRIu64
+			 " blocks of %" PRIu64 " rows)",
+			 req->epoch, spec.window_blocks, spec.block_rows);
+		rc = sess_take(s, &blocks_held, bytes, what, err, sizeof(err));
+		if (rc)
+			return peer_error(s->peer, id, rc, "epoch %" PRIu64 ": %s", req->epoch,
+					  err);
+	}
 	st = calloc(1, sizeof(*st));
-	if (!st)
+	if (!st) {
+		sess_give(s, &blocks_held, blocks_held);
 		return peer_error(s->peer, id, -ENOMEM, "out of memory");
-	*st = (struct sess_start){
-		.s = s, .epoch = req->epoch, .t_req = now_ns(), .spec = spec, .space = space};
+	}
+	*st = (struct sess_start){.s = s,
+				  .epoch = req->epoch,
+				  .t_req = now_ns(),
+				  .spec = spec,
+				  .space = space,
+				  .want_uses = want_uses,
+				  .batch_size = s->batch_size,
+				  .drop_last = s->drop_last,
+				  .start_batch = req->start_batch};
 	st->spec.indices = NULL;
 	st->picks = ahead_take(&s->ahead, &spec, space, &st->npicks);
 	/* Read now: once queued, st belongs to the build's thread. */
@@ -427,6 +494,16 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 		/* Its quota moves with it: all the order ahead kept. */
 		st->held = s->ahead_held;
 		s->ahead_held = 0;
+		if (want_uses) {
+			/* Its block counts come from a build of their own, off
+			 * the loop like any build. */
+			st->count_only = true;
+			if (uv_queue_work(s->d->loop, &st->work, build_work, build_done)) {
+				/* Rows one by one, then. */
+				st->count_only = st->want_uses = false;
+				sess_give(s, &blocks_held, blocks_held);
+			}
+		}
 	} else {
 		order_memory(&spec, space, &peak, &keep);
 		snprintf(what, sizeof(what), "epoch %" PRIu64 "'s order of %" PRIu64 " picks",
@@ -450,6 +527,7 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 		}
 		if (rc) {
 			sess_give(s, &st->held, st->held);
+			sess_give(s, &blocks_held, blocks_held);
 			start_free(st);
 			return peer_error(s->peer, id, rc, "epoch %" PRIu64 ": %s", req->epoch,
 					  err[0] ? err : strerror(-rc));
@@ -476,7 +554,8 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 			 req->block_rows ? req->block_rows : req->block_bytes, s->ds->num_samples);
 		s->block_clamp_logged = true;
 	}
-	if (ahead) {
+	s->blocks_held = blocks_held;
+	if (ahead && !st->count_only) {
 		take_order(s, st);
 		start_free(st);
 	} else {

@@ -56,6 +56,9 @@ void sess_ahead_back(struct sess *s);
  * become ORPHAN and come free when their reader is done, paced requests go,
  * and an order still being built is thrown away when it is back. */
 void sess_stop_epoch(struct sess *s);
+/* The running epoch's block cache goes (a new epoch, the session's end);
+ * reader jobs still out keep it until they are back. */
+void sess_drop_blocks(struct sess *s);
 /* The same for one slot, whose batch will not be sent. */
 void sess_drop_slot(struct sess *s, struct slot *sl);
 /* Paced requests not yet sent go (an epoch ends or the session does). */

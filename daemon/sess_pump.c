@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "bigmem.h"
+#include "blocks.h"
 #include "daemon.h"
 #include "dataset.h"
 #include "log.h"
@@ -325,6 +326,9 @@ static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 		job->slot = (uint32_t)(sl - s->slots);
 		job->epoch = s->epoch;
 		job->seq = s->next_fill;
+		/* Pooled batches read staged rows, never through the cache
+		 * (wants_blocks keeps s->blocks NULL for them). */
+		job->blocks = s->blocks ? blocks_ref(s->blocks) : NULL;
 		s->jobs++;
 		reader_submit(s->d->readers, job);
 	}
@@ -447,6 +451,8 @@ void sess_job_done(struct reader_job *job, void *arg)
 	s->jobs--;
 	s->read_ns += job->read_ns;
 	sl->parts--;
+	blocks_put(job->blocks);
+	job->blocks = NULL;
 	/* The reader found a file changed on disk: that ends the epochs of
 	 * every session of the dataset (start_fill), whatever this one does. */
 	if (job->rc == -ESTALE)

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "blocks.h"
 #include "daemon.h"
 #include "linger.h"
 #include "log.h"
@@ -74,6 +75,9 @@ static void session_status(const struct sess *s, Pf__SessionStatus *st)
 	st->h2d_bytes = s->cuda.h2d_bytes;
 	st->pool_hits = s->cuda.pool_hits;
 	st->index_bytes = s->cuda.index_bytes;
+	if (s->blocks)
+		blocks_stats(s->blocks, &st->blocks_read, &st->block_cache_bytes,
+			     &st->block_cache_peak);
 }
 
 /* Strings borrow from p and buf (16 bytes). */

@@ -38,7 +38,11 @@ static const char *DATASETS = "[dataset.blocks]\n"
 			      "field.x = x0.npy, x1.npy\n"
 			      "field.y = y.npy\n"
 			      "[dataset.tiny]\n"
-			      "field.y = ty.npy\n";
+			      "field.y = ty.npy\n"
+			      "[dataset.direct]\n"
+			      "field.x = x0.npy, x1.npy\n"
+			      "field.y = y.npy\n"
+			      "read = direct\n";
 
 static int setup(void **state)
 {
@@ -208,6 +212,86 @@ static void one_rank_gets_every_pick_once_in_the_built_order(void **state)
 	assert_each_once(r.picks, r.npicks, N_DATA);
 	free(want);
 	free(r.picks);
+}
+
+/* read = direct: the same epochs through the block cache, over 1 rank and
+ * 4 ranks with a resume; one rank's whole epoch reads each block once. */
+static void direct_reads_serve_block_epochs_from_blocks_read_once(void **state)
+{
+	enum { WORLD = 4, BATCH = 16, K = 5 };
+	struct pf_epoch_opts eo = {
+		.order = PF_ORDER_BLOCK_SHUFFLE, .seed = 7, .block_rows = 50, .window_blocks = 4};
+	uint64_t n, *want = want_share(N_DATA, 1, 50, 4, 7, 0, 1, &n);
+	unsigned hits[N_DATA] = {0};
+	struct pf_client *c = open_client("direct", 64, 1);
+	Pf__SessionStatus *ss;
+	struct pf_stats ps;
+	Pf__Envelope *st;
+	struct run r;
+
+	take_epoch(c, &eo, UINT64_MAX, &r);
+	assert_int_equal(r.npicks, N_DATA);
+	assert_memory_equal(r.picks, want, n * sizeof(*want));
+	st = td_status(td.sock);
+	assert_non_null(st);
+	assert_int_equal(pf_stats(c, &ps), 0);
+	ss = td_session(st, ps.session);
+	assert_non_null(ss);
+	print_message("direct, 1 rank: %llu blocks read for %d rows, cache peak %llu bytes, "
+		      "%llu held at the end\n",
+		      (unsigned long long)ss->blocks_read, N_DATA,
+		      (unsigned long long)ss->block_cache_peak,
+		      (unsigned long long)ss->block_cache_bytes);
+	assert_int_equal(ss->blocks_read, (N_DATA + 49) / 50);
+	assert_int_equal(ss->block_cache_bytes, 0);
+	assert_true(ss->block_cache_peak > 0);
+	pf__envelope__free_unpacked(st, NULL);
+	pf_close(c);
+	free(want);
+	free(r.picks);
+
+	/* 4 ranks, rank 2 resumed at batch K from a new client. */
+	eo = (struct pf_epoch_opts){.order = PF_ORDER_BLOCK_SHUFFLE,
+				    .seed = 8,
+				    .block_rows = 40,
+				    .window_blocks = 5,
+				    .world = WORLD};
+	for (uint32_t rank = 0; rank < WORLD; rank++) {
+		uint64_t m, *share = want_share(N_DATA, 1, 40, 5, 8, rank, WORLD, &m);
+		struct run a, b;
+
+		eo.rank = rank;
+		eo.start_batch = 0;
+		run_epoch("direct", BATCH, 1, &eo, rank == 2 ? K : UINT64_MAX, &a);
+		if (rank == 2) {
+			eo.start_batch = K;
+			run_epoch("direct", BATCH, 1, &eo, UINT64_MAX, &b);
+			assert_int_equal(a.npicks + b.npicks, m);
+			assert_memory_equal(a.picks, share, a.npicks * sizeof(*share));
+			assert_memory_equal(b.picks, share + a.npicks, b.npicks * sizeof(*share));
+			for (uint64_t i = 0; i < b.npicks; i++)
+				hits[b.picks[i]]++;
+			free(b.picks);
+		} else {
+			assert_int_equal(a.npicks, m);
+			assert_memory_equal(a.picks, share, m * sizeof(*share));
+		}
+		for (uint64_t i = 0; i < a.npicks; i++)
+			hits[a.picks[i]]++;
+		free(a.picks);
+		free(share);
+	}
+	/* 1003 over 4 ranks: one pick twice (the padded list's head), the
+	 * rest once. */
+	{
+		unsigned twice = 0;
+
+		for (int i = 0; i < N_DATA; i++) {
+			assert_true(hits[i] == 1 || hits[i] == 2);
+			twice += hits[i] == 2;
+		}
+		assert_int_equal(twice, 1);
+	}
 }
 
 static void augmented_epoch_reads_each_sample_once_per_copy(void **state)
@@ -482,6 +566,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(block_epoch_is_the_documented_vector),
 		cmocka_unit_test(one_rank_gets_every_pick_once_in_the_built_order),
+		cmocka_unit_test(direct_reads_serve_block_epochs_from_blocks_read_once),
 		cmocka_unit_test(augmented_epoch_reads_each_sample_once_per_copy),
 		cmocka_unit_test(four_ranks_cover_the_padded_list_and_resume_exactly),
 		cmocka_unit_test(drop_last_and_resume_serve_the_same_batches),
