@@ -1,8 +1,11 @@
 /*
- * log.h — the daemon's logging: one line per event on stderr, each with a
- * journald/sd-daemon priority prefix ("<3>" error .. "<7>" debug) so that
- * systemd files it at the right level.  Thread-safe: one fprintf per line.
- * Lines are made printable and rate-limited below error level (log.c).
+ * log.h — the daemon's logging: one line per event on stderr.  When stderr
+ * is journald's stream each line starts with its sd-daemon priority ("<3>"
+ * error .. "<7>" debug) so that systemd files it at the right level;
+ * anywhere else with the local time to the millisecond and a level word
+ * ("2026-12-02 03:40:11.123 info prefetchd: ...").  Thread-safe: one
+ * fprintf per line.  Lines are made printable and rate-limited below error
+ * level (log.c).
  */
 #ifndef PF_LOG_H
 #define PF_LOG_H
@@ -10,7 +13,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* Sets the name lines carry and whether debug lines are written, and
+ * chooses the form of the lines from what stderr is now (log_init runs
+ * before any other thread logs; again in tests). */
 void log_init(const char *ident, int verbose);
+/* True when stderr is the journal stream systemd named in $JOURNAL_STREAM
+ * ("DEVICE:INODE", compared with fstat of stderr). */
+bool log_stderr_is_journal(void);
 void log_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
