@@ -267,11 +267,28 @@ bool ds_files_changed(const struct dataset *ds, char *why, size_t len)
 	return false;
 }
 
+/* The directory glob could not read, and why: GLOB_ABORTED alone would
+ * only say "read error" of a pattern whose directory is missing or
+ * unreadable.  Per thread, since glob's callback takes no argument. */
+static __thread struct {
+	char path[256];
+	int err;
+} glob_failed;
+
+static int note_glob_error(const char *path, int err)
+{
+	snprintf(glob_failed.path, sizeof(glob_failed.path), "%s", path);
+	glob_failed.err = err;
+	return 1; /* stop: GLOB_ERR would anyway */
+}
+
 /* dataset_int.h */
 int ds_glob_shards(const char *pattern, glob_t *gl, char *err, size_t len)
 {
-	int g = glob(pattern, GLOB_ERR, NULL, gl);
+	int g;
 
+	glob_failed.err = 0;
+	g = glob(pattern, GLOB_ERR, note_glob_error, gl);
 	if (g == 0)
 		return 0;
 	globfree(gl);
@@ -279,9 +296,14 @@ int ds_glob_shards(const char *pattern, glob_t *gl, char *err, size_t len)
 		set_err(err, len, "shards: %s matches no file", pattern);
 		return -ENOENT;
 	}
+	if (g == GLOB_ABORTED && glob_failed.err) {
+		set_err(err, len, "shards: cannot expand %s: %s: %s", pattern, glob_failed.path,
+			strerror(glob_failed.err));
+		return -glob_failed.err;
+	}
 	set_err(err, len, "shards: cannot expand %s: %s", pattern,
 		g == GLOB_NOSPACE ? "out of memory" : "read error");
-	return -EIO;
+	return g == GLOB_NOSPACE ? -ENOMEM : -EIO;
 }
 
 static bool listed(char *const *list, size_t n, const char *s)

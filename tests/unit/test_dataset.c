@@ -789,6 +789,26 @@ static void token_pattern_matching_nothing_is_refused(void **state)
 	ds_close(&ds);
 }
 
+/* A pattern whose directory is missing says so, naming the directory (not
+ * glob's bare "read error"). */
+static void token_pattern_in_a_missing_directory_names_it(void **state)
+{
+	struct fixture *fx = *state;
+	char pattern[128];
+	char *paths[1] = {pattern};
+	struct config_field field = {"tokens", paths, 1};
+	struct config_dataset decl = {
+		.name = "tok", .format = "tokens", .fields = &field, .nfields = 1, .seq_len = 8};
+	struct dataset ds;
+
+	snprintf(pattern, sizeof(pattern), "%s/gone/none_*.bin", fx->dir);
+	assert_int_equal(ds_load(&ds, &decl), -ENOENT);
+	print_message("  %s\n", ds.error);
+	if (!strstr(ds.error, "/gone: No such file or directory"))
+		fail_msg("error \"%s\" does not name the missing directory", ds.error);
+	ds_close(&ds);
+}
+
 static void unknown_format_is_refused_naming_it(void **state)
 {
 	struct fixture *fx = *state;
@@ -1315,6 +1335,7 @@ int main(void)
 		T(token_windows_stay_in_their_shard_and_hold_the_right_tokens),
 		T(bad_token_shards_are_refused_naming_the_file),
 		T(token_pattern_matching_nothing_is_refused),
+		T(token_pattern_in_a_missing_directory_names_it),
 		T(unknown_format_is_refused_naming_it),
 		T(dataset_without_fields_is_refused),
 		T(empty_dataset_is_refused),
