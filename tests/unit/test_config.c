@@ -18,6 +18,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* config_int.h's fail() is the parser's; cmocka's is defined below. */
+#include "config_int.h" /* config_daemon_keys: every [daemon] key */
+#undef fail
+
 #include <cmocka.h>
 
 #include "config.h"
@@ -603,6 +607,111 @@ static void overlong_line_is_refused_with_its_number(void **state)
 	free(text);
 }
 
+/* deploy/prefetchd.conf.example (installed next to the README) lists every
+ * [daemon] key, and each value it shows commented out is the default: the
+ * file loads as it is, and again with those lines uncommented, both times
+ * to exactly config_defaults.  Run from the repository's root, as make
+ * check does. */
+#define EXAMPLE_CONF "deploy/prefetchd.conf.example"
+
+static void assert_same_config(const struct config *a, const struct config *b, const char *what)
+{
+#define SAME(field)                                                                                \
+	do {                                                                                       \
+		if (a->field != b->field)                                                          \
+			fail_msg("%s: " #field " is %g, the default %g", what, (double)a->field,   \
+				 (double)b->field);                                                \
+	} while (0)
+	assert_string_equal(a->socket_path, b->socket_path);
+	assert_string_equal(a->ipc, b->ipc);
+	assert_true(a->socket_group == NULL && b->socket_group == NULL);
+	SAME(socket_mode);
+	SAME(readers);
+	SAME(ring_bytes);
+	SAME(arena_bytes);
+	SAME(session_bytes);
+	SAME(max_sessions);
+	SAME(max_sessions_per_uid);
+	SAME(max_conns);
+	SAME(max_conns_per_uid);
+	SAME(memory_budget);
+	SAME(memory_per_uid);
+	SAME(idle_timeout);
+	SAME(frame_timeout);
+	SAME(depth_limit);
+	SAME(max_epoch_picks);
+	SAME(max_frame);
+	SAME(allow_any);
+	SAME(n_allow_uids);
+	SAME(n_allow_gids);
+	SAME(depth);
+	SAME(max_depth);
+	SAME(read);
+	SAME(reserve_frac);
+	SAME(reserve_min);
+	SAME(probe_interval);
+	SAME(pool);
+	SAME(pool_bytes);
+	SAME(pool_slab);
+	SAME(pool_linger);
+#undef SAME
+}
+
+static void the_example_configuration_shows_every_key_with_its_default(void **state)
+{
+	struct fixture *fx = *state;
+	struct config def;
+	char line[1024], *text = NULL;
+	size_t text_len = 0;
+	FILE *in = fopen(EXAMPLE_CONF, "r"), *out;
+
+	if (!in)
+		fail_msg("cannot open %s (run from the repository's root)", EXAMPLE_CONF);
+	out = open_memstream(&text, &text_len);
+	assert_non_null(out);
+	/* "; key = value" is a default shown; "; e.g. key = value" is not. */
+	while (fgets(line, sizeof(line), in)) {
+		size_t name = strspn(line + 2, "abcdefghijklmnopqrstuvwxyz_");
+
+		if (strncmp(line, "; ", 2) == 0 && name && strncmp(line + 2 + name, " = ", 3) == 0)
+			fputs(line + 2, out);
+		else
+			fputs(line, out);
+	}
+	fclose(in);
+	fclose(out);
+	for (int k = 0; k < K_COUNT; k++) {
+		char shown[80], example[80];
+
+		snprintf(shown, sizeof(shown), "\n%s = ", config_daemon_keys[k]);
+		snprintf(example, sizeof(example), "\n; e.g. %s = ", config_daemon_keys[k]);
+		if (!strstr(text, shown) && !strstr(text, example))
+			fail_msg("%s does not show [daemon] %s", EXAMPLE_CONF,
+				 config_daemon_keys[k]);
+	}
+	config_defaults(&def);
+
+	assert_int_equal(config_load(EXAMPLE_CONF, &fx->cfg, fx->err, sizeof(fx->err)), 0);
+	assert_same_config(&fx->cfg, &def, EXAMPLE_CONF);
+	config_free(&fx->cfg);
+
+	if (load_text(fx, text) != 0)
+		fail_msg("%s with its defaults uncommented: %s", EXAMPLE_CONF, fx->err);
+	assert_same_config(&fx->cfg, &def, "the example uncommented");
+	assert_int_equal(fx->cfg.ndatasets, 2);
+	assert_string_equal(fx->cfg.datasets[0].name, "imagenet");
+	assert_string_equal(fx->cfg.datasets[0].format, "npy");
+	assert_int_equal(fx->cfg.datasets[0].nfields, 2);
+	assert_int_equal(fx->cfg.datasets[0].pool, CONFIG_POOL_ON);
+	assert_true(fx->cfg.datasets[0].pool_linger_set);
+	assert_true(fx->cfg.datasets[0].pool_linger == def.pool_linger);
+	assert_string_equal(fx->cfg.datasets[1].name, "fineweb");
+	assert_string_equal(fx->cfg.datasets[1].format, "tokens");
+	assert_int_equal(fx->cfg.datasets[1].seq_len, 1024);
+	config_free(&def);
+	free(text);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -631,6 +740,9 @@ int main(void)
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(section_name_of_49_bytes_is_kept, setup, teardown),
 		cmocka_unit_test_setup_teardown(sections_without_keys_are_ignored, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			the_example_configuration_shows_every_key_with_its_default, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(overlong_line_is_refused_with_its_number, setup,
 						teardown),
 	};
