@@ -104,8 +104,9 @@ int pfcuda_mem_alloc(struct pfcuda_dev *d, uint64_t bytes, uint64_t *devptr, cha
 int pfcuda_mem_free(struct pfcuda_dev *d, uint64_t devptr);
 
 /* ---- the client's gather ----
- * Pool hits are assembled in the trainer's own context (DESIGN.md: no SM
- * work in the daemon's context on a trainer's GPU): the kernel of
+ * Pool hits are assembled in the trainer's own context (docs/DESIGN.md,
+ * "The VRAM pool": no SM work in the daemon's context on a trainer's GPU):
+ * the kernel of
  * daemon/gather.cu in entry mode, from a module embedded in the library,
  * on a non-blocking stream of its own.  The trainer's stream waits on the
  * event each launch records (pfcuda_stream_wait), so the CPU never blocks. */

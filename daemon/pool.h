@@ -5,9 +5,10 @@
  *
  * A pool holds *records*, one per resident sample: every field's row of
  * that sample, field f at rec_off[f].  Records live in slabs (device
- * allocations of `pool_slab` bytes, never exported), so memory is taken and
- * given back a slab at a time.  `loc` maps a sample to its record (entry id
- * = slab << slab_shift | index), or to POOL_NONE / POOL_PENDING.
+ * allocations of `pool_slab` bytes, exported to the sessions whose client
+ * gathers its batches itself: PoolSlab), so memory is taken and given back
+ * a slab at a time.  `loc` maps a sample to its record (entry id = slab <<
+ * slab_shift | index), or to POOL_NONE / POOL_PENDING.
  *
  * A CUDA session plans each batch against its pool (pool_plan_batch):
  *   - a hit is a resident sample: the gather kernel (gpu_gather) copies its

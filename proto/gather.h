@@ -2,9 +2,10 @@
  * gather.h — the parameter block of the pool's gather kernel (gather.cu),
  * shared by the daemon, which assembles batches of sessions whose client
  * cannot, and libprefetch, which launches the same kernel in the trainer's
- * own context from a module embedded in the library (DESIGN.md: no SM work
- * in the daemon's context on a trainer's GPU).  Plain C, no CUDA types: the
- * struct is passed by value as the kernel's only parameter.
+ * own context from a module embedded in the library (docs/DESIGN.md, "The
+ * VRAM pool": no SM work in the daemon's context on a trainer's GPU).
+ * Plain C, no CUDA types: the struct is passed by value as the kernel's
+ * only parameter.
  */
 #ifndef PF_GATHER_H
 #define PF_GATHER_H
