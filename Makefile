@@ -176,9 +176,18 @@ $(B)/pforder: $(B)/tools/pforder.o $(B)/daemon/order.o
 	$(call say,LD,$@)$(CC) -o $@ $^ $(LDLIBS)
 $(B)/%: $(B)/tools/%.o
 	$(call say,LD,$@)$(CC) -o $@ $^ $(LDLIBS)
-$(B)/libprefetch.pc: client/libprefetch.pc.in Makefile
-	$(call say,GEN,$@)mkdir -p $(B) && sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
-	  -e 's|@INCDIR@|$(INCDIR)|g' -e 's|@VERSION@|$(VERSION)|g' $< > $@
+# The .pc names its directories relative to ${prefix} where they lie under
+# PREFIX (pkg-config --define-prefix then finds a relocated tree).  It is
+# made again whenever PREFIX, LIBDIR or INCDIR differ from the ones it holds
+# (FORCE, then replaced only when it changed): `make` then `make install
+# PREFIX=/usr` must not install the first one's paths.
+pc_rel = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
+$(B)/libprefetch.pc: client/libprefetch.pc.in Makefile FORCE
+	$(Q)mkdir -p $(B) && sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(call pc_rel,$(LIBDIR))|g' \
+	  -e 's|@INCDIR@|$(call pc_rel,$(INCDIR))|g' -e 's|@VERSION@|$(VERSION)|g' $< > $@.tmp
+	$(Q)if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@ && printf '  %-7s %s\n' GEN $@; fi
+.PHONY: FORCE
+FORCE:
 
 # Unit tests link the daemon core against the fake GPU; integration and CUDA
 # tests drive the real daemon through libprefetch.  (Static pattern rules: a
