@@ -21,6 +21,8 @@ BINDIR  ?= $(PREFIX)/bin
 LIBDIR  ?= $(PREFIX)/lib
 INCDIR  ?= $(PREFIX)/include
 UNITDIR ?= $(PREFIX)/lib/systemd/system
+MANDIR  ?= $(PREFIX)/share/man
+DOCDIR  ?= $(PREFIX)/share/doc/prefetchd
 B       := build
 VERSION := 0.1.0
 
@@ -310,25 +312,41 @@ bench-linger: all
 # What `make install` puts in place, and all it builds.
 INSTALLED := $(B)/prefetchd $(B)/prefetchctl $(B)/libprefetch.so $(B)/libprefetch.a \
              $(B)/libprefetch.pc
+MAN_PAGES := man/prefetchctl.1 man/prefetchd.conf.5 man/prefetchd.8
+# The documents go to DOCDIR in the tree's own layout, so that the links
+# between them (README -> docs/SHUFFLE.md) still lead somewhere; the
+# example configuration sits at the top, next to the README.
+DOCS      := README.md docs/DESIGN.md docs/SHUFFLE.md proto/PROTOCOL.md
+EXAMPLE_CONF := deploy/prefetchd.conf.example
+# The units name the installed paths: the daemon, and the documents.
+unit_sed  = sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g'
 
 install: $(INSTALLED)
-	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCDIR) $(DESTDIR)$(UNITDIR)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCDIR) $(DESTDIR)$(UNITDIR) \
+	  $(addprefix $(DESTDIR)$(MANDIR)/man,1 5 8)
 	install -m 0755 $(B)/prefetchd $(B)/prefetchctl $(DESTDIR)$(BINDIR)/
 	install -m 0755 $(B)/libprefetch.so $(DESTDIR)$(LIBDIR)/libprefetch.so.0
 	ln -sf libprefetch.so.0 $(DESTDIR)$(LIBDIR)/libprefetch.so
 	install -m 0644 $(B)/libprefetch.a $(DESTDIR)$(LIBDIR)/
 	install -m 0644 client/prefetch.h $(DESTDIR)$(INCDIR)/
 	install -m 0644 $(B)/libprefetch.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
-	sed -e 's|@BINDIR@|$(BINDIR)|g' systemd/prefetchd.service > $(DESTDIR)$(UNITDIR)/prefetchd.service
-	install -m 0644 systemd/prefetchd.socket $(DESTDIR)$(UNITDIR)/
+	$(unit_sed) systemd/prefetchd.service > $(DESTDIR)$(UNITDIR)/prefetchd.service
+	$(unit_sed) systemd/prefetchd.socket > $(DESTDIR)$(UNITDIR)/prefetchd.socket
+	for m in $(MAN_PAGES); do install -m 0644 $$m $(DESTDIR)$(MANDIR)/man$${m##*.}/ || exit; done
+	for f in $(DOCS); do install -D -m 0644 $$f $(DESTDIR)$(DOCDIR)/$$f || exit; done
+	install -m 0644 $(EXAMPLE_CONF) $(DESTDIR)$(DOCDIR)/
 
-# Removes exactly what install put there (same PREFIX and DESTDIR).
+# Removes exactly what install put there (same PREFIX and DESTDIR), and
+# DOCDIR, which is prefetchd's alone.
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/prefetchd $(DESTDIR)$(BINDIR)/prefetchctl \
 	  $(DESTDIR)$(LIBDIR)/libprefetch.so.0 $(DESTDIR)$(LIBDIR)/libprefetch.so \
 	  $(DESTDIR)$(LIBDIR)/libprefetch.a $(DESTDIR)$(INCDIR)/prefetch.h \
 	  $(DESTDIR)$(LIBDIR)/pkgconfig/libprefetch.pc \
-	  $(DESTDIR)$(UNITDIR)/prefetchd.service $(DESTDIR)$(UNITDIR)/prefetchd.socket
+	  $(DESTDIR)$(UNITDIR)/prefetchd.service $(DESTDIR)$(UNITDIR)/prefetchd.socket \
+	  $(foreach m,$(MAN_PAGES),$(DESTDIR)$(MANDIR)/man$(subst .,,$(suffix $(m)))/$(notdir $(m))) \
+	  $(addprefix $(DESTDIR)$(DOCDIR)/,$(DOCS) $(notdir $(EXAMPLE_CONF)))
+	rmdir $(DESTDIR)$(DOCDIR)/docs $(DESTDIR)$(DOCDIR)/proto $(DESTDIR)$(DOCDIR) 2>/dev/null || true
 
 format:
 	clang-format -i $(wildcard daemon/*.[ch] daemon/*.cu client/*.[ch] proto/*.[ch] tests/*/*.[ch] bench/*.[ch] tools/*.[ch])
