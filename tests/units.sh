@@ -1,14 +1,25 @@
 #!/bin/sh
 # The systemd units as `make install` writes them pass `systemd-analyze
-# verify`, and the service's `systemd-analyze security` exposure stays at
-# most 1.0 (0.7 when written; README records it).  Reports as cmocka does,
-# for tests/run.sh.  Without systemd-analyze both cases skip and say why.
+# verify` (which runs man(1) on the pages their Documentation= names: it
+# needs man-db), and the service's `systemd-analyze security` exposure
+# stays at most 1.0 (0.7 when written; README records it).  Reports as
+# cmocka does, for tests/run.sh.  Without systemd-analyze both cases skip
+# and say why.
 #   tests/units.sh REPO BUILD_DIR
 repo=$1 build=$2
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-sed -e "s|@BINDIR@|$build|g" "$repo/systemd/prefetchd.service" >"$dir/prefetchd.service"
+# As `make install` writes them (tests/install/test_install.sh checks the
+# installed ones), with the daemon and documents of this tree.
+sed -e "s|@BINDIR@|$build|g" -e "s|@DOCDIR@|$repo|g" "$repo/systemd/prefetchd.service" \
+	>"$dir/prefetchd.service"
 cp "$repo/systemd/prefetchd.socket" "$dir/"
+# verify runs man(1) for each man: in Documentation=: the tree's pages,
+# laid out as make install lays them out.
+for page in "$repo"/man/*.[158]; do
+	mkdir -p "$dir/man/man${page##*.}" && cp "$page" "$dir/man/man${page##*.}/"
+done
+export MANPATH="$dir/man"
 bad="" skipped=""
 
 start() { echo "[ RUN      ] $1"; }
@@ -25,6 +36,10 @@ for t in units_pass_systemd_analyze_verify service_exposure_is_at_most_1_0; do
 	fi
 	case $t in
 	units_pass_systemd_analyze_verify)
+		if ! command -v man >/dev/null 2>&1; then
+			fail "$t" "man is not installed (Debian: man-db): verify checks Documentation=man:"
+			continue
+		fi
 		if out=$(systemd-analyze verify "$dir/prefetchd.service" "$dir/prefetchd.socket" 2>&1) &&
 			[ -z "$out" ]; then
 			ok "$t"
