@@ -244,6 +244,18 @@ define py_wrapper
 	  chmod +x $@.tmp && mv $@.tmp $@
 endef
 
+# What `make install` and deploy/ give, checked by shell scripts
+# (tests/install/test_NAME.sh, run as build/tests/sh_NAME): the installed
+# tree and its .pc, the man pages, the example configuration, the container
+# recipe.  They get the repository, the build directory and this build's
+# CUDA setting, for the scripts that run make themselves.
+SH_TESTS := $(patsubst tests/install/test_%.sh,$(B)/tests/sh_%,$(wildcard tests/install/test_*.sh))
+.PHONY: $(SH_TESTS)
+$(SH_TESTS): $(B)/tests/sh_%:
+	@mkdir -p $(@D)
+	$(call say,GEN,$@)printf '#!/bin/sh\nexec sh %s %s %s CUDA=%s\n' '$(CURDIR)/tests/install/test_$*.sh' \
+	  '$(CURDIR)' '$(abspath $(B))' '$(CUDA)' > $@.tmp && chmod +x $@.tmp && mv $@.tmp $@
+
 .PHONY: $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER) $(DEPS_TEST)
 $(PY_ORDER):
 	$(call py_wrapper,numpy,test_order.py)
@@ -285,9 +297,10 @@ run:
 
 check:
 	@$(INSTALL_DEPS) build test
-	@$(MAKE) --no-print-directory all $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER) $(DEPS_TEST)
+	@$(MAKE) --no-print-directory all $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER) $(DEPS_TEST) \
+	  $(SH_TESTS)
 	@sh tests/run.sh $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(PY_HOST) $(PY_CUDA) \
-	  $(UNITS_TEST) $(PY_ORDER) $(DEPS_TEST)
+	  $(UNITS_TEST) $(PY_ORDER) $(DEPS_TEST) $(SH_TESTS)
 
 check-cuda: all $(PY_CUDA)
 	@PF_REQUIRE_GPU=1 sh tests/run.sh $(CUDA_TESTS) $(PY_CUDA)
