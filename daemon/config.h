@@ -57,6 +57,9 @@
  * consecutive rows, for file systems whose mappings misbehave.
  *
  * The limits and what a client gets when it meets one: README, "Limits".
+ * For users the same keys are in prefetchd.conf(5) (man/prefetchd.conf.5)
+ * and deploy/prefetchd.conf.example; a key added here goes there too
+ * (test_config.c and tests/install/test_man.sh fail until it does).
  *
  * Sizes take K/M/G/T suffixes (powers of 1024).  Unknown keys and sections
  * are errors that name the line, so a typo never silently falls back to a
