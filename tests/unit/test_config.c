@@ -511,7 +511,8 @@ static const struct {
 	{"[dataset.t]\nformat = tokens\nshards = /t-*.bin\nseq_len = 8\n  9\n", 5,
 	 "seq_len: a continuation line"},
 	{"[dataset.a]\nfield.x = /x\nshape = 3\n", 3,
-	 "unknown key 'shape' in [dataset.a] (expected format, pool, pool_linger, read or field.NAME)"},
+	 "unknown key 'shape' in [dataset.a] (expected format, pool, pool_linger, read or "
+	 "field.NAME)"},
 	{"[dataset.a]\nfield.x = /x\nfield.x = /y\n", 3, "field.x: duplicate field"},
 	{"[dataset.a]\nfield.x = /a.npy,,/b.npy\n", 2, "field.x: empty shard path in list"},
 	{"[dataset.a]\nfield. = /a.npy\n", 2, "field.: field names use"},
@@ -705,6 +706,8 @@ static void the_example_configuration_shows_every_key_with_its_default(void **st
 	assert_int_equal(fx->cfg.datasets[0].pool, CONFIG_POOL_ON);
 	assert_true(fx->cfg.datasets[0].pool_linger_set);
 	assert_true(fx->cfg.datasets[0].pool_linger == def.pool_linger);
+	assert_true(fx->cfg.datasets[0].read_set);
+	assert_int_equal(fx->cfg.datasets[0].read, def.read);
 	assert_string_equal(fx->cfg.datasets[1].name, "fineweb");
 	assert_string_equal(fx->cfg.datasets[1].format, "tokens");
 	assert_int_equal(fx->cfg.datasets[1].seq_len, 1024);
