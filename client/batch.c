@@ -1030,6 +1030,7 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 		char head[64];
 
 		c->epoch_batches++; /* taken, as far as paced requests go */
+		c->error_batch = true;
 		/* The daemon's own text already names the batch (sess_pump.c):
 		 * the prefix goes only on a message that does not. */
 		snprintf(head, sizeof(head), "epoch %" PRIu64 " batch %" PRIu64 ": ", b->pub.epoch,

@@ -313,6 +313,7 @@ struct pf_client {
 
 	/* Stall accounting and totals (pf_stats). */
 	uint64_t batches;
+	bool error_batch;	  /* the last take failed with an error batch */
 	uint64_t epoch_batches;	  /* taken in the current epoch */
 	uint64_t paced_requested; /* paced epochs: pf_load calls this epoch */
 	bool paced_ended;	  /* paced epochs: pf_load_end was called */

@@ -565,6 +565,7 @@ PF_API int pf_next_stream(struct pf_client *c, int timeout_ms, void *stream,
 	if (!c || !batch)
 		return -EINVAL;
 	c->use_stream = stream;
+	c->error_batch = false;
 	pfc_cork(c);
 	*batch = NULL;
 	if (c->have_last_return)
@@ -589,12 +590,18 @@ PF_API int pf_release_next(struct pf_client *c, struct pf_batch *release, void *
 	if (!c || !batch)
 		return -EINVAL;
 	*batch = NULL;
+	c->error_batch = false;
 	if (release) {
 		rc = pf_release(c, release, stream);
 		if (rc)
 			return rc;
 	}
 	return pf_next_stream(c, timeout_ms, stream, batch);
+}
+
+PF_API bool pf_error_batch(const struct pf_client *c)
+{
+	return c && c->error_batch;
 }
 
 PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream)

@@ -203,6 +203,12 @@ PF_API int pf_set_epoch(struct pf_client *c, uint64_t epoch);
  * batch; the epoch goes on with the next call), or the connection's error
  * (-ECONNRESET when the daemon went away and reconnect_s is 0 or spent). */
 PF_API int pf_next(struct pf_client *c, int timeout_ms, struct pf_batch **batch);
+/* Whether the last pf_next, pf_next_stream or pf_release_next failed with
+ * an error batch (a read error, a file changed on disk, a paced request
+ * out of range): the epoch goes on with the next call, and a trainer may
+ * skip it.  False after any other failure (the connection's, a timeout,
+ * a bad argument) and after a success. */
+PF_API bool pf_error_batch(const struct pf_client *c);
 /* pf_next for a CUDA session whose trainer uses its batches on `stream`
  * (a cudaStream_t; NULL: the legacy default stream, which every blocking
  * stream waits for).  This library assembles a pooled batch (the gather)

@@ -878,10 +878,14 @@ static void error_batch_returns_its_code_and_message_and_the_epoch_goes_on(void 
 	assert_int_equal(pf_next(c, 2000, &b), 0);
 	assert_batch_bytes(b, 0, 0, BATCH);
 	assert_int_equal(pf_release(c, b, NULL), 0);
+	assert_false(pf_error_batch(c));
 	assert_int_equal(pf_next(c, 2000, &b), -EIO);
 	assert_null(b);
 	assert_string_equal(pf_errmsg(c), "epoch 0 batch 1: x.npy: truncated at row 17");
+	/* An error batch, which a trainer may skip: not the connection's. */
+	assert_true(pf_error_batch(c));
 	assert_int_equal(pf_next(c, 2000, &b), 0);
+	assert_false(pf_error_batch(c));
 	assert_batch_bytes(b, 0, 2, BATCH);
 	assert_int_equal(pf_release(c, b, NULL), 0);
 	/* The error batch was acked (it counts) and never released (no slot). */
@@ -908,6 +912,7 @@ static void next_times_out_with_etimedout_and_the_client_stays_usable(void **unu
 	assert_null(b);
 	assert_true(took >= 0.095 && took < 1.0);
 	assert_non_null(strstr(pf_errmsg(c), "within 100 ms"));
+	assert_false(pf_error_batch(c));
 	assert_int_equal(pf_next(c, 0, &b), -ETIMEDOUT);
 	assert_int_equal(pf_set_depth(c, 0, 3), 0);
 	assert_int_equal(wait_ev(f, EV_SET_DEPTH, 1), 1);
@@ -1035,11 +1040,45 @@ static void refused_request_returns_the_daemons_code_and_message(void **unused)
 		fake_session(&(struct script){.error_seq = -1, .refuse_start = -ERANGE}, &c);
 	struct pf_batch *b;
 
+	assert_int_equal(pf_set_epoch(c, 4), 0);
 	assert_int_equal(start(c, NULL), -ERANGE);
 	assert_string_equal(pf_errmsg(c), "index 99 is out of range (N = 35)");
 	/* No epoch runs: the end, not a wait. */
 	assert_int_equal(pf_next(c, 2000, &b), 0);
 	assert_null(b);
+	/* The daemon started nothing under epoch 4: the retry uses it again. */
+	assert_int_equal(start(c, NULL), -ERANGE);
+	assert_int_equal(nth_ev(f, EV_START, 0).epoch, 4);
+	assert_int_equal(nth_ev(f, EV_START, 1).epoch, 4);
+	fake_finish(f, c);
+}
+
+/* The first epoch is 0 and each next one the last plus one, unless
+ * pf_set_epoch names it (a trainer's own epoch counter); numbers only
+ * grow, and the batches carry the number. */
+static void set_epoch_names_the_next_epoch_and_numbers_only_grow(void **unused)
+{
+	struct pf_client *c;
+	struct fake *f =
+		fake_session(&(struct script){.error_seq = -1, .target = 2, .nbatches = 3}, &c);
+	struct pf_batch *b;
+
+	assert_int_equal(start(c, NULL), 0);
+	assert_int_equal(nth_ev(f, EV_START, 0).epoch, 0);
+	assert_int_equal(pf_set_epoch(c, 7), 0);
+	assert_int_equal(start(c, NULL), 0);
+	assert_int_equal(nth_ev(f, EV_START, 1).epoch, 7);
+	assert_int_equal(pf_next(c, 2000, &b), 0);
+	assert_batch_bytes(b, 7, 0, BATCH);
+	assert_int_equal(pf_release(c, b, NULL), 0);
+	assert_int_equal(pf_set_epoch(c, 7), -EINVAL);
+	assert_non_null(strstr(pf_errmsg(c), "epoch 7 is not after epoch 7"));
+	assert_int_equal(pf_set_epoch(c, 3), -EINVAL);
+	assert_int_equal(start(c, NULL), 0);
+	assert_int_equal(nth_ev(f, EV_START, 2).epoch, 8);
+	assert_int_equal(pf_next(c, 2000, &b), 0);
+	assert_batch_bytes(b, 8, 0, BATCH);
+	assert_int_equal(pf_release(c, b, NULL), 0);
 	fake_finish(f, c);
 }
 
@@ -1188,6 +1227,7 @@ static void daemon_closing_the_socket_gives_econnreset_at_once(void **unused)
 	assert_int_equal(pf_next(c, 5000, &b), -ECONNRESET);
 	assert_true((mono_ns() - t0) / 1e9 < 1.0);
 	assert_string_equal(pf_errmsg(c), "fake prefetchd went away (the connection closed)");
+	assert_false(pf_error_batch(c)); /* the connection's: not to be skipped */
 	assert_int_equal(pf_next(c, -1, &b), -ECONNRESET);
 	assert_int_equal(pf_release(c, held, NULL), -ECONNRESET);
 	assert_int_equal(start(c, NULL), -ECONNRESET);
@@ -1364,6 +1404,7 @@ int main(void)
 		cmocka_unit_test(abandon_releases_the_queued_batches_of_that_epoch),
 		cmocka_unit_test(batch_of_an_old_epoch_is_released_on_arrival_and_never_returned),
 		cmocka_unit_test(starting_an_epoch_releases_the_queue_of_the_running_one),
+		cmocka_unit_test(set_epoch_names_the_next_epoch_and_numbers_only_grow),
 		cmocka_unit_test(daemon_closing_the_socket_gives_econnreset_at_once),
 		cmocka_unit_test(undecodable_frame_is_an_error_not_a_crash),
 		cmocka_unit_test(oversized_frame_is_refused_before_decoding),
