@@ -235,8 +235,9 @@ $(UNITS_TEST):
 	@mkdir -p $(@D)
 	$(call say,GEN,$@)printf '#!/bin/sh\nexec sh %s %s %s\n' '$(CURDIR)/tests/units.sh' '$(CURDIR)' \
 	  '$(abspath $(B))' > $@.tmp && chmod +x $@.tmp && mv $@.tmp $@
+# torch is welcome (the torch.DataLoader adapter's case skips without it).
 $(PY_HOST):
-	$(call py_wrapper,numpy,test_host.py)
+	$(call py_wrapper,numpy,test_host.py,torch)
 $(PY_CUDA):
 	$(call py_wrapper,numpy,test_torch_cuda.py,torch)
 
