@@ -8,7 +8,8 @@
 #                   without a GPU)
 #   make check-cuda the CUDA tests, C and torch (needs a GPU)
 #   make bench-host / bench-cuda / bench-train / bench-linger
-#   make install PREFIX=/usr/local DESTDIR=   (builds only what it installs)
+#   make install PREFIX=/usr/local DESTDIR=   (builds only what it installs;
+#                   PYTHONDIR=DIR puts the Python package there too)
 #   make uninstall PREFIX=/usr/local DESTDIR=
 #   make deps       install missing Debian packages with apt-get
 #   V=1             show the commands
@@ -19,6 +20,13 @@ BINDIR  ?= $(PREFIX)/bin
 LIBDIR  ?= $(PREFIX)/lib
 INCDIR  ?= $(PREFIX)/include
 UNITDIR ?= $(PREFIX)/lib/systemd/system
+# The Python package is installed only into a directory named here (e.g.
+# PYTHONDIR=/usr/local/lib/python3.11/dist-packages); left empty, `make
+# install` prints how to pip-install it.  Debian's own pip refuses to install
+# into the system's Python (PEP 668), and a venv is where a trainer's
+# packages belong, so nothing is put into a Python behind the user's back.
+PYTHONDIR ?=
+PY_FILES := $(sort $(wildcard python/prefetch/*.py))
 B       := build
 VERSION := 0.1.0
 
@@ -217,6 +225,7 @@ PY_HOST := $(B)/tests/py_host
 PY_CUDA := $(B)/tests/py_torch_cuda
 UNITS_TEST := $(B)/tests/units
 PY_ORDER := $(B)/tests/py_order
+PY_INSTALL := $(B)/tests/py_install
 
 # $(1): the modules the test needs, $(2): the test file, $(3): modules it
 # would like.
@@ -227,7 +236,7 @@ define py_wrapper
 	  chmod +x $@.tmp && mv $@.tmp $@
 endef
 
-.PHONY: $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER)
+.PHONY: $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER) $(PY_INSTALL)
 $(PY_ORDER):
 	$(call py_wrapper,numpy,test_order.py)
 # The systemd units, checked with systemd-analyze (tests/units.sh).
@@ -240,6 +249,10 @@ $(PY_HOST):
 	$(call py_wrapper,numpy,test_host.py,torch)
 $(PY_CUDA):
 	$(call py_wrapper,numpy,test_torch_cuda.py,torch)
+# make install and the venv + pip install of python/ (python3-venv,
+# python3-pip): under a Python that has venv's ensurepip.
+$(PY_INSTALL):
+	$(call py_wrapper,numpy venv ensurepip,test_install.py)
 
 # ---- user targets -----------------------------------------------------------
 deps:
@@ -250,9 +263,9 @@ run: deps
 	@sh tools/demo.sh
 
 check: deps
-	@$(MAKE) --no-print-directory all $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER)
+	@$(MAKE) --no-print-directory all $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER) $(PY_INSTALL)
 	@sh tests/run.sh $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(PY_HOST) $(PY_CUDA) \
-	  $(UNITS_TEST) $(PY_ORDER)
+	  $(UNITS_TEST) $(PY_ORDER) $(PY_INSTALL)
 
 check-cuda: all $(PY_CUDA)
 	@PF_REQUIRE_GPU=1 sh tests/run.sh $(CUDA_TESTS) $(PY_CUDA)
@@ -288,6 +301,13 @@ install: $(INSTALLED)
 	install -m 0644 $(B)/libprefetch.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
 	sed -e 's|@BINDIR@|$(BINDIR)|g' systemd/prefetchd.service > $(DESTDIR)$(UNITDIR)/prefetchd.service
 	install -m 0644 systemd/prefetchd.socket $(DESTDIR)$(UNITDIR)/
+ifneq ($(PYTHONDIR),)
+	install -d $(DESTDIR)$(PYTHONDIR)/prefetch
+	install -m 0644 $(PY_FILES) $(DESTDIR)$(PYTHONDIR)/prefetch/
+	ln -sf $(LIBDIR)/libprefetch.so.0 $(DESTDIR)$(PYTHONDIR)/prefetch/libprefetch.so
+else
+	@echo "python: not installed; into a venv: python3 -m venv --system-site-packages VENV && VENV/bin/pip install --no-build-isolation ./python (or make install PYTHONDIR=DIR)"
+endif
 
 # Removes exactly what install put there (same PREFIX and DESTDIR).
 uninstall:
@@ -296,6 +316,11 @@ uninstall:
 	  $(DESTDIR)$(LIBDIR)/libprefetch.a $(DESTDIR)$(INCDIR)/prefetch.h \
 	  $(DESTDIR)$(LIBDIR)/pkgconfig/libprefetch.pc \
 	  $(DESTDIR)$(UNITDIR)/prefetchd.service $(DESTDIR)$(UNITDIR)/prefetchd.socket
+ifneq ($(PYTHONDIR),)
+	rm -f $(addprefix $(DESTDIR)$(PYTHONDIR)/prefetch/,$(notdir $(PY_FILES)) libprefetch.so)
+	rm -rf $(DESTDIR)$(PYTHONDIR)/prefetch/__pycache__
+	-rmdir $(DESTDIR)$(PYTHONDIR)/prefetch
+endif
 
 format:
 	clang-format -i $(wildcard daemon/*.[ch] daemon/*.cu client/*.[ch] proto/*.[ch] tests/*/*.[ch] bench/*.[ch] tools/*.[ch])
