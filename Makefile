@@ -4,6 +4,7 @@
 #   make            build everything (CUDA=1 when nvcc/the toolkit is found)
 #   make CUDA=0     build without the CUDA toolkit
 #   make run        build, generate a demo dataset, serve it, bench one epoch
+#   make serve / make stop   the demo daemon in the background, and its stop
 #   make check      the whole test suite, Python's included (CUDA tests skip
 #                   without a GPU)
 #   make check-cuda the CUDA tests, C and torch (needs a GPU)
@@ -126,7 +127,7 @@ PROGS := $(B)/prefetchd $(B)/prefetchctl $(B)/libprefetch.so $(B)/libprefetch.a 
          $(B)/libprefetch.pc $(TOOLS)
 
 .SECONDARY:
-.PHONY: all run check check-unit check-integration check-cuda bench-host bench-cuda bench-train bench-linger \
+.PHONY: all run serve stop check check-unit check-integration check-cuda bench-host bench-cuda bench-train bench-linger \
         install uninstall clean deps format
 all: $(PROGS) $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(TEST_PROGS) $(BENCHES)
 
@@ -226,6 +227,7 @@ PY_CUDA := $(B)/tests/py_torch_cuda
 UNITS_TEST := $(B)/tests/units
 PY_ORDER := $(B)/tests/py_order
 PY_INSTALL := $(B)/tests/py_install
+PY_README := $(B)/tests/py_readme
 
 # $(1): the modules the test needs, $(2): the test file, $(3): modules it
 # would like.
@@ -236,7 +238,7 @@ define py_wrapper
 	  chmod +x $@.tmp && mv $@.tmp $@
 endef
 
-.PHONY: $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER) $(PY_INSTALL)
+.PHONY: $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER) $(PY_INSTALL) $(PY_README)
 $(PY_ORDER):
 	$(call py_wrapper,numpy,test_order.py)
 # The systemd units, checked with systemd-analyze (tests/units.sh).
@@ -253,6 +255,9 @@ $(PY_CUDA):
 # python3-pip): under a Python that has venv's ensurepip.
 $(PY_INSTALL):
 	$(call py_wrapper,numpy venv ensurepip,test_install.py)
+# README.md's quick start, run as written in a copy of the checkout.
+$(PY_README):
+	$(call py_wrapper,numpy,test_readme.py)
 
 # ---- user targets -----------------------------------------------------------
 deps:
@@ -262,10 +267,19 @@ run: deps
 	@$(MAKE) --no-print-directory all
 	@sh tools/demo.sh
 
+# The demo daemon in the background, for a trainer of one's own (README's
+# quick start), and its stop.
+serve: all
+	@sh tools/demo.sh serve
+
+stop:
+	@sh tools/demo.sh stop
+
 check: deps
-	@$(MAKE) --no-print-directory all $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER) $(PY_INSTALL)
+	@$(MAKE) --no-print-directory all $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER) $(PY_INSTALL) \
+	  $(PY_README)
 	@sh tests/run.sh $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(PY_HOST) $(PY_CUDA) \
-	  $(UNITS_TEST) $(PY_ORDER) $(PY_INSTALL)
+	  $(UNITS_TEST) $(PY_ORDER) $(PY_INSTALL) $(PY_README)
 
 check-cuda: all $(PY_CUDA)
 	@PF_REQUIRE_GPU=1 sh tests/run.sh $(CUDA_TESTS) $(PY_CUDA)
