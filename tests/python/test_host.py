@@ -43,6 +43,24 @@ def make_arrays():
     return arrays
 
 
+def plain_env():
+    """The environment of a plain python3 this case starts: under make
+    check-asan/tsan $PREFETCH_LIB is the sanitized library, which only an
+    interpreter with the sanitizer's runtime preloaded can load, so the
+    child takes the checkout's build/libprefetch.so instead."""
+    env = dict(os.environ)
+    env.pop("PREFETCH_LIB", None)
+    return env
+
+
+def sanitized():
+    """Whether a sanitizer's runtime is in this interpreter (make
+    check-asan/tsan)."""
+    with open("/proc/self/maps") as f:
+        return any(n in f.read() for n in ("libasan", "libtsan", "clang_rt.asan",
+                                            "clang_rt.tsan"))
+
+
 def cuda_driver_loads():
     try:
         ctypes.CDLL("libcuda.so.1")
@@ -877,7 +895,7 @@ print(json.dumps({"picks": picks, "epochs": sorted(epochs), "bad": bad,
             blob = pickle.dumps(loader)
             out = subprocess.run([sys.executable, "-B", "-c", child,
                                   os.path.join(pfutil.ROOT, "python"), json.dumps(self.fields)],
-                                 input=blob, capture_output=True, timeout=120)
+                                 input=blob, capture_output=True, timeout=120, env=plain_env())
             self.assertEqual(out.returncode, 0, out.stderr.decode())
             got = json.loads(out.stdout)
             self.assertEqual(got["bad"], 0)
@@ -903,7 +921,7 @@ print(json.dumps({"picks": picks, "epochs": sorted(epochs), "bad": bad,
                 "print(n, 'torch' in sys.modules)" % (os.path.join(pfutil.ROOT, "python"),
                                                      self.daemon.sock))
         out = subprocess.run([sys.executable, "-B", "-c", code], capture_output=True, text=True,
-                             timeout=60)
+                             timeout=60, env=plain_env())
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertEqual(out.stdout.split(), [str(N), "False"])
 
@@ -917,6 +935,9 @@ print(json.dumps({"picks": picks, "epochs": sorted(epochs), "bad": bad,
     # ---- the torch adapter -----------------------------------------------------------
 
     def torch_or_skip(self):
+        if sanitized():
+            self.skipTest("a sanitizer's runtime is in this interpreter: torch's own "
+                          "libraries are not this suite's to check")
         try:
             import torch
         except ImportError as e:
