@@ -330,10 +330,12 @@ static int teardown(void **state)
 	linger_stop(&f->d);
 	uv_run(&f->loop, UV_RUN_DEFAULT);
 	free(f->d.linger);
+	/* Pools first, as main.c does: a lingering pool's slabs are freed
+	 * through the transfer thread's memory calls (xfer_free_mem). */
+	pool_destroy_all(&f->d.pools);
 	if (f->d.xfers[0])
 		xfer_free(f->d.xfers[0]);
 	free(f->d.xfers);
-	pool_destroy_all(&f->d.pools);
 	assert_int_equal(gpu_fake_live_allocs(), 0);
 	ring_destroy(&f->d.ring);
 	assert_int_equal(uv_loop_close(&f->loop), 0);
