@@ -4,11 +4,13 @@
 #   make            build everything (CUDA=1 when nvcc/the toolkit is found)
 #   make CUDA=0     build without the CUDA toolkit
 #   make run        build, generate a demo dataset, serve it, bench one epoch
+#   make serve / make stop   the demo daemon in the background, and its stop
 #   make check      the whole test suite, Python's included (CUDA tests skip
 #                   without a GPU)
 #   make check-cuda the CUDA tests, C and torch (needs a GPU)
 #   make bench-host / bench-cuda / bench-train / bench-linger
-#   make install PREFIX=/usr/local DESTDIR=   (builds only what it installs)
+#   make install PREFIX=/usr/local DESTDIR=   (builds only what it installs;
+#                   PYTHONDIR=DIR puts the Python package there too)
 #   make uninstall PREFIX=/usr/local DESTDIR=
 #   make deps       install every package any target needs (tools/deps.sh)
 #   NO_DEPS=1       skip tools/deps.sh (a system it does not know, with the
@@ -23,6 +25,13 @@ INCDIR  ?= $(PREFIX)/include
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 MANDIR  ?= $(PREFIX)/share/man
 DOCDIR  ?= $(PREFIX)/share/doc/prefetchd
+# The Python package is installed only into a directory named here (e.g.
+# PYTHONDIR=/usr/local/lib/python3.11/dist-packages); left empty, `make
+# install` prints how to pip-install it.  Debian's own pip refuses to install
+# into the system's Python (PEP 668), and a venv is where a trainer's
+# packages belong, so nothing is put into a Python behind the user's back.
+PYTHONDIR ?=
+PY_FILES := $(sort $(wildcard python/prefetch/*.py))
 B       := build
 VERSION := 0.1.0
 
@@ -122,7 +131,7 @@ PROGS := $(B)/prefetchd $(B)/prefetchctl $(B)/libprefetch.so $(B)/libprefetch.a 
          $(B)/libprefetch.pc $(TOOLS)
 
 .SECONDARY:
-.PHONY: all run check check-unit check-integration check-cuda bench-host bench-cuda bench-train bench-linger \
+.PHONY: all run serve stop check check-unit check-integration check-cuda bench-host bench-cuda bench-train bench-linger \
         install uninstall clean deps format
 all: $(PROGS) $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(TEST_PROGS) $(BENCHES)
 
@@ -234,6 +243,8 @@ PY_CUDA := $(B)/tests/py_torch_cuda
 UNITS_TEST := $(B)/tests/units
 PY_ORDER := $(B)/tests/py_order
 DEPS_TEST := $(B)/tests/deps
+PY_INSTALL := $(B)/tests/py_install
+PY_README := $(B)/tests/py_readme
 
 # $(1): the modules the test needs, $(2): the test file, $(3): modules it
 # would like.
@@ -256,7 +267,7 @@ $(SH_TESTS): $(B)/tests/sh_%:
 	$(call say,GEN,$@)printf '#!/bin/sh\nexec sh %s %s %s CUDA=%s\n' '$(CURDIR)/tests/install/test_$*.sh' \
 	  '$(CURDIR)' '$(abspath $(B))' '$(CUDA)' > $@.tmp && chmod +x $@.tmp && mv $@.tmp $@
 
-.PHONY: $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER) $(DEPS_TEST)
+.PHONY: $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER) $(DEPS_TEST) $(PY_INSTALL) $(PY_README)
 $(PY_ORDER):
 	$(call py_wrapper,numpy,test_order.py)
 # The systemd units, checked with systemd-analyze (tests/units.sh).
@@ -270,10 +281,18 @@ $(DEPS_TEST):
 	@mkdir -p $(@D)
 	$(call say,GEN,$@)printf '#!/bin/sh\nexec sh %s %s\n' '$(CURDIR)/tests/deps.sh' '$(CURDIR)' \
 	  > $@.tmp && chmod +x $@.tmp && mv $@.tmp $@
+# torch is welcome (the torch.DataLoader adapter's case skips without it).
 $(PY_HOST):
-	$(call py_wrapper,numpy,test_host.py)
+	$(call py_wrapper,numpy,test_host.py,torch)
 $(PY_CUDA):
 	$(call py_wrapper,numpy,test_torch_cuda.py,torch)
+# make install and the venv + pip install of python/ (python3-venv,
+# python3-pip): under a Python that has venv's ensurepip.
+$(PY_INSTALL):
+	$(call py_wrapper,numpy venv ensurepip,test_install.py)
+# README.md's quick start, run as written in a copy of the checkout.
+$(PY_README):
+	$(call py_wrapper,numpy,test_readme.py)
 
 # ---- user targets -----------------------------------------------------------
 # Each target that builds or tests first runs tools/deps.sh with the groups
@@ -295,12 +314,22 @@ run:
 	@$(MAKE) --no-print-directory $(PROGS)
 	@sh tools/demo.sh
 
+# The demo daemon in the background, for a trainer of one's own (README's
+# quick start), and its stop.
+serve:
+	@$(INSTALL_DEPS) build
+	@$(MAKE) --no-print-directory $(PROGS)
+	@sh tools/demo.sh serve
+
+stop:
+	@sh tools/demo.sh stop
+
 check:
 	@$(INSTALL_DEPS) build test
 	@$(MAKE) --no-print-directory all $(PY_HOST) $(PY_CUDA) $(UNITS_TEST) $(PY_ORDER) $(DEPS_TEST) \
-	  $(SH_TESTS)
+	  $(SH_TESTS) $(PY_INSTALL) $(PY_README)
 	@sh tests/run.sh $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(PY_HOST) $(PY_CUDA) \
-	  $(UNITS_TEST) $(PY_ORDER) $(DEPS_TEST) $(SH_TESTS)
+	  $(UNITS_TEST) $(PY_ORDER) $(DEPS_TEST) $(SH_TESTS) $(PY_INSTALL) $(PY_README)
 
 check-cuda: all $(PY_CUDA)
 	@PF_REQUIRE_GPU=1 sh tests/run.sh $(CUDA_TESTS) $(PY_CUDA)
@@ -348,6 +377,13 @@ install: $(INSTALLED)
 	for m in $(MAN_PAGES); do install -m 0644 $$m $(DESTDIR)$(MANDIR)/man$${m##*.}/ || exit; done
 	for f in $(DOCS); do install -D -m 0644 $$f $(DESTDIR)$(DOCDIR)/$$f || exit; done
 	install -m 0644 $(EXAMPLE_CONF) $(DESTDIR)$(DOCDIR)/
+ifneq ($(PYTHONDIR),)
+	install -d $(DESTDIR)$(PYTHONDIR)/prefetch
+	install -m 0644 $(PY_FILES) $(DESTDIR)$(PYTHONDIR)/prefetch/
+	ln -sf $(LIBDIR)/libprefetch.so.0 $(DESTDIR)$(PYTHONDIR)/prefetch/libprefetch.so
+else
+	@echo "python: not installed; into a venv: python3 -m venv --system-site-packages VENV && VENV/bin/pip install --no-build-isolation ./python (or make install PYTHONDIR=DIR)"
+endif
 
 # Removes exactly what install put there (same PREFIX and DESTDIR), and
 # DOCDIR, which is prefetchd's alone.
@@ -360,6 +396,11 @@ uninstall:
 	  $(foreach m,$(MAN_PAGES),$(DESTDIR)$(MANDIR)/man$(subst .,,$(suffix $(m)))/$(notdir $(m))) \
 	  $(addprefix $(DESTDIR)$(DOCDIR)/,$(DOCS) $(notdir $(EXAMPLE_CONF)))
 	rmdir $(DESTDIR)$(DOCDIR)/docs $(DESTDIR)$(DOCDIR)/proto $(DESTDIR)$(DOCDIR) 2>/dev/null || true
+ifneq ($(PYTHONDIR),)
+	rm -f $(addprefix $(DESTDIR)$(PYTHONDIR)/prefetch/,$(notdir $(PY_FILES)) libprefetch.so)
+	rm -rf $(DESTDIR)$(PYTHONDIR)/prefetch/__pycache__
+	-rmdir $(DESTDIR)$(PYTHONDIR)/prefetch
+endif
 
 format:
 	clang-format -i $(wildcard daemon/*.[ch] daemon/*.cu client/*.[ch] proto/*.[ch] tests/*/*.[ch] bench/*.[ch] tools/*.[ch])

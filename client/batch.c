@@ -389,44 +389,46 @@ static int check_data_batch(struct pf_client *c, const Pf__BatchReady *b)
 
 	if (!c->opened)
 		return pfc_conn_fail(c, -EPROTO,
-				     "batch %" PRIu64 "/%" PRIu64
+				     "epoch %" PRIu64 " batch %" PRIu64
 				     " arrived before the session opened",
 				     b->epoch, b->seq);
 	if ((uint32_t)b->slot >= c->slots)
 		return pfc_conn_fail(c, -EPROTO,
-				     "batch %" PRIu64 "/%" PRIu64 " names slot %" PRId32
+				     "epoch %" PRIu64 " batch %" PRIu64 " names slot %" PRId32
 				     " of a session with %" PRIu32,
 				     b->epoch, b->seq, b->slot, c->slots);
 	if (c->slot_mine[b->slot])
 		return pfc_conn_fail(c, -EPROTO,
-				     "batch %" PRIu64 "/%" PRIu64 " reuses slot %" PRId32
+				     "epoch %" PRIu64 " batch %" PRIu64 " reuses slot %" PRId32
 				     " before its release",
 				     b->epoch, b->seq, b->slot);
 	if (b->arena >= c->narenas || !c->arenas[b->arena].present)
 		return pfc_conn_fail(c, -EPROTO,
-				     "batch %" PRIu64 "/%" PRIu64 " names arena %" PRIu32
+				     "epoch %" PRIu64 " batch %" PRIu64 " names arena %" PRIu32
 				     ", which was never announced",
 				     b->epoch, b->seq, b->arena);
 	a = &c->arenas[b->arena];
 	if (__builtin_add_overflow(b->offset, c->slot_bytes, &end) || end > a->bytes)
 		return pfc_conn_fail(c, -EPROTO,
-				     "batch %" PRIu64 "/%" PRIu64 " lies outside arena %" PRIu32,
+				     "epoch %" PRIu64 " batch %" PRIu64
+				     " lies outside arena %" PRIu32,
 				     b->epoch, b->seq, b->arena);
 	if ((b->picks_le.len ? b->picks_le.len / sizeof(uint64_t) : b->n_picks) != b->count ||
 	    b->picks_le.len % sizeof(uint64_t))
-		return pfc_conn_fail(
-			c, -EPROTO,
-			"batch %" PRIu64 "/%" PRIu64 " carries %zu picks for %" PRIu32 " samples",
-			b->epoch, b->seq,
-			b->picks_le.len ? b->picks_le.len / sizeof(uint64_t) : b->n_picks,
-			b->count);
+		return pfc_conn_fail(c, -EPROTO,
+				     "epoch %" PRIu64 " batch %" PRIu64
+				     " carries %zu picks for %" PRIu32 " samples",
+				     b->epoch, b->seq,
+				     b->picks_le.len ? b->picks_le.len / sizeof(uint64_t)
+						     : b->n_picks,
+				     b->count);
 	for (uint32_t f = 0; f < c->nfields; f++) {
 		uint64_t bytes;
 
 		if (__builtin_mul_overflow(c->fields[f].sample_bytes, (uint64_t)b->count, &bytes) ||
 		    __builtin_add_overflow(bytes, c->fields[f].offset, &end) || end > c->slot_bytes)
 			return pfc_conn_fail(c, -EPROTO,
-					     "batch %" PRIu64 "/%" PRIu64 ": %" PRIu32
+					     "epoch %" PRIu64 " batch %" PRIu64 ": %" PRIu32
 					     " samples of field %s do not fit a slot",
 					     b->epoch, b->seq, b->count, c->fields[f].name);
 	}
@@ -600,7 +602,8 @@ static int check_gather(struct pf_client *c, const Pf__BatchReady *b, const stru
 				   b->count > c->open_opts.batch_size)) ||
 	    __builtin_add_overflow(b->gather_desc, (uint64_t)b->count * 8, &end) || end > a->bytes)
 		return pfc_conn_fail(c, -EPROTO,
-				     "batch %" PRIu64 "/%" PRIu64 " asks for a gather this session "
+				     "epoch %" PRIu64 " batch %" PRIu64
+				     " asks for a gather this session "
 				     "cannot do",
 				     b->epoch, b->seq);
 	for (uint32_t f = 0; f < c->nfields; f++)
@@ -608,7 +611,7 @@ static int check_gather(struct pf_client *c, const Pf__BatchReady *b, const stru
 					   (uint64_t)b->nstaged * c->layout.row_bytes[f], &end) ||
 		    end > a->bytes)
 			return pfc_conn_fail(c, -EPROTO,
-					     "batch %" PRIu64 "/%" PRIu64
+					     "epoch %" PRIu64 " batch %" PRIu64
 					     ": staged rows of field %s lie outside arena %" PRIu32,
 					     b->epoch, b->seq, c->fields[f].name, b->arena);
 	return 0;
@@ -652,8 +655,8 @@ static int launch_gather(struct pf_client *c, struct pfc_batch *q, const Pf__Bat
 	rc = pfcuda_gather_launch(c->gather, &g, ids, b->gather_ids.len, e->ev, why, sizeof(why));
 	if (rc) {
 		event_put(e);
-		return pfc_conn_fail(c, rc, "batch %" PRIu64 "/%" PRIu64 ": gather: %s", b->epoch,
-				     b->seq, why);
+		return pfc_conn_fail(c, rc, "epoch %" PRIu64 " batch %" PRIu64 ": gather: %s",
+				     b->epoch, b->seq, why);
 	}
 	q->gather_ev = e;
 	return 0;
@@ -669,7 +672,7 @@ static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
 
 	if (b->error > 0 || (b->error == 0) != data)
 		return pfc_conn_fail(c, -EPROTO,
-				     "batch %" PRIu64 "/%" PRIu64 " has slot %" PRId32
+				     "epoch %" PRIu64 " batch %" PRIu64 " has slot %" PRId32
 				     " and error %" PRId32 " (a batch has a slot or an error < 0)",
 				     b->epoch, b->seq, b->slot, b->error);
 	if (data) {
@@ -683,7 +686,7 @@ static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
 		return data ? pfc_send_release(c, b->epoch, b->seq, b->slot) : 0;
 	if (b->seq != c->next_seq)
 		return pfc_conn_fail(c, -EPROTO,
-				     "batch %" PRIu64 "/%" PRIu64
+				     "epoch %" PRIu64 " batch %" PRIu64
 				     " arrived out of order (expected batch %" PRIu64 ")",
 				     b->epoch, b->seq, c->next_seq);
 	if (c->nqueued >= PFC_MAX_QUEUED)
@@ -715,7 +718,7 @@ static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
 			free(q);
 			return pfc_conn_fail(
 				c, -EPROTO,
-				"batch %" PRIu64 "/%" PRIu64 " of a session this client "
+				"epoch %" PRIu64 " batch %" PRIu64 " of a session this client "
 				"copies is in arena %" PRIu32 ", not a registered host arena",
 				b->epoch, b->seq, b->arena);
 		}
@@ -1024,9 +1027,16 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 	}
 	c->resume_seq = b->pub.seq + 1;
 	if (b->error) {
+		char head[64];
+
 		c->epoch_batches++; /* taken, as far as paced requests go */
-		rc = pfc_set_err(c, b->error, "batch %" PRIu64 "/%" PRIu64 ": %s", b->pub.epoch,
-				 b->pub.seq, b->message);
+		c->error_batch = true;
+		/* The daemon's own text already names the batch (sess_pump.c):
+		 * the prefix goes only on a message that does not. */
+		snprintf(head, sizeof(head), "epoch %" PRIu64 " batch %" PRIu64 ": ", b->pub.epoch,
+			 b->pub.seq);
+		rc = pfc_set_err(c, b->error, "%s%s",
+				 strncmp(b->message, head, strlen(head)) ? head : "", b->message);
 		pfc_free_batch(b);
 		return rc;
 	}

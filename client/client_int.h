@@ -280,8 +280,13 @@ struct pf_client {
 
 	/* Epoch.  Batches are accepted only while epoch_live and !epoch_ended
 	 * and only for `epoch`; anything else is stale and released at once. */
-	uint64_t epoch;	     /* current epoch, 0 before the first */
-	uint64_t last_epoch; /* epoch ids only grow, even past a failed start */
+	uint64_t epoch; /* current epoch (the trainer's number), once had_epoch */
+	/* Epoch ids only grow, even past a start that failed without a
+	 * refusal (its batches may still come): last_epoch is the highest
+	 * used, valid once had_epoch.  next_epoch: pf_set_epoch's, for the
+	 * next start, while next_set. */
+	uint64_t last_epoch, next_epoch;
+	bool had_epoch, next_set;
 	bool epoch_live;
 	bool epoch_ended;  /* its EpochEnd arrived */
 	uint64_t next_seq; /* seq the next accepted batch must carry */
@@ -309,6 +314,7 @@ struct pf_client {
 
 	/* Stall accounting and totals (pf_stats). */
 	uint64_t batches;
+	bool error_batch;	  /* the last take failed with an error batch */
 	uint64_t epoch_batches;	  /* taken in the current epoch */
 	uint64_t paced_requested; /* paced epochs: pf_load calls this epoch */
 	bool paced_ended;	  /* paced epochs: pf_load_end was called */

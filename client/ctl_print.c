@@ -197,6 +197,13 @@ static void json_dataset(FILE *out, const Pf__DatasetStatus *d)
 	fputc('}', out);
 }
 
+/* Whether the session has started an epoch: the daemon's state is "open"
+ * until it has (daemon/status.c). */
+static bool session_has_epoch(const Pf__SessionStatus *s)
+{
+	return !s->state || strcmp(s->state, "open") != 0;
+}
+
 static void json_session(FILE *out, const Pf__SessionStatus *s)
 {
 	bool first = true;
@@ -208,7 +215,14 @@ static void json_session(FILE *out, const Pf__SessionStatus *s)
 	jk_str(out, &first, "device", s->device);
 	jk_u64(out, &first, "uid", s->uid);
 	jk_i64(out, &first, "pid", s->pid);
-	jk_u64(out, &first, "epoch", s->epoch);
+	/* Epoch numbers are the trainer's own and start at 0, so a session
+	 * that has started none says null rather than a number. */
+	if (session_has_epoch(s)) {
+		jk_u64(out, &first, "epoch", s->epoch);
+	} else {
+		json_key(out, &first, "epoch");
+		fputs("null", out);
+	}
 	jk_str(out, &first, "state", s->state);
 	jk_u64(out, &first, "batches", s->batches);
 	jk_u64(out, &first, "sent", s->sent);
@@ -477,7 +491,8 @@ static int print_pools(const Pf__StatusReply *st)
 
 		ctl_human_bytes(bytes, sizeof(bytes), p->bytes);
 		snprintf(rows, sizeof(rows), "%" PRIu64 "/%" PRIu64, p->rows, p->samples);
-		rate_text(hit, sizeof(hit), p->hit_rate, p->epoch > 0);
+		/* Known once a row was looked up (epoch 0 is an epoch too). */
+		rate_text(hit, sizeof(hit), p->hit_rate, p->lookups > 0);
 		rate_text(last, sizeof(last), p->last_hit_rate, p->last_hit_rate >= 0);
 		ctl_human_bytes(saved, sizeof(saved), p->h2d_saved);
 		ctl_human_bytes(budget, sizeof(budget), p->budget);
@@ -528,7 +543,10 @@ int ctl_print_status(const Pf__StatusReply *st)
 		char wait[32], stall[16], gbps[16];
 
 		snprintf(id, sizeof(id), "%" PRIu64, s->session);
-		snprintf(epoch, sizeof(epoch), "%" PRIu64, s->epoch);
+		if (session_has_epoch(s))
+			snprintf(epoch, sizeof(epoch), "%" PRIu64, s->epoch);
+		else
+			snprintf(epoch, sizeof(epoch), "-");
 		snprintf(sent, sizeof(sent), "%" PRIu64, s->sent);
 		snprintf(consumed, sizeof(consumed), "%" PRIu64, s->consumed);
 		snprintf(held, sizeof(held), "%" PRIu64, s->held);

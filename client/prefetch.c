@@ -336,16 +336,30 @@ int pfc_send_start(struct pf_client *c, uint64_t start_batch, const uint64_t *in
 static int start_epoch_once(struct pf_client *c, const struct pf_epoch_opts *opts,
 			    uint64_t *batches)
 {
-	int rc;
-
 	/* The daemon abandons a running epoch when the next one starts; here
 	 * its queued batches go back, and any still on the way are released
 	 * on arrival because their epoch is no longer current. */
+	uint64_t epoch, was_epoch = c->epoch, was_last = c->last_epoch;
+	bool was_had = c->had_epoch, was_set = c->next_set;
+	int rc;
+
+	if (c->next_set) {
+		epoch = c->next_epoch;
+	} else if (!c->had_epoch) {
+		epoch = 0;
+	} else if (c->last_epoch == UINT64_MAX) {
+		return pfc_set_err(c, -EOVERFLOW, "pf_start_epoch: no epoch number after %" PRIu64,
+				   c->last_epoch);
+	} else {
+		epoch = c->last_epoch + 1;
+	}
 	c->epoch_live = false;
 	rc = pfc_release_queue(c);
 	if (rc)
 		return rc;
-	c->epoch = ++c->last_epoch;
+	c->epoch = c->last_epoch = epoch;
+	c->had_epoch = true;
+	c->next_set = false;
 	c->epoch_batches = 0;
 	c->paced_requested = 0;
 	c->paced_ended = false;
@@ -370,7 +384,17 @@ static int start_epoch_once(struct pf_client *c, const struct pf_epoch_opts *opt
 		memcpy(c->epoch_indices, opts->indices, opts->nindices * sizeof(uint64_t));
 		c->epoch_nindices = opts->nindices;
 	}
-	return pfc_send_start(c, opts->start_batch, opts->indices, opts->nindices, batches);
+	rc = pfc_send_start(c, opts->start_batch, opts->indices, opts->nindices, batches);
+	if (rc && c->refused) {
+		/* The daemon answered no, so it started nothing under this
+		 * number: the trainer may use it again (after fixing the
+		 * options), as pf_set_epoch had asked. */
+		c->epoch = was_epoch;
+		c->last_epoch = was_last;
+		c->had_epoch = was_had;
+		c->next_set = was_set;
+	}
+	return rc;
 }
 
 static int send_load(struct pf_client *c, const uint64_t *picks, size_t n, bool end)
@@ -459,6 +483,21 @@ PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts,
 	}
 }
 
+PF_API int pf_set_epoch(struct pf_client *c, uint64_t epoch)
+{
+	if (!c)
+		return -EINVAL;
+	if (c->had_epoch && epoch <= c->last_epoch)
+		return pfc_set_err(c, -EINVAL,
+				   "pf_set_epoch: epoch %" PRIu64 " is not after epoch %" PRIu64
+				   ", the last this session started (epoch numbers must grow; "
+				   "a new session may start at any)",
+				   epoch, c->last_epoch);
+	c->next_epoch = epoch;
+	c->next_set = true;
+	return 0;
+}
+
 PF_API int pf_probe(struct pf_client *c)
 {
 	int revived = 0, rc;
@@ -532,6 +571,7 @@ PF_API int pf_next_stream(struct pf_client *c, int timeout_ms, void *stream,
 	if (!c || !batch)
 		return -EINVAL;
 	c->use_stream = stream;
+	c->error_batch = false;
 	pfc_cork(c);
 	*batch = NULL;
 	if (c->have_last_return)
@@ -556,12 +596,18 @@ PF_API int pf_release_next(struct pf_client *c, struct pf_batch *release, void *
 	if (!c || !batch)
 		return -EINVAL;
 	*batch = NULL;
+	c->error_batch = false;
 	if (release) {
 		rc = pf_release(c, release, stream);
 		if (rc)
 			return rc;
 	}
 	return pf_next_stream(c, timeout_ms, stream, batch);
+}
+
+PF_API bool pf_error_batch(const struct pf_client *c)
+{
+	return c && c->error_batch;
 }
 
 PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream)

@@ -155,7 +155,7 @@ struct pf_field {
 };
 
 struct pf_batch {
-	uint64_t epoch;
+	uint64_t epoch;	       /* the epoch's number (see pf_start_epoch) */
 	uint64_t seq;	       /* batch number within the epoch's share */
 	uint32_t count;	       /* samples in this batch */
 	const uint64_t *picks; /* count picks (schedule-space indices) */
@@ -192,8 +192,22 @@ PF_API uint64_t pf_num_samples(const struct pf_client *c);
 PF_API uint32_t pf_num_fields(const struct pf_client *c);
 PF_API int pf_field_info(const struct pf_client *c, uint32_t i, struct pf_field *out);
 /* Starts an epoch (abandoning an unfinished one).  *batches (may be NULL)
- * receives the number of batches this share will deliver from start_batch. */
+ * receives the number of batches this share will deliver from start_batch.
+ *
+ * Epoch numbers.  A session's first epoch is epoch 0 and each later one is
+ * one more than the last, unless pf_set_epoch chose the next one's number.
+ * That number is the one pf_batch.epoch carries, `prefetchctl status`
+ * shows and the daemon's messages name ("epoch 3 batch 7: ..."), and the
+ * Python binding passes its own: Loader.epoch(n) and set_epoch(n) are
+ * epoch n everywhere.  Numbers only grow within a session (the protocol's
+ * rule, which keeps a straggling message of an earlier epoch from counting
+ * against a later one); a start the daemon refused leaves its number
+ * unused. */
 PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts, uint64_t *batches);
+/* The number the next pf_start_epoch gives its epoch (a trainer's own
+ * epoch counter, as DistributedSampler.set_epoch takes it).  -EINVAL when
+ * it is not above the last epoch this session started. */
+PF_API int pf_set_epoch(struct pf_client *c, uint64_t epoch);
 /* Takes the next batch.  timeout_ms < 0 waits for ever.  A CUDA batch is
  * complete when this returns, whatever stream reads it: a copy or gather
  * this library ran for it (pf_next_stream) has been waited for on the CPU.
@@ -204,6 +218,12 @@ PF_API int pf_start_epoch(struct pf_client *c, const struct pf_epoch_opts *opts,
  * batch; the epoch goes on with the next call), or the connection's error
  * (-ECONNRESET when the daemon went away and reconnect_s is 0 or spent). */
 PF_API int pf_next(struct pf_client *c, int timeout_ms, struct pf_batch **batch);
+/* Whether the last pf_next, pf_next_stream or pf_release_next failed with
+ * an error batch (a read error, a file changed on disk, a paced request
+ * out of range): the epoch goes on with the next call, and a trainer may
+ * skip it.  False after any other failure (the connection's, a timeout,
+ * a bad argument) and after a success. */
+PF_API bool pf_error_batch(const struct pf_client *c);
 /* pf_next for a CUDA session whose trainer uses its batches on `stream`
  * (a cudaStream_t; NULL: the legacy default stream, which every blocking
  * stream waits for).  This library assembles a pooled batch (the gather)

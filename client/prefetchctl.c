@@ -283,9 +283,9 @@ static void progress_show(struct progress *p, uint64_t epoch, uint64_t epochs, u
 		memset(bar + fill, '.', (size_t)(30 - fill));
 		bar[30] = 0;
 		fprintf(stderr,
-			"\r  epoch %" PRIu64 "/%" PRIu64 " [%s] %3.0f%%  %" PRIu64 "/%" PRIu64
-			" batches  %.2f GB/s ",
-			epoch, epochs, bar, 100 * frac, done, total, gbps);
+			"\r  epoch %" PRIu64 " (%" PRIu64 "/%" PRIu64 ") [%s] %3.0f%%  %" PRIu64
+			"/%" PRIu64 " batches  %.2f GB/s ",
+			epoch, epoch + 1, epochs, bar, 100 * frac, done, total, gbps);
 		if (final)
 			fputc('\n', stderr);
 		return;
@@ -293,9 +293,9 @@ static void progress_show(struct progress *p, uint64_t epoch, uint64_t epochs, u
 	if ((int)(frac * 10) > p->last_tenth || (final && p->last_tenth < 10)) {
 		p->last_tenth = (int)(frac * 10);
 		fprintf(stderr,
-			"epoch %" PRIu64 "/%" PRIu64 ": %3.0f%% (%" PRIu64 "/%" PRIu64
+			"epoch %" PRIu64 " (%" PRIu64 "/%" PRIu64 "): %3.0f%% (%" PRIu64 "/%" PRIu64
 			" batches, %.2f GB/s)\n",
-			epoch, epochs, 100 * frac, done, total, gbps);
+			epoch, epoch + 1, epochs, 100 * frac, done, total, gbps);
 	}
 }
 
@@ -347,8 +347,7 @@ static int run_bench(struct pf_client *c, const struct bench_opts *o)
 
 		rc = pf_start_epoch(c, &eo, &total);
 		if (rc)
-			return ctl_errorf("cannot start epoch %" PRIu64 ": %s", e + 1,
-					  pf_errmsg(c));
+			return ctl_errorf("cannot start epoch %" PRIu64 ": %s", e, pf_errmsg(c));
 		prog.last_tenth = 0;
 		for (;;) {
 			struct pf_batch *b;
@@ -379,9 +378,9 @@ static int run_bench(struct pf_client *c, const struct bench_opts *o)
 				return ctl_errorf("%s", pf_errmsg(c));
 			pf_stats(c, &st);
 			bytes = st.bytes;
-			progress_show(&prog, e + 1, o->epochs, done, total, bytes, false);
+			progress_show(&prog, e, o->epochs, done, total, bytes, false);
 		}
-		progress_show(&prog, e + 1, o->epochs, done, total, bytes, true);
+		progress_show(&prog, e, o->epochs, done, total, bytes, true);
 	}
 	elapsed = mono_s() - t0;
 	pf_stats(c, &st);

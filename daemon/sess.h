@@ -237,8 +237,11 @@ struct sess {
 	struct gov gov;
 	struct sess_cuda cuda;
 
-	/* The current epoch. */
+	/* The current epoch.  Epoch numbers are the trainer's own (Python's
+	 * epoch(n), libprefetch's from 0), so 0 is a real epoch: had_epoch,
+	 * not epoch != 0, says whether one was started. */
 	uint64_t epoch;
+	bool had_epoch;
 	bool running;	 /* batches remain to be sent */
 	uint64_t *picks; /* owned: this rank's picks */
 	uint64_t npicks;

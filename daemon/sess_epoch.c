@@ -87,6 +87,7 @@ static void new_epoch(struct sess *s, uint64_t epoch, uint64_t start_batch)
 			 s->id, s->epoch, epoch);
 	sess_stop_epoch(s);
 	s->epoch = epoch;
+	s->had_epoch = true;
 	s->start_batch = start_batch;
 	s->next_fill = s->next_send = start_batch;
 	s->sent = 0;
@@ -410,10 +411,13 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 	uint64_t blocks_held = 0;
 	int rc;
 
-	if (req->epoch <= s->epoch && s->epoch != 0)
+	/* Each epoch's number is above the last one's, so that a straggling
+	 * Ack or Release of an earlier epoch never counts against this one. */
+	if (s->had_epoch && req->epoch <= s->epoch)
 		return peer_error(s->peer, id, -EINVAL,
-				  "epoch %" PRIu64 " is not after epoch %" PRIu64, req->epoch,
-				  s->epoch);
+				  "epoch %" PRIu64 " is not after epoch %" PRIu64
+				  ", the session's last (epoch numbers must grow)",
+				  req->epoch, s->epoch);
 	/* A session keeps the dataset it opened (sess_pump.c). */
 	if (s->ds->changed[0])
 		return peer_error(s->peer, id, -ESTALE, "epoch %" PRIu64 ": %s", req->epoch,

@@ -42,7 +42,7 @@ static void session_status(const struct sess *s, Pf__SessionStatus *st)
 	st->uid = s->uid;
 	st->pid = s->pid;
 	st->epoch = s->epoch;
-	st->state = s->running ? "running" : s->epoch ? "idle" : "open";
+	st->state = s->running ? "running" : s->had_epoch ? "idle" : "open";
 	st->sent = s->sent;
 	st->consumed = s->gov.consumed;
 	st->held = held;

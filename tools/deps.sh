@@ -93,14 +93,15 @@ build|protoc-c, protobuf-c's code generator|protobuf-c-compiler|protobuf-c-compi
 build|inih headers and library (pkg-config name inih)|libinih-dev|libinih-dev|libinih-dev
 build|libsystemd headers and library|libsystemd-dev|libsystemd-dev|libsystemd-dev
 build|liburing headers and library (read = direct's io_uring)|liburing-dev|liburing-dev|liburing-dev
+build|numpy for python3 (the Python binding: the quick start's trainer)|python3-numpy|python3-numpy|python3-numpy
 test|cmocka headers and library (the C tests)|libcmocka-dev|libcmocka-dev|libcmocka-dev
-test|numpy for python3 (the Python tests)|python3-numpy|python3-numpy|python3-numpy
 test|systemd-analyze (the systemd units test)|systemd|systemd|systemd
 test|man (the man page test)|man-db|man-db|man-db
 test|groff, which man renders with|groff-base|groff-base|groff-base
 test|python3's venv module (the offline pip install test)|python3-venv|python3-venv|python3-venv
 test|pip for python3 (the offline pip install test)|python3-pip|python3-pip|python3-pip
 test|setuptools for python3 (the offline pip install test)|python3-setuptools|python3-setuptools|python3-setuptools
+test|wheel for python3 (setuptools builds the offline install's wheel with it)|python3-wheel|python3-wheel|python3-wheel
 clang|clang, as the command clang|clang|clang|clang
 clang|clang's ASan, UBSan and libFuzzer runtime (compiler-rt)|libclang-rt-14-dev|libclang-common-14-dev|libclang-rt-18-dev
 EOF

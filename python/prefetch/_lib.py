@@ -10,11 +10,17 @@ Where the library comes from, first match wins:
 
 1. ``$PREFETCH_LIB``: a path to libprefetch.so (an error if it does not load:
    a path someone set on purpose must not be silently replaced);
-2. ``libprefetch.so`` next to this file (a copy dropped into the package);
+2. ``libprefetch.so`` next to this file (a copy or link dropped into the
+   package: ``make install PYTHONDIR=...`` links it to ``$(LIBDIR)``);
 3. ``build/libprefetch.so`` of the source tree this package sits in
-   (``python/prefetch/../../build``), so a checkout works after ``make``;
+   (``python/prefetch/../../build``, only when that is a prefetchd
+   checkout), so a checkout works after ``make``;
 4. the system path: ``ctypes.util.find_library("prefetch")``, then
-   ``libprefetch.so.0`` (what ``make install`` puts in ``$PREFIX/lib``).
+   ``libprefetch.so.0`` (what ``make install`` puts in ``$PREFIX/lib``);
+5. ``/usr/local/lib/libprefetch.so.0`` by path: ``make install``'s default
+   PREFIX, which ld.so finds only after ``ldconfig``.
+
+When none loads, the error names each place and why it failed.
 """
 
 import ctypes
@@ -27,10 +33,13 @@ PF_ORDER_SHUFFLE = 1
 PF_ORDER_EXPLICIT = 2
 PF_ORDER_PACED = 3
 PF_ORDER_BLOCK_SHUFFLE = 4
+# Paced requests the daemon holds not yet taken (prefetch.h).
+PF_PACED_MAX = 1024
 
 PF_IPC = {"default": 0, "fd": 1, "legacy": 2}
 
 _u64p = ctypes.POINTER(ctypes.c_uint64)
+u64p = _u64p  # const uint64_t *, for the picks the package passes
 
 
 class OpenOpts(ctypes.Structure):
@@ -158,6 +167,11 @@ _PROTOTYPES = {
     "pf_num_fields": (ctypes.c_uint32, [_client_p]),
     "pf_field_info": (ctypes.c_int, [_client_p, ctypes.c_uint32, ctypes.POINTER(Field)]),
     "pf_start_epoch": (ctypes.c_int, [_client_p, ctypes.POINTER(EpochOpts), _u64p]),
+    "pf_set_epoch": (ctypes.c_int, [_client_p, ctypes.c_uint64]),
+    "pf_error_batch": (ctypes.c_bool, [_client_p]),
+    "pf_load": (ctypes.c_int, [_client_p, _u64p, ctypes.c_size_t]),
+    "pf_load_end": (ctypes.c_int, [_client_p]),
+    "pf_probe": (ctypes.c_int, [_client_p]),
     "pf_next": (ctypes.c_int, [_client_p, ctypes.c_int, ctypes.POINTER(_batch_p)]),
     "pf_next_stream": (ctypes.c_int, [_client_p, ctypes.c_int, ctypes.c_void_p,
                                       ctypes.POINTER(_batch_p)]),
@@ -172,31 +186,51 @@ _PROTOTYPES = {
 }
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+# Where `make install` puts the library with its default PREFIX.  ld.so
+# searches /usr/local/lib only once ldconfig has been run over it (Debian's
+# /etc/ld.so.conf.d/libc.conf names it, but the cache is not refreshed by
+# `make install`), so the path is tried by name as well.
+_DEFAULT_LIBDIR = "/usr/local/lib"
 _lib = None
 _lib_lock = threading.Lock()
 
 
+def _checkout_build():
+    """build/libprefetch.so of the source tree this package sits in
+    (python/prefetch/../../build), or None when the package is not in a
+    checkout (an installed copy: its ../../build is someone else's)."""
+    root = os.path.normpath(os.path.join(_PKG_DIR, "..", ".."))
+    if not os.path.exists(os.path.join(root, "client", "prefetch.h")):
+        return None
+    return os.path.join(root, "build", "libprefetch.so")
+
+
 def candidates():
     """The places the library is looked for, in order, as (how, path) pairs:
-    how is "env", "package", "build" or "system"."""
+    how is "env", "package", "build", "system" (a name ld.so looks up) or
+    "libdir" (make install's default $(PREFIX)/lib, by path)."""
     out = []
     env = os.environ.get("PREFETCH_LIB")
     if env:
         out.append(("env", env))
     out.append(("package", os.path.join(_PKG_DIR, "libprefetch.so")))
-    out.append(("build", os.path.normpath(os.path.join(_PKG_DIR, "..", "..", "build",
-                                                       "libprefetch.so"))))
+    build = _checkout_build()
+    if build:
+        out.append(("build", build))
     found = ctypes.util.find_library("prefetch")
-    if found:
+    if found and found != "libprefetch.so.0":
         out.append(("system", found))
     out.append(("system", "libprefetch.so.0"))
+    out.append(("libdir", os.path.join(_DEFAULT_LIBDIR, "libprefetch.so.0")))
     return out
 
 
 def _load():
     tried = []
+    if not os.environ.get("PREFETCH_LIB"):
+        tried.append("$PREFETCH_LIB (not set)")
     for how, path in candidates():
-        if how in ("package", "build") and not os.path.exists(path):
+        if how in ("package", "build", "libdir") and not os.path.exists(path):
             tried.append(path + " (absent)")
             continue
         try:
@@ -204,15 +238,27 @@ def _load():
         except OSError as e:
             if how == "env":
                 raise OSError("PREFETCH_LIB=%s does not load: %s" % (path, e)) from None
-            tried.append("%s (%s)" % (path, e))
+            what = path if how != "system" else "%s from the system path" % path
+            tried.append("%s (%s)" % (what, e))
             continue
         for name, (restype, argtypes) in _PROTOTYPES.items():
-            fn = getattr(lib, name)
+            try:
+                fn = getattr(lib, name)
+            except AttributeError:
+                raise OSError("%s is an older libprefetch: it lacks %s (rebuild it, or point "
+                              "PREFETCH_LIB at a current one)" % (path, name)) from None
             fn.restype = restype
             fn.argtypes = argtypes
         return lib
     raise OSError("libprefetch not found; tried: " + "; ".join(tried) +
-                  ". Build it with `make`, or set PREFETCH_LIB to its path.")
+                  ". Build it with `make` (a checkout finds its build/libprefetch.so) and set "
+                  "PREFETCH_LIB to its path, or `make install` it and, if its $(PREFIX)/lib "
+                  "is not in ld.so's cache, run `ldconfig` (or set PREFETCH_LIB).")
+
+
+def path():
+    """The path of the library loaded (loading it on the first call)."""
+    return lib()._name
 
 
 def lib():

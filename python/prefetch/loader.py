@@ -1,10 +1,26 @@
 """Loader and Batch: a prefetchd session seen from a Python trainer.
 
 A Loader is one libprefetch client with one session open on a dataset.
-``loader.epoch(n)`` starts epoch n and yields its batches; each Batch maps
-field names to arrays that share the daemon's slot memory (zero-copy):
-numpy arrays for host sessions, torch tensors (or, without torch, objects
-exposing ``__cuda_array_interface__``) for CUDA sessions.
+``for batch in loader`` runs the current epoch (``loader.set_epoch(n)``
+chooses it, as DistributedSampler's does) and ``loader.epoch(n)`` runs epoch
+n; each Batch maps field names to arrays that share the daemon's slot memory
+(zero-copy): numpy arrays for host sessions, torch tensors (or, without
+torch, objects exposing ``__cuda_array_interface__``) for CUDA sessions.
+
+Epoch numbers.  Epoch n is shuffled with seed + n, and n is the number the
+daemon knows it by: ``batch.epoch``, ``prefetchctl status`` and the
+daemon's messages ("epoch 3 batch 7: ...") all say n.  Within one session
+the numbers only grow (prefetchd's protocol), so an epoch number runs once
+per Loader; ``for batch in loader`` without ``set_epoch`` runs the epoch
+after the last one.
+
+Orders.  An epoch is shuffled (``shuffle=True``: the README's shuffle of
+seed + n), sequential, an explicit list of picks (``sampler=``, this rank's
+indices as torch's DataLoader takes them, or ``epoch(n, order=...)``, the
+whole epoch's list, which the daemon shards across ranks like the
+shuffle), or paced (``batch_sampler=`` or ``epoch(n, batches=...)``: the
+trainer names every batch's picks and the daemon loads them in that order,
+``paced_ahead`` requests ahead of the batch being trained on).
 
 The release rule.  A slot goes back to the daemon when the trainer asks for
 the next batch, when the epoch loop ends or is left, or on
@@ -26,13 +42,22 @@ session (idle, its epoch abandoned) last until then.  The exception: with
 ``reconnect_s``, arrays taken before a daemon restart read the old daemon's
 arenas, which libprefetch unmaps once no batch taken from them is held.
 
+Pickling.  A Loader pickles as its configuration and its position (the
+epoch ``for batch in loader`` runs next, a pending ``load_state_dict``), not
+as its connection: the copy connects on first use, in whatever process
+unpickles it, with a session of its own.
+
 Threads: a Loader is used from one thread at a time (as a pf_client is).
 """
+
+from __future__ import annotations
 
 import errno
 import os
 import sys
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Optional, Union
 
 import ctypes
 
@@ -46,6 +71,14 @@ from . import _lib
 _WAIT_SLICE_MS = 200
 # Views kept for reuse (Loader._view): a few per slot and field.
 _MAX_VIEWS = 4096
+# Skipped error batches kept in Loader.skipped_errors (the count has no cap).
+_MAX_SKIPPED_KEPT = 100
+
+# What may stand for a device: "cpu", "host", "cuda", "cuda:N" or a
+# torch.device (anything whose str() is one of those).
+Device = Union[str, Any]
+# Picks: a sequence of non-negative integers (a list, a range, a numpy array).
+Picks = Union[Sequence[int], np.ndarray]
 
 
 class PrefetchError(Exception):
@@ -53,15 +86,19 @@ class PrefetchError(Exception):
     the message is the library's (``pf_errmsg``), which carries the daemon's
     own text when the daemon refused."""
 
-    def __init__(self, code, message):
+    def __init__(self, code: int, message: str):
         super().__init__(message)
         self.code = code
         self.message = message
 
     @property
-    def errno(self):
+    def errno(self) -> int:
         """The positive errno (``errno.ENOENT``, ...)."""
         return -self.code
+
+
+class PrefetchWarning(UserWarning):
+    """Issued for each error batch a Loader with ``skip_errors=True`` skips."""
 
 
 class _Client:
@@ -111,7 +148,8 @@ class DeviceArray:
 
     __slots__ = ("ptr", "shape", "dtype", "stream", "_owner", "__weakref__")
 
-    def __init__(self, ptr, shape, dtype, owner=None, stream=None):
+    def __init__(self, ptr: int, shape: tuple, dtype: np.dtype, owner: Any = None,
+                 stream: Optional[int] = None):
         self.ptr = ptr
         self.shape = shape
         self.dtype = dtype
@@ -119,7 +157,7 @@ class DeviceArray:
         self._owner = owner
 
     @property
-    def __cuda_array_interface__(self):
+    def __cuda_array_interface__(self) -> dict:
         # "stream": the stream whose work completes the batch (1, the
         # legacy default stream, which libprefetch orders after a batch
         # gathered from the VRAM pool), or None when torch consumes it on
@@ -144,7 +182,8 @@ class Batch(Mapping):
     ``(count, *sample_shape)`` with the .npy file's dtype.  ``picks`` (a copy,
     kept after release) are the schedule-space indices of the samples,
     ``seq`` the batch's number within this rank's share of the epoch and
-    ``epoch`` the epoch number given to ``Loader.epoch``.
+    ``epoch`` the epoch's number (the one ``set_epoch`` or ``Loader.epoch``
+    was given, and ``prefetchctl status`` shows).
 
     The arrays share the slot's memory, which another batch may fill once
     this one is released (see the module's release rule); ``batch[field]``
@@ -153,25 +192,25 @@ class Batch(Mapping):
     __slots__ = ("_loader", "_ptr", "_data", "_cache", "on_device", "count", "seq", "epoch",
                  "picks", "__weakref__")
 
-    def __init__(self, loader, ptr, epoch):
+    def __init__(self, loader, ptr):
         b = ptr.contents
         self._loader = loader
         self._ptr = ptr  # None once released
         self._data = b.data
         self._cache = None
-        self.on_device = bool(b.on_device)
-        self.count = b.count
-        self.seq = b.seq
-        self.epoch = epoch
+        self.on_device: bool = bool(b.on_device)
+        self.count: int = b.count
+        self.seq: int = b.seq
+        self.epoch: int = b.epoch
         # A copy, kept after the release frees b.
-        self.picks = np.frombuffer(bytearray(ctypes.string_at(b.picks, 8 * b.count)),
-                                   dtype=np.uint64)
+        self.picks: np.ndarray = np.frombuffer(bytearray(ctypes.string_at(b.picks, 8 * b.count)),
+                                               dtype=np.uint64)
 
     @property
-    def released(self):
+    def released(self) -> bool:
         return self._ptr is None
 
-    def __getitem__(self, name):
+    def __getitem__(self, name: str) -> Any:
         if self._ptr is None:
             raise RuntimeError("batch %d of epoch %d was released; copy its arrays to keep "
                                "their data" % (self.seq, self.epoch))
@@ -184,13 +223,13 @@ class Batch(Mapping):
             self._cache[name] = arr
         return arr
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self._loader._field_index)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._loader._field_index)
 
-    def release(self):
+    def release(self) -> None:
         """Gives the slot back now (behind the current stream for CUDA
         batches).  Releasing twice is harmless."""
         if self._ptr is not None:
@@ -221,6 +260,24 @@ def _env_int(name, default):
         raise ValueError("$%s=%r is not an integer" % (name, value)) from None
 
 
+def _picks_array(picks: Picks, what: str) -> np.ndarray:
+    """picks as a C-contiguous uint64 array (what libprefetch reads), after
+    checking that they are non-negative integers: a float or a negative
+    number must not silently become some other sample."""
+    arr = np.asarray(picks)
+    if arr.ndim != 1:
+        raise ValueError("%s: picks must be one-dimensional, not of shape %r" % (what, arr.shape))
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError("%s: picks must be integers, not %s" % (what, arr.dtype))
+    if arr.size and arr.dtype.kind == "i" and int(arr.min()) < 0:
+        raise ValueError("%s: pick %d is negative" % (what, int(arr.min())))
+    return np.ascontiguousarray(arr, dtype=np.uint64)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 class Loader:
     """A session on ``dataset`` at the node's prefetchd.
 
@@ -235,6 +292,25 @@ class Loader:
     ``name`` go to the session as in ``struct pf_open_opts``.  ``timeout``:
     seconds a batch may take before PrefetchError (-ETIMEDOUT); None waits
     for ever.
+
+    ``sampler``: this rank's picks of each epoch, in order, instead of the
+    shuffle: a list (or array) of picks, or an iterable of them that is
+    iterated again each epoch, such as a torch Sampler (its
+    ``set_epoch(n)``, when it has one, is called first, so a
+    DistributedSampler shards and shuffles itself).  They are this rank's
+    already, as with torch's DataLoader: the daemon shards them no further.
+    ``batch_sampler``: an iterable of batches, each a sequence of 1 to
+    ``batch_size`` picks, iterated again each epoch (``set_epoch`` called as
+    for ``sampler``): the epoch is paced, each batch what the trainer asked
+    for, ``paced_ahead`` (at most 1024) requested ahead of the one being
+    trained on.  Picks range over ``augment`` times the dataset's samples.
+
+    ``skip_errors``: an error batch (a file cut short or changed on disk, a
+    read error, a paced pick out of range) raises PrefetchError and ends
+    the epoch loop by default; with ``skip_errors=True`` it is skipped with a
+    PrefetchWarning naming the error, counted in ``skipped`` (the errors
+    themselves, the last 100, in ``skipped_errors``), and the epoch goes on.
+    Connection failures and timeouts are never skipped.
 
     ``reconnect_s``: seconds to keep trying to get the session back when
     the daemon goes away (it crashed, was killed or restarted); 0, the
@@ -251,15 +327,23 @@ class Loader:
     be reached or refuses the session.
     """
 
-    def __init__(self, dataset, batch_size=256, device="cpu", shuffle=True, seed=0,
-                 drop_last=False, rank=None, world_size=None, socket=None, augment=1,
-                 min_depth=0, max_depth=0, ipc="default", name=None, timeout=None,
-                 reconnect_s=0):
-        self._client = None  # the pf_client pointer while open (self._owner.ptr)
-        self._owner = None  # the _Client that closes it
-        self._held = None  # the batch last yielded, until released
-        self._active = None  # token of the epoch generator that may call pf_next
-        self._views = {}  # (address, field, rows) -> array or tensor (Loader._view)
+    # The constructor's arguments, which are what a Loader pickles as
+    # (with the position: see __getstate__).
+    _CONFIG = ("dataset", "batch_size", "device", "shuffle", "seed", "drop_last", "rank",
+               "world_size", "socket", "augment", "min_depth", "max_depth", "ipc", "name",
+               "timeout", "reconnect_s", "sampler", "batch_sampler", "skip_errors",
+               "paced_ahead")
+
+    def __init__(self, dataset: str, batch_size: int = 256, device: Device = "cpu",
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+                 rank: Optional[int] = None, world_size: Optional[int] = None,
+                 socket: Optional[str] = None, augment: int = 1, min_depth: int = 0,
+                 max_depth: int = 0, ipc: str = "default", name: Optional[str] = None,
+                 timeout: Optional[float] = None, reconnect_s: float = 0, *,
+                 sampler: Optional[Iterable[int]] = None,
+                 batch_sampler: Optional[Iterable[Picks]] = None, skip_errors: bool = False,
+                 paced_ahead: int = 64):
+        self._client = None  # a live connection: set by _connect
         self.dataset = dataset
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
@@ -267,9 +351,17 @@ class Loader:
         self.drop_last = bool(drop_last)
         self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else int(world_size)
         self.rank = _env_int("RANK", 0) if rank is None else int(rank)
+        self.socket = None if socket is None else os.fsdecode(socket)
         self.augment = int(augment)
+        self.min_depth = int(min_depth)
+        self.max_depth = int(max_depth)
+        self.ipc = ipc
         self.timeout = timeout
         self.reconnect_s = float(reconnect_s)
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        self.skip_errors = bool(skip_errors)
+        self.paced_ahead = int(paced_ahead)
         if self.batch_size <= 0:
             raise ValueError("batch_size must be positive, not %d" % self.batch_size)
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -280,26 +372,60 @@ class Loader:
                              % (reconnect_s,))
         if ipc not in _lib.PF_IPC:
             raise ValueError("ipc must be one of %s, not %r" % (", ".join(_lib.PF_IPC), ipc))
+        if sampler is not None and batch_sampler is not None:
+            raise ValueError("sampler and batch_sampler are exclusive: a batch_sampler "
+                             "chooses every batch's picks itself")
+        if not 1 <= self.paced_ahead <= _lib.PF_PACED_MAX:
+            raise ValueError("paced_ahead must be 1..%d (requests the daemon holds), not %d"
+                             % (_lib.PF_PACED_MAX, self.paced_ahead))
         self.device = self._parse_device(device)
-        self._torch = None
-        self._device_index = None if self.device == "host" else int(self.device[5:])
-        if name is None:
-            prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-            name = "%s[%d]" % (prog, os.getpid())
-        self.name = name
+        self._auto_name = name is None
+        self.name = self._default_name() if name is None else str(name)
+        self._reset_position()
+        self._closed = False
+        self._num_samples = self._fields = None  # the dataset's shape, once connected
+        self._connect()
 
+    # ---- set-up ------------------------------------------------------------
+
+    def _reset_position(self):
+        """What a new Loader (or an unpickled one) starts from."""
+        # The epoch `for batch in loader` runs next (set_epoch).
+        self._next_epoch = 0
         # Epoch bookkeeping for state_dict: the epoch last started, how many
         # batches of it were taken (counting from 0, including any skipped
-        # by a resume), and whether it ran to its end.
+        # by a resume or as error batches), and whether it ran to its end.
         self._epoch = None
         self._taken = 0
         self._finished = False
         self._resume = None  # (epoch, start_batch) from load_state_dict
+        self.skipped = 0
+        self.skipped_errors = []
 
+    def _forget_connection(self):
+        """The state that belongs to one connection and session."""
+        self._client = None  # the pf_client pointer while open (self._owner.ptr)
+        self._owner = None  # the _Client that closes it
+        self._held = None  # the batch last yielded, until released
+        self._active = None  # token of the epoch generator that may call pf_next
+        self._views = {}  # (address, field, rows) -> array or tensor (Loader._view)
+        self._last_started = None  # the session's last epoch, which later ones exceed
+        self._torch = None
+
+    @staticmethod
+    def _default_name():
+        prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+        return "%s[%d]" % (prog, os.getpid())
+
+    def _connect(self):
+        """Connects and opens the session (the constructor, or the first use
+        of an unpickled Loader)."""
+        self._forget_connection()
+        self._device_index = None if self.device == "host" else int(self.device[5:])
         lib = _lib.lib()
         self._libref = lib
         client = ctypes.c_void_p()
-        path = None if socket is None else os.fsencode(socket)
+        path = None if self.socket is None else os.fsencode(self.socket)
         rc = lib.pf_connect(path, ctypes.byref(client))
         if rc:
             message = lib.pf_errmsg(client).decode(errors="replace")
@@ -307,11 +433,11 @@ class Loader:
             raise PrefetchError(rc, message)
         self._owner = _Client(lib, client)
         self._client = client
-        opts = _lib.OpenOpts(dataset=dataset.encode(), device=self.device.encode(),
+        opts = _lib.OpenOpts(dataset=self.dataset.encode(), device=self.device.encode(),
                              batch_size=self.batch_size, drop_last=self.drop_last,
-                             augment=self.augment, min_depth=int(min_depth),
-                             max_depth=int(max_depth), ipc=_lib.PF_IPC[ipc],
-                             name=str(name).encode(), reconnect_s=self.reconnect_s)
+                             augment=self.augment, min_depth=self.min_depth,
+                             max_depth=self.max_depth, ipc=_lib.PF_IPC[self.ipc],
+                             name=self.name.encode(), reconnect_s=self.reconnect_s)
         try:
             self._check(lib.pf_open(client, ctypes.byref(opts)))
             self._read_fields()
@@ -328,10 +454,15 @@ class Loader:
                     # the primary context the arenas are mapped into.
                     self._torch.cuda.init()
         except BaseException:
-            self.close()
+            self._disconnect()
             raise
 
-    # ---- set-up ------------------------------------------------------------
+    def _ensure_open(self):
+        """Raises on a closed Loader; connects an unpickled one."""
+        if self._closed:
+            raise ValueError("this Loader is closed")
+        if self._client is None:
+            self._connect()
 
     @staticmethod
     def _parse_device(device):
@@ -350,8 +481,8 @@ class Loader:
 
     def _read_fields(self):
         lib = self._libref
-        self.num_samples = lib.pf_num_samples(self._client)
-        self.fields = []
+        self._num_samples = lib.pf_num_samples(self._client)
+        self._fields = []
         self._field_index = {}
         self._layout = []  # per field: (numpy dtype, sample shape)
         for i in range(lib.pf_num_fields(self._client)):
@@ -360,9 +491,23 @@ class Loader:
             name = f.name.decode()
             dtype = np.dtype(f.dtype.decode())
             shape = tuple(int(f.shape[d]) for d in range(f.ndim))
-            self.fields.append((name, f.dtype.decode(), shape))
+            self._fields.append((name, f.dtype.decode(), shape))
             self._field_index[name] = i
             self._layout.append((dtype, shape))
+
+    @property
+    def num_samples(self) -> int:
+        """N: the dataset's samples (picks range over augment * N)."""
+        if self._num_samples is None:
+            self._ensure_open()
+        return self._num_samples
+
+    @property
+    def fields(self) -> list:
+        """The dataset's fields: (name, dtype string, sample shape) each."""
+        if self._fields is None:
+            self._ensure_open()
+        return self._fields
 
     # ---- errors --------------------------------------------------------------
 
@@ -374,10 +519,6 @@ class Loader:
     def _errmsg(self, rc):
         msg = self._libref.pf_errmsg(self._client).decode(errors="replace")
         return msg or os.strerror(-rc)
-
-    def _check_open(self):
-        if self._client is None:
-            raise ValueError("this Loader is closed")
 
     # ---- batches -------------------------------------------------------------
 
@@ -464,20 +605,96 @@ class Loader:
             if self.timeout is not None and waited >= self.timeout:
                 raise PrefetchError(rc, "no batch from prefetchd within %g s" % self.timeout)
 
-    def epoch(self, n):
-        """Starts epoch n (shuffled with seed + n) and yields its batches.
+    def _skip(self, error):
+        """An error batch, skipped (skip_errors): counted, kept, warned of."""
+        self.skipped += 1
+        self.skipped_errors.append(error)
+        del self.skipped_errors[:-_MAX_SKIPPED_KEPT]
+        name = errno.errorcode.get(error.errno, "errno %d" % error.errno)
+        warnings.warn("prefetch: skipped an error batch (%s): %s" % (name, error.message),
+                      PrefetchWarning, stacklevel=3)
+
+    # ---- epochs --------------------------------------------------------------
+
+    def set_epoch(self, n: int) -> None:
+        """Makes ``for batch in loader`` run epoch n next (shuffled with
+        seed + n), as DistributedSampler.set_epoch does.  Epoch numbers only
+        grow within a session: ValueError for one not above the last epoch
+        this Loader started."""
+        self._next_epoch = self._check_epoch_number(n)
+
+    def _check_epoch_number(self, n):
+        n = int(n)
+        if n < 0:
+            raise ValueError("epoch numbers start at 0, not %d" % n)
+        if self._client is not None and self._last_started is not None \
+                and n <= self._last_started:
+            raise ValueError("epoch %d is not after epoch %d, the last this Loader started: "
+                             "epoch numbers only grow within a session (prefetchd's "
+                             "protocol); a new Loader may start at any"
+                             % (n, self._last_started))
+        return n
+
+    def __iter__(self) -> Iterator[Batch]:
+        """Runs the current epoch: the one set_epoch (or load_state_dict)
+        chose, else the one after the last this Loader started (0 first)."""
+        return self.epoch(self._next_epoch)
+
+    def __len__(self) -> int:
+        """This rank's batches per epoch: its DistributedSampler-style share
+        of augment * N picks (or the sampler's picks, or the batch sampler's
+        batches) in batches of batch_size, the last one partial unless
+        drop_last.  TypeError when a sampler has no length."""
+        if self.batch_sampler is not None:
+            return len(self.batch_sampler)
+        if self.sampler is not None:
+            picks = len(self.sampler)
+        else:
+            picks = _ceil_div(self.num_samples * self.augment, self.world_size)
+        return picks // self.batch_size if self.drop_last else _ceil_div(picks, self.batch_size)
+
+    def epoch(self, n: int, *, order: Optional[Picks] = None,
+              batches: Optional[Iterable[Picks]] = None) -> Iterator[Batch]:
+        """Starts epoch n and yields its batches.  The epoch is ordered as
+        the Loader says (shuffled with seed + n, sequential, its sampler's,
+        or paced by its batch_sampler), or by ``order``: the whole epoch's
+        picks, the same list on every rank, which the daemon shards across
+        ranks like the shuffle; or paced by ``batches``: this rank's batches,
+        each a sequence of 1 to batch_size picks, loaded in that order.
 
         Leaving the loop early (break, an exception, the generator closed or
         dropped) abandons the epoch: the daemon stops filling at once.  After
         ``load_state_dict``, ``epoch(d["epoch"])`` resumes after the batches
-        the saved loader had taken.  Starting another epoch ends this one."""
-        self._check_open()
-        n = int(n)
-        if n < 0:
-            raise ValueError("epoch numbers start at 0, not %d" % n)
-        return self._run_epoch(n)
+        the saved loader had taken.  Starting another epoch ends this one.
+        ValueError for an epoch number not above the last one started."""
+        self._ensure_open()
+        n = self._check_epoch_number(n)
+        if order is not None and batches is not None:
+            raise ValueError("order and batches are exclusive")
+        if order is not None:
+            order = _picks_array(order, "epoch %d's order" % n)
+        return self._run_epoch(n, order, batches)
 
-    def _run_epoch(self, n):
+    def _epoch_source(self, n, order, batches):
+        """(PF_ORDER_*, explicit picks or None, paced batches or None, rank,
+        world) for epoch n."""
+        if batches is not None:
+            return _lib.PF_ORDER_PACED, None, batches, 0, 1
+        if order is not None:
+            return _lib.PF_ORDER_EXPLICIT, order, None, self.rank, self.world_size
+        source = self.batch_sampler if self.batch_sampler is not None else self.sampler
+        if source is not None and hasattr(source, "set_epoch"):
+            source.set_epoch(n)
+        if self.batch_sampler is not None:
+            return _lib.PF_ORDER_PACED, None, self.batch_sampler, 0, 1
+        if self.sampler is not None:
+            picks = _picks_array(self.sampler if isinstance(self.sampler, np.ndarray)
+                                 else list(self.sampler), "epoch %d's sampler" % n)
+            return _lib.PF_ORDER_EXPLICIT, picks, None, 0, 1
+        kind = _lib.PF_ORDER_SHUFFLE if self.shuffle else _lib.PF_ORDER_SEQUENTIAL
+        return kind, None, None, self.rank, self.world_size
+
+    def _run_epoch(self, n, order, batches):
         lib = self._libref
         start = 0
         if self._resume is not None:
@@ -487,25 +704,46 @@ class Loader:
         self._end_epoch()
         token = object()
         self._active = token
-        opts = _lib.EpochOpts(order=_lib.PF_ORDER_SHUFFLE if self.shuffle
-                              else _lib.PF_ORDER_SEQUENTIAL,
-                              seed=(self.seed + n) & (2**64 - 1), rank=self.rank,
-                              world=self.world_size, start_batch=start)
+        kind, picks, paced, rank, world = self._epoch_source(n, order, batches)
         self._epoch, self._taken, self._finished = n, start, False
+        requests = None
         try:
+            self._check(lib.pf_set_epoch(self._client, n))
+            opts = _lib.EpochOpts(order=kind, seed=(self.seed + n) & (2**64 - 1), rank=rank,
+                                  world=world, start_batch=0 if paced is not None else start)
+            if picks is not None:
+                opts.indices = picks.ctypes.data_as(_lib.u64p)
+                opts.nindices = picks.size
             self._check(lib.pf_start_epoch(self._client, ctypes.byref(opts), None))
+            self._last_started = n
+            self._next_epoch = n + 1
+            if paced is not None:
+                requests = _PacedRequests(self, n, iter(paced), start)
+                requests.send()
             while True:
-                self._check_open()
+                if self._closed or self._client is None:
+                    raise ValueError("this Loader is closed")
                 if self._active is not token:
                     raise RuntimeError("epoch %d was ended by another epoch started on the "
                                        "same Loader" % n)
-                ptr = self._next(self._held)
+                try:
+                    ptr = self._next(self._held)
+                except PrefetchError as e:
+                    if not (self.skip_errors and lib.pf_error_batch(self._client)):
+                        raise
+                    self._taken += 1  # it had its place in the epoch
+                    self._skip(e)
+                    if requests is not None:
+                        requests.send()
+                    continue
                 if ptr is None:
                     self._finished = True
                     return
-                batch = Batch(self, ptr, n)
+                batch = Batch(self, ptr)
                 self._held = batch
                 self._taken += 1
+                if requests is not None:
+                    requests.send()
                 yield batch
         finally:
             if self._active is token:
@@ -542,7 +780,7 @@ class Loader:
 
     # ---- resume ----------------------------------------------------------------
 
-    def state_dict(self):
+    def state_dict(self) -> dict:
         """Where this loader stands: ``epoch`` and ``batches_taken`` (batches
         of that epoch taken so far, the one in hand included), so that
         ``epoch(d["epoch"])`` after ``load_state_dict(d)`` goes on with the
@@ -551,7 +789,7 @@ class Loader:
         if self._resume is not None:
             epoch, taken = self._resume
         elif self._epoch is None:
-            epoch, taken = 0, 0
+            epoch, taken = self._next_epoch, 0
         elif self._finished:
             epoch, taken = self._epoch + 1, 0
         else:
@@ -570,12 +808,14 @@ class Loader:
             "num_samples": self.num_samples,
         }
 
-    def load_state_dict(self, state):
-        """Makes the next ``epoch(state["epoch"])`` start after
-        ``state["batches_taken"]`` batches, with the saved seed.  The batch
-        size, world size, shuffle, drop_last, augment and sample count must
-        match (they decide which samples the batches hold): ValueError
-        otherwise."""
+    def load_state_dict(self, state: Mapping) -> None:
+        """Makes the next epoch (``for batch in loader``, or
+        ``epoch(state["epoch"])``) start after ``state["batches_taken"]``
+        batches, with the saved seed.  The batch size, world size, shuffle,
+        drop_last, augment and sample count must match (they decide which
+        samples the batches hold): ValueError otherwise.  A paced epoch
+        resumes by passing over the first batches_taken batches its batch
+        sampler yields (it must yield the same ones again)."""
         for key in ("batch_size", "world_size", "shuffle", "drop_last", "augment",
                     "num_samples"):
             if key in state and state[key] != getattr(self, key):
@@ -585,47 +825,87 @@ class Loader:
         epoch, taken = int(state["epoch"]), int(state["batches_taken"])
         if epoch < 0 or taken < 0:
             raise ValueError("state_dict has epoch %d, batches_taken %d" % (epoch, taken))
+        self._next_epoch = self._check_epoch_number(epoch)
         if "seed" in state:
             self.seed = int(state["seed"])
         self._resume = (epoch, taken)
 
+    # ---- pickling ----------------------------------------------------------------
+
+    def __getstate__(self) -> dict:
+        state = {key: getattr(self, key) for key in self._CONFIG}
+        if self._auto_name:
+            state["name"] = None  # the new process names itself
+        state["position"] = {"next_epoch": self._next_epoch, "resume": self._resume}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        position = state.pop("position", {})
+        for key in self._CONFIG:
+            setattr(self, key, state.get(key))
+        self._auto_name = self.name is None
+        if self._auto_name:
+            self.name = self._default_name()
+        self._reset_position()
+        self._next_epoch = position.get("next_epoch", 0)
+        self._resume = position.get("resume")
+        self._closed = False
+        self._num_samples = self._fields = None
+        self._forget_connection()
+        self._device_index = None if self.device == "host" else int(self.device[5:])
+
     # ---- the rest ------------------------------------------------------------------
 
-    def stats(self):
+    def stats(self) -> dict:
         """This client's counters: batches and bytes taken, batches held,
         seconds waiting in pf_next (wait_s) and between calls (busy_s),
         stall_fraction = wait / (wait + busy), reconnects (sessions opened
-        again after the daemon went away) and resume_batch (the first batch
-        of the current epoch not taken yet)."""
-        self._check_open()
+        again after the daemon went away), resume_batch (the first batch of
+        the current epoch not taken yet) and skipped (error batches skipped
+        under skip_errors, all epochs)."""
+        self._ensure_open()
         s = _lib.Stats()
         self._check(self._libref.pf_stats(self._client, ctypes.byref(s)))
-        return {k: getattr(s, k) for k, _ in _lib.Stats._fields_}
+        out = {k: getattr(s, k) for k, _ in _lib.Stats._fields_}
+        out["skipped"] = self.skipped
+        return out
 
-    def set_depth(self, target):
+    def set_depth(self, target: int) -> None:
         """Sets this session's target depth (0: automatic)."""
-        self._check_open()
+        self._ensure_open()
         self._check(self._libref.pf_set_depth(self._client, 0, int(target)))
 
-    def close(self):
+    def probe(self) -> None:
+        """CUDA sessions: reports the GPU's free memory to the daemon now
+        (pf_probe), so that it resizes the depth and the VRAM pool at once;
+        call it after the trainer's own memory use changed (a bigger model,
+        an evaluation pass).  PrefetchError (-EINVAL) for a host session."""
+        self._ensure_open()
+        self._check(self._libref.pf_probe(self._client))
+
+    def _disconnect(self):
+        self._held = None
+        self._client = None
+        self._owner = None
+        self._views = {}  # the views hold the client: only the trainer's may now
+
+    def close(self) -> None:
         """Abandons the epoch, releases the batch in hand and lets go of the
         connection: it closes now, or once the last array or tensor of this
         loader's batches is gone (they stay readable until then)."""
+        self._closed = True
         if self._client is None:
             return
         try:
             # Behind the current stream for a CUDA batch, as any release.
             self._end_epoch()
         finally:
-            self._held = None
-            self._client = None
-            self._owner = None
-            self._views = {}  # the views hold the client: only the trainer's may now
+            self._disconnect()
 
-    def __enter__(self):
+    def __enter__(self) -> "Loader":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc) -> None:
         self.close()
 
     def __del__(self):
@@ -637,4 +917,40 @@ class Loader:
     def __repr__(self):
         return "<prefetch.Loader %s on %s, batch_size=%d%s>" % (
             self.dataset, self.device, self.batch_size,
-            "" if self._client is not None else ", closed")
+            ", closed" if self._closed else "" if self._client is not None else ", not connected")
+
+
+class _PacedRequests:
+    """The requests of one paced epoch: pf_load for the trainer's batches,
+    kept `paced_ahead` ahead of those taken (error batches included), then
+    pf_load_end once the iterator is spent.  Pulled lazily, so that a
+    sampler that adapts to the training (a curriculum) sees a bounded
+    look-ahead.  A resumed epoch passes over the batches taken before."""
+
+    def __init__(self, loader, n, it, skip):
+        self.loader = loader
+        self.n = n
+        self.it = it
+        self.requested = skip
+        self.ended = False
+        for _ in range(skip):
+            if next(it, None) is None:
+                break
+
+    def send(self):
+        loader = self.loader
+        lib = loader._libref
+        while not self.ended and self.requested - loader._taken < loader.paced_ahead:
+            try:
+                picks = next(self.it)
+            except StopIteration:
+                loader._check(lib.pf_load_end(loader._client))
+                self.ended = True
+                return
+            what = "epoch %d, paced batch %d" % (self.n, self.requested)
+            arr = _picks_array(picks, what)
+            if not 1 <= arr.size <= loader.batch_size:
+                raise ValueError("%s: %d picks; a batch holds 1 to batch_size = %d"
+                                 % (what, arr.size, loader.batch_size))
+            loader._check(lib.pf_load(loader._client, arr.ctypes.data_as(_lib.u64p), arr.size))
+            self.requested += 1

@@ -1566,7 +1566,7 @@ static void predict_start(struct fz_client *c, struct fz_req *r, const Pf__Start
 	r->expect_ok = FZ_REFUSE;
 	if (!c->hello_sent || !s || !c->modeled)
 		return;
-	if ((m->epoch <= s->epoch && s->epoch != 0) || (unsigned)m->order > 3 || s->ds->changed[0])
+	if ((s->had_epoch && m->epoch <= s->epoch) || (unsigned)m->order > 3 || s->ds->changed[0])
 		return;
 	if (m->order == PF__ORDER__ORDER_PACED) {
 		/* No order: the client sends each batch (LoadBatch). */

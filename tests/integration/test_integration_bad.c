@@ -347,7 +347,10 @@ static void release_of_foreign_slot_is_refused(void **state)
 	assert_int_equal(pf_next(a, 10000, &ba), 0);
 	assert_int_equal(pf_next(b, 10000, &bb), 0);
 
-	/* b releases a batch it never received: epoch 0 batch 5 in slot 3. */
+	/* b releases a batch it never received: batch 5 of its own epoch 0
+	 * in slot 3 (with max_depth 2 and one batch taken, batch 5 cannot
+	 * have been sent).  Epoch 0 is b's real epoch now that epochs are
+	 * numbered from 0, so the refusal rests on the slot and seq alone. */
 	rel.epoch = 0;
 	rel.seq = 5;
 	rel.slot = 3;

@@ -8,10 +8,12 @@ or with `python3 -m unittest` from this directory.
 """
 
 import ctypes
+import ctypes.util
 import errno
 import gc
 import json
 import os
+import pickle
 import re
 import shutil
 import subprocess
@@ -19,6 +21,7 @@ import sys
 import tempfile
 import time
 import unittest
+import warnings
 
 try:
     import numpy as np
@@ -38,6 +41,24 @@ def make_arrays():
     arrays = pfutil.mixed_arrays(rng, N)
     arrays["u"] = rng.integers(0, 65536, size=(N, 4), dtype=np.uint16)
     return arrays
+
+
+def plain_env():
+    """The environment of a plain python3 this case starts: under make
+    check-asan/tsan $PREFETCH_LIB is the sanitized library, which only an
+    interpreter with the sanitizer's runtime preloaded can load, so the
+    child takes the checkout's build/libprefetch.so instead."""
+    env = dict(os.environ)
+    env.pop("PREFETCH_LIB", None)
+    return env
+
+
+def sanitized():
+    """Whether a sanitizer's runtime is in this interpreter (make
+    check-asan/tsan)."""
+    with open("/proc/self/maps") as f:
+        return any(n in f.read() for n in ("libasan", "libtsan", "clang_rt.asan",
+                                            "clang_rt.tsan"))
 
 
 def cuda_driver_loads():
@@ -68,12 +89,16 @@ class HostSessions(unittest.TestCase):
         cls.late = np.random.default_rng(7).integers(0, 256, size=(200, 64), dtype=np.uint8)
         cls.late_path = os.path.join(cls.tmp, "late.npy")
         np.save(cls.late_path, cls.late)
+        # Cut short by the case that skips its error batch ("late" is the
+        # other case's).
+        cls.cut_path = os.path.join(cls.tmp, "cut.npy")
+        np.save(cls.cut_path, cls.late)
         cls.fields = fields
         # The bystander's dataset (pfutil.Bystander), "by".
         by_path = os.path.join(cls.tmp, "by.npy")
         pfutil.Bystander.write_rows(by_path)
         cls.daemon = pfutil.Daemon("host", {"multi": fields, "late": {"x": cls.late_path},
-                                            "by": {"x": by_path}},
+                                            "cut": {"x": cls.cut_path}, "by": {"x": by_path}},
                                    env={"CUDA_VISIBLE_DEVICES": ""}, tmpdir=cls.tmp)
 
     @classmethod
@@ -636,6 +661,427 @@ class HostSessions(unittest.TestCase):
         for bad in (-1, float("nan")):
             with self.assertRaisesRegex(ValueError, "reconnect_s"):
                 self.loader(batch_size=10, reconnect_s=bad)
+
+    # ---- PyTorch conventions: iteration, len, set_epoch -----------------------
+
+    def collect(self, loader, check=True):
+        """`for batch in loader`: the picks in delivery order, and each
+        batch's epoch number."""
+        picks, epochs = [], []
+        for batch in loader:
+            if check:
+                self.check_batch(batch, loader)
+            picks.append(batch.picks)
+            epochs.append(batch.epoch)
+        return (np.concatenate(picks).tolist() if picks else []), epochs
+
+    def test_for_batch_in_loader_runs_the_epoch_set_epoch_chose(self):
+        with self.loader(batch_size=64, seed=SEED) as loader:
+            picks, epochs = self.collect(loader)  # epoch 0 first
+            self.assertEqual(picks, pfutil.shuffle(N, SEED))
+            self.assertEqual(set(epochs), {0})
+            loader.set_epoch(5)
+            picks, epochs = self.collect(loader)
+            self.assertEqual(picks, pfutil.shuffle(N, SEED + 5))
+            self.assertEqual(set(epochs), {5})
+            # Without set_epoch the next iteration is the next epoch (a
+            # number runs once per session), not epoch 5 again.
+            picks, epochs = self.collect(loader, check=False)
+            self.assertEqual(picks, pfutil.shuffle(N, SEED + 6))
+            self.assertEqual(set(epochs), {6})
+            with self.assertRaisesRegex(ValueError, "epoch 3 is not after epoch 6"):
+                loader.set_epoch(3)
+            with self.assertRaisesRegex(ValueError, "epoch 6 is not after epoch 6"):
+                loader.epoch(6)
+            # A loop left early still counts as that epoch's run.
+            loader.set_epoch(9)
+            for batch in loader:
+                break
+            self.assertEqual(loader.state_dict()["epoch"], 9)
+            picks, epochs = self.collect(loader, check=False)
+            self.assertEqual(set(epochs), {10})
+
+    def test_len_is_this_ranks_batches_per_epoch(self):
+        cases = [(1, 0, 64, False, 1), (1, 0, 64, True, 1), (3, 1, 64, False, 1),
+                 (3, 2, 64, True, 1), (2, 1, 100, True, 1), (4, 3, 30, False, 2),
+                 (7, 6, 1000, True, 1)]
+        for world, rank, bs, drop, augment in cases:
+            with self.subTest(world=world, rank=rank, batch_size=bs, drop_last=drop,
+                              augment=augment):
+                share = -(-N * augment // world)  # DistributedSampler pads
+                want = share // bs if drop else -(-share // bs)
+                with self.loader(batch_size=bs, rank=rank, world_size=world, drop_last=drop,
+                                 augment=augment, seed=SEED) as loader:
+                    self.assertEqual(len(loader), want)
+                    got = sum(1 for _ in loader)
+                    self.assertEqual(got, want)
+
+    def test_sampler_picks_arrive_in_its_order_byte_exact_each_once(self):
+        class Sampler:
+            """A torch-style sampler: this rank's indices, reshuffled by
+            set_epoch."""
+
+            def __init__(self):
+                self.epochs = []
+
+            def set_epoch(self, epoch):
+                self.epochs.append(epoch)
+
+            def __iter__(self):
+                rng = np.random.default_rng(100 + self.epochs[-1])
+                return iter(rng.permutation(N).tolist())
+
+            def __len__(self):
+                return N
+
+        sampler = Sampler()
+        with self.loader(batch_size=96, sampler=sampler, world_size=1) as loader:
+            self.assertEqual(len(loader), -(-N // 96))
+            for epoch in (0, 1):
+                loader.set_epoch(epoch)
+                picks, epochs = self.collect(loader)  # every field's bytes checked
+                want = np.random.default_rng(100 + epoch).permutation(N).tolist()
+                self.assertEqual(picks, want)
+                self.assertEqual(sorted(picks), list(range(N)))
+                self.assertEqual(set(epochs), {epoch})
+            self.assertEqual(sampler.epochs, [0, 1])
+        # A plain list of picks (repeats allowed: it is the trainer's order).
+        order = [7, 3, 3, 999, 0] * 40
+        with self.loader(batch_size=64, sampler=order, drop_last=True) as loader:
+            self.assertEqual(len(loader), 3)
+            picks, _ = self.collect(loader)
+            self.assertEqual(picks, order[:192])
+
+    def test_an_explicit_order_is_shared_by_the_ranks_like_the_shuffle(self):
+        order = np.random.default_rng(8).permutation(N)
+        shares = []
+        for rank in (0, 1):
+            with self.loader(batch_size=70, rank=rank, world_size=2) as loader:
+                got = []
+                for batch in loader.epoch(0, order=order):
+                    self.check_batch(batch, loader)
+                    got += batch.picks.tolist()
+                self.assertEqual(got, pfutil.shard(order.tolist(), rank, 2))
+                shares.append(got)
+        self.assertEqual(sorted(shares[0] + shares[1]), list(range(N)))
+        with self.loader(batch_size=70) as loader:
+            with self.assertRaisesRegex(ValueError, "negative"):
+                loader.epoch(0, order=[1, -2])
+            with self.assertRaisesRegex(TypeError, "integers"):
+                loader.epoch(0, order=[1.5])
+            with self.assertRaises(prefetch.PrefetchError) as cm:
+                next(loader.epoch(0, order=[1, N]))
+            self.assertEqual(cm.exception.code, -errno.ERANGE)
+            self.assertIn("index %d at position 1 is out of range" % N, str(cm.exception))
+            # The refused start used no epoch number: epoch 0 runs now.
+            picks, _, _ = self.run_epoch(loader, 0)
+            self.assertEqual(picks.tolist(), pfutil.shuffle(N, 0))
+
+    def test_a_paced_epoch_delivers_each_requested_batch_byte_exact(self):
+        rng = np.random.default_rng(21)
+        perm = rng.permutation(N).tolist()
+        cuts = sorted(set(rng.integers(1, N, size=60).tolist()))
+        requests = [perm[a:b] for a, b in zip([0] + cuts, cuts + [N])]
+        requests = [r for r in requests if r]
+        big = max(len(r) for r in requests)
+        with self.loader(batch_size=big, batch_sampler=requests) as loader:
+            self.assertEqual(len(loader), len(requests))
+            got = []
+            for batch in loader:
+                self.check_batch(batch, loader)
+                self.assertEqual(batch.picks.tolist(), requests[len(got)])
+                got.append(batch.picks.tolist())
+            self.assertEqual(got, requests)
+            self.assertEqual(sorted(sum(got, [])), list(range(N)))
+
+            # Asked for lazily: at most paced_ahead requests ahead of the
+            # batch in hand, so that a curriculum sees a short look-ahead.
+            pulled = []
+
+            def curriculum():
+                for k in range(40):
+                    pulled.append(k)
+                    yield [k, (k * 37) % N]
+
+            loader.paced_ahead = 3
+            for k, batch in enumerate(loader.epoch(4, batches=curriculum())):
+                self.check_batch(batch, loader)
+                self.assertEqual(batch.picks.tolist(), [k, (k * 37) % N])
+                self.assertEqual(batch.epoch, 4)
+                self.assertLessEqual(len(pulled), k + 1 + 3)
+            self.assertEqual(k, 39)
+            with self.assertRaisesRegex(ValueError, "1 to batch_size"):
+                next(loader.epoch(5, batches=[list(range(big + 1))]))
+
+    def test_a_paced_epoch_resumes_from_state_dict(self):
+        requests = [[i, i + 1] for i in range(0, 200, 2)]
+        with self.loader(batch_size=2, batch_sampler=requests) as first:
+            for k, batch in enumerate(first):
+                if k == 9:
+                    state = first.state_dict()
+                    break
+        self.assertEqual((state["epoch"], state["batches_taken"]), (0, 10))
+        with self.loader(batch_size=2, batch_sampler=requests) as second:
+            second.load_state_dict(state)
+            got = [b.picks.tolist() for b in second]
+            self.assertEqual(got, requests[10:])
+
+    # ---- error batches ---------------------------------------------------------
+
+    def test_skip_errors_skips_an_error_batch_with_a_warning_and_counts_it(self):
+        requests = [[0, 1], [2, N + 5], [3, 4], [N * 2], [5]]
+        with self.loader(batch_size=2, skip_errors=True) as loader:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                got = []
+                for batch in loader.epoch(0, batches=requests):
+                    self.check_batch(batch, loader)
+                    got.append(batch.picks.tolist())
+            self.assertEqual(got, [[0, 1], [3, 4], [5]])
+            self.assertEqual(loader.skipped, 2)
+            self.assertEqual(loader.stats()["skipped"], 2)
+            self.assertEqual([e.code for e in loader.skipped_errors], [-errno.ERANGE] * 2)
+            msgs = [str(w.message) for w in caught if w.category is prefetch.PrefetchWarning]
+            self.assertEqual(len(msgs), 2, msgs)
+            self.assertIn("ERANGE", msgs[0])
+            self.assertIn("epoch 0 batch 1: pick %d at position 1 is out of range" % (N + 5),
+                          msgs[0])
+            # The warning points at the trainer's loop, not at the package.
+            self.assertEqual([w.filename for w in caught][0], __file__)
+        # Without the option the same batch ends the loop, as before.
+        with self.loader(batch_size=2) as loader:
+            got = []
+            with self.assertRaises(prefetch.PrefetchError) as cm:
+                for batch in loader.epoch(0, batches=requests):
+                    got.append(batch.picks.tolist())
+            self.assertEqual(cm.exception.code, -errno.ERANGE)
+            self.assertEqual(got, [[0, 1]])
+
+    def test_skip_errors_rides_over_a_file_cut_short_after_load(self):
+        hdr = os.path.getsize(self.cut_path) - self.late.nbytes
+        with self.loader("cut", batch_size=50, shuffle=False, skip_errors=True) as loader:
+            sid = loader.stats()["session"]
+            os.truncate(self.cut_path, hdr + 150 * 64)
+            good = 0
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for batch in loader:
+                    np.testing.assert_array_equal(batch["x"], self.late[batch.picks])
+                    good += 1
+            # The batches before the cut, then the change ends the epoch
+            # (-ESTALE): skipped, so the loop ends as an epoch does.
+            self.assertEqual(good, 3)
+            self.assertEqual(loader.skipped, 1)
+            self.assertEqual(loader.skipped_errors[0].code, -errno.ESTALE)
+            msgs = [str(w.message) for w in caught if w.category is prefetch.PrefetchWarning]
+            self.assertEqual(len(msgs), 1, msgs)
+            self.assertIn("ESTALE", msgs[0])
+            self.assertIn("cut.npy changed on disk", msgs[0])
+            self.assertEqual(self.daemon.session(sid)["state"], "idle")
+            self.assertEqual(loader.state_dict()["epoch"], 1)
+
+    # ---- one epoch numbering -------------------------------------------------------
+
+    def test_the_epoch_number_is_the_same_in_python_status_and_messages(self):
+        with self.loader(batch_size=2, shuffle=False, name="epochs") as loader:
+            sid = loader.stats()["session"]
+            # No epoch yet: status says so rather than showing a number.
+            s = self.daemon.session(sid)
+            self.assertEqual((s["state"], s["epoch"]), ("open", None))
+            it = loader.epoch(0)
+            batch = next(it)
+            self.assertEqual(batch.epoch, 0)
+            self.assertEqual(self.daemon.session(sid)["epoch"], 0)
+            it.close()
+            loader.set_epoch(7)
+            it = iter(loader)
+            batch = next(it)
+            self.assertEqual(batch.epoch, 7)
+            s = self.daemon.session(sid)
+            self.assertEqual((s["epoch"], s["state"]), (7, "running"))
+            table = subprocess.run([pfutil.PREFETCHCTL, "-s", self.daemon.sock, "status"],
+                                   capture_output=True, text=True, timeout=30).stdout
+            head, row = None, None
+            for line in table.splitlines():
+                cols = line.split()
+                if cols[:1] == ["SESSION"]:
+                    head = cols
+                elif head and cols[:1] == [str(sid)]:
+                    row = cols
+            self.assertIsNotNone(row, table)
+            self.assertEqual(row[head.index("EPOCH")], "7", table)
+            it.close()
+            # An error batch's message names the same epoch.
+            with self.assertRaises(prefetch.PrefetchError) as cm:
+                for batch in loader.epoch(8, batches=[[0], [N]]):
+                    self.assertEqual(batch.epoch, 8)
+            self.assertTrue(str(cm.exception).startswith("epoch 8 batch 1: pick %d" % N),
+                            str(cm.exception))
+            self.assertEqual(self.daemon.session(sid)["epoch"], 8)
+            # And so does the refusal of an epoch that is not after it.
+            rc = pfutil._lib.lib().pf_set_epoch(loader._client, 8)
+            self.assertEqual(rc, -errno.EINVAL)
+            self.assertIn("epoch 8 is not after epoch 8",
+                          pfutil._lib.lib().pf_errmsg(loader._client).decode())
+
+    # ---- pickling ----------------------------------------------------------------
+
+    def test_a_pickled_loader_runs_its_epoch_in_a_child_process(self):
+        child = r"""
+import json, pickle, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import prefetch
+loader = pickle.load(sys.stdin.buffer)
+arrays = {name: np.concatenate([np.load(p) for p in (path if isinstance(path, list) else [path])])
+          for name, path in json.loads(sys.argv[2]).items()}
+picks, epochs, bad = [], set(), 0
+for batch in loader:
+    for name, src in arrays.items():
+        bad += not np.array_equal(batch[name], src[batch.picks % len(src)])
+    picks += batch.picks.tolist()
+    epochs.add(batch.epoch)
+print(json.dumps({"picks": picks, "epochs": sorted(epochs), "bad": bad,
+                  "session": loader.stats()["session"], "name": loader.name}))
+"""
+        with self.loader(batch_size=64, seed=SEED) as loader:
+            parent_sid = loader.stats()["session"]
+            next(loader.epoch(0))  # mid-epoch: the copy takes no part of it
+            loader.set_epoch(2)
+            blob = pickle.dumps(loader)
+            out = subprocess.run([sys.executable, "-B", "-c", child,
+                                  os.path.join(pfutil.ROOT, "python"), json.dumps(self.fields)],
+                                 input=blob, capture_output=True, timeout=120, env=plain_env())
+            self.assertEqual(out.returncode, 0, out.stderr.decode())
+            got = json.loads(out.stdout)
+            self.assertEqual(got["bad"], 0)
+            self.assertEqual(got["epochs"], [2])
+            self.assertEqual(got["picks"], pfutil.shuffle(N, SEED + 2))
+            self.assertNotEqual(got["session"], parent_sid)
+            self.assertNotEqual(got["name"], loader.name)  # named after its own pid
+            # The original goes on with its own session.
+            picks, _, _ = self.run_epoch(loader, 2)
+            self.assertEqual(picks.tolist(), pfutil.shuffle(N, SEED + 2))
+            # A copy in this process, too: it connects when first used.
+            copy = pickle.loads(pickle.dumps(loader))
+            self.assertIn("not connected", repr(copy))
+            picks, _, _ = self.run_epoch(copy, 3)
+            self.assertEqual(picks.tolist(), pfutil.shuffle(N, SEED + 3))
+            self.assertNotEqual(copy.stats()["session"], parent_sid)
+            copy.close()
+
+    def test_importing_prefetch_and_running_an_epoch_imports_no_torch(self):
+        code = ("import sys; sys.path.insert(0, %r); import prefetch; "
+                "l = prefetch.Loader('multi', batch_size=100, socket=%r); "
+                "n = sum(b.count for b in l); "
+                "print(n, 'torch' in sys.modules)" % (os.path.join(pfutil.ROOT, "python"),
+                                                     self.daemon.sock))
+        out = subprocess.run([sys.executable, "-B", "-c", code], capture_output=True, text=True,
+                             timeout=60, env=plain_env())
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.split(), [str(N), "False"])
+
+    def test_probe_of_a_host_session_says_it_is_not_a_cuda_session(self):
+        with self.loader(batch_size=10) as loader:
+            with self.assertRaises(prefetch.PrefetchError) as cm:
+                loader.probe()
+            self.assertEqual(cm.exception.code, -errno.EINVAL)
+            self.assertIn("not a CUDA session", str(cm.exception))
+
+    # ---- the torch adapter -----------------------------------------------------------
+
+    def torch_or_skip(self):
+        if sanitized():
+            self.skipTest("a sanitizer's runtime is in this interpreter: torch's own "
+                          "libraries are not this suite's to check")
+        try:
+            import torch
+        except ImportError as e:
+            self.skipTest("torch is not importable here (%s): the adapter needs it" % e)
+        return torch
+
+    def test_torch_dataloader_fits_a_loop_written_for_torchs(self):
+        torch = self.torch_or_skip()
+        from prefetch.torch import DataLoader
+
+        quiet = warnings.catch_warnings()  # uint16's warning: checked below
+        quiet.__enter__()
+        self.addCleanup(quiet.__exit__, None, None, None)
+        warnings.simplefilter("ignore", prefetch.PrefetchWarning)
+        loader = DataLoader("multi", batch_size=64, shuffle=True, drop_last=True,
+                            fields=("x", "u", "b"), seed=SEED, socket=self.daemon.sock,
+                            timeout=30, num_workers=8, persistent_workers=True)
+        self.assertEqual(len(loader), N // 64)
+        self.assertEqual((loader.batch_size, loader.drop_last, loader.dataset), (64, True,
+                                                                                 "multi"))
+        self.assertEqual(len(loader.sampler), N)
+        for epoch in (0, 1):
+            # What DistributedSampler loops do.
+            loader.sampler.set_epoch(epoch)
+            order = pfutil.shuffle(N, SEED + epoch)
+            self.assertEqual(list(loader.sampler), order)
+            steps = 0
+            for k, (x, u, b) in enumerate(loader):
+                rows = order[k * 64:(k + 1) * 64]
+                self.assertIsInstance(x, torch.Tensor)
+                self.assertEqual(x.dtype, torch.float32)
+                self.assertTrue(torch.equal(x, torch.from_numpy(self.arrays["x"][rows])))
+                # uint16 widened to int32 where this torch lacks uint16.
+                np.testing.assert_array_equal(u.numpy(), self.arrays["u"][rows])
+                np.testing.assert_array_equal(b.numpy(), self.arrays["b"][rows])
+                x.mul_(2)  # copies: writable, and the next batch is untouched
+                steps += 1
+            self.assertEqual(steps, len(loader))
+        # Zero-copy dict batches, and a pickled copy that connects anew.
+        zero = DataLoader("multi", batch_size=100, socket=self.daemon.sock, copy=False,
+                          timeout=30)
+        clone = pickle.loads(pickle.dumps(zero))
+        try:
+            torch.from_numpy(np.zeros(1, np.uint16))
+            lacks_u2 = False
+        except TypeError:
+            lacks_u2 = True
+        for dl in (zero, clone):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                first = next(iter(dl))
+            said = [str(w.message) for w in caught if w.category is prefetch.PrefetchWarning]
+            # A dtype this torch lacks is copied even so, and it says so.
+            self.assertEqual(len(said), int(lacks_u2), said)
+            self.assertEqual(sorted(first), sorted(self.arrays))
+            np.testing.assert_array_equal(first["z"].numpy(), self.arrays["z"][:100])
+        with self.assertRaisesRegex(TypeError, "collate_fn"):
+            DataLoader("multi", socket=self.daemon.sock, collate_fn=lambda b: b)
+        with self.assertRaisesRegex(KeyError, "no field 'nope'"):
+            DataLoader("multi", socket=self.daemon.sock, fields=("x", "nope"))
+        for dl in (loader, zero, clone):
+            dl.close()
+
+    def test_library_not_found_names_every_place_tried(self):
+        if ctypes.util.find_library("prefetch") or os.path.exists(
+                "/usr/local/lib/libprefetch.so.0"):
+            self.skipTest("a libprefetch is installed on this system")
+        pkg = os.path.join(self.tmp, "nolib")
+        shutil.rmtree(pkg, ignore_errors=True)
+        shutil.copytree(os.path.join(pfutil.ROOT, "python", "prefetch"),
+                        os.path.join(pkg, "prefetch"),
+                        ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+        env = dict(os.environ)
+        env.pop("PREFETCH_LIB", None)
+        env.pop("LD_LIBRARY_PATH", None)
+        out = subprocess.run([sys.executable, "-B", "-c",
+                              "import prefetch; prefetch.library_path()"], cwd=pkg, env=env,
+                             capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(out.returncode, 0)
+        err = out.stderr.strip().splitlines()[-1]
+        tried = err.split(". Build it")[0]
+        for part in ("libprefetch not found", "$PREFETCH_LIB (not set)",
+                     os.path.join(pkg, "prefetch", "libprefetch.so") + " (absent)",
+                     "libprefetch.so.0 from the system path",
+                     "/usr/local/lib/libprefetch.so.0 (absent)", "ldconfig"):
+            self.assertIn(part, err)
+        # Not a checkout: no build/ of someone else's is looked at.
+        self.assertNotIn("build/libprefetch.so", tried)
 
     # ---- the binding itself ------------------------------------------------------
 

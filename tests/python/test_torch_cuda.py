@@ -161,6 +161,21 @@ class CudaSessions(unittest.TestCase):
             np.testing.assert_array_equal(total.cpu().numpy(), want.astype(np.int64).sum(0))
             it.close()
 
+    def test_probe_and_for_batch_in_loader_on_the_gpu(self):
+        # pf_probe reports free memory at once (a host session refuses it:
+        # test_host.py); iteration runs the epoch set_epoch chose.
+        with self.loader(batch_size=100, seed=SEED) as loader:
+            loader.probe()
+            loader.set_epoch(3)
+            picks = []
+            for batch in loader:
+                self.check_batch(batch)
+                self.assertEqual(batch.epoch, 3)
+                picks += batch.picks.tolist()
+            self.assertEqual(picks, pfutil.shuffle(N, SEED + 3))
+            self.assertEqual(len(loader), N // 100)
+            loader.probe()
+
     def test_released_slot_is_not_overwritten_while_a_kernel_reads_it(self):
         self.race(side_stream=False)
 

@@ -747,7 +747,7 @@ static void an_epoch_delivers_every_batch_in_order_with_the_daemons_bytes(void *
 	assert_int_equal(batches, 5);
 	for (uint64_t seq = 0; seq < 5; seq++) {
 		assert_int_equal(pf_next(c, 2000, &b), 0);
-		assert_batch_bytes(b, 1, seq, seq == 4 ? LAST_COUNT : BATCH);
+		assert_batch_bytes(b, 0, seq, seq == 4 ? LAST_COUNT : BATCH);
 		assert_int_equal(pf_release(c, b, NULL), 0);
 	}
 	assert_int_equal(pf_next(c, 2000, &b), 0);
@@ -781,7 +781,7 @@ static void taking_a_batch_acks_it_once_and_the_governor_moves_on(void **unused)
 	for (int i = 0; i < 5; i++) {
 		struct ev e = nth_ev(f, EV_ACK, i);
 
-		assert_int_equal(e.epoch, 1);
+		assert_int_equal(e.epoch, 0);
 		assert_int_equal(e.seq, i);
 	}
 	fake_finish(f, c);
@@ -807,7 +807,7 @@ static void release_sends_epoch_seq_and_the_announced_slot(void **unused)
 		struct ev r = nth_ev(f, EV_RELEASE, i);
 		struct ev s = nth_ev(f, EV_SENT, 1 - i);
 
-		assert_int_equal(r.epoch, 1);
+		assert_int_equal(r.epoch, 0);
 		assert_int_equal(r.seq, 1 - i);
 		assert_int_equal(r.slot, s.slot);
 	}
@@ -876,13 +876,17 @@ static void error_batch_returns_its_code_and_message_and_the_epoch_goes_on(void 
 
 	assert_int_equal(start(c, NULL), 0);
 	assert_int_equal(pf_next(c, 2000, &b), 0);
-	assert_batch_bytes(b, 1, 0, BATCH);
+	assert_batch_bytes(b, 0, 0, BATCH);
 	assert_int_equal(pf_release(c, b, NULL), 0);
+	assert_false(pf_error_batch(c));
 	assert_int_equal(pf_next(c, 2000, &b), -EIO);
 	assert_null(b);
-	assert_string_equal(pf_errmsg(c), "batch 1/1: x.npy: truncated at row 17");
+	assert_string_equal(pf_errmsg(c), "epoch 0 batch 1: x.npy: truncated at row 17");
+	/* An error batch, which a trainer may skip: not the connection's. */
+	assert_true(pf_error_batch(c));
 	assert_int_equal(pf_next(c, 2000, &b), 0);
-	assert_batch_bytes(b, 1, 2, BATCH);
+	assert_false(pf_error_batch(c));
+	assert_batch_bytes(b, 0, 2, BATCH);
 	assert_int_equal(pf_release(c, b, NULL), 0);
 	/* The error batch was acked (it counts) and never released (no slot). */
 	assert_int_equal(wait_ev(f, EV_ACK, 3), 3);
@@ -908,6 +912,7 @@ static void next_times_out_with_etimedout_and_the_client_stays_usable(void **unu
 	assert_null(b);
 	assert_true(took >= 0.095 && took < 1.0);
 	assert_non_null(strstr(pf_errmsg(c), "within 100 ms"));
+	assert_false(pf_error_batch(c));
 	assert_int_equal(pf_next(c, 0, &b), -ETIMEDOUT);
 	assert_int_equal(pf_set_depth(c, 0, 3), 0);
 	assert_int_equal(wait_ev(f, EV_SET_DEPTH, 1), 1);
@@ -1035,11 +1040,45 @@ static void refused_request_returns_the_daemons_code_and_message(void **unused)
 		fake_session(&(struct script){.error_seq = -1, .refuse_start = -ERANGE}, &c);
 	struct pf_batch *b;
 
+	assert_int_equal(pf_set_epoch(c, 4), 0);
 	assert_int_equal(start(c, NULL), -ERANGE);
 	assert_string_equal(pf_errmsg(c), "index 99 is out of range (N = 35)");
 	/* No epoch runs: the end, not a wait. */
 	assert_int_equal(pf_next(c, 2000, &b), 0);
 	assert_null(b);
+	/* The daemon started nothing under epoch 4: the retry uses it again. */
+	assert_int_equal(start(c, NULL), -ERANGE);
+	assert_int_equal(nth_ev(f, EV_START, 0).epoch, 4);
+	assert_int_equal(nth_ev(f, EV_START, 1).epoch, 4);
+	fake_finish(f, c);
+}
+
+/* The first epoch is 0 and each next one the last plus one, unless
+ * pf_set_epoch names it (a trainer's own epoch counter); numbers only
+ * grow, and the batches carry the number. */
+static void set_epoch_names_the_next_epoch_and_numbers_only_grow(void **unused)
+{
+	struct pf_client *c;
+	struct fake *f =
+		fake_session(&(struct script){.error_seq = -1, .target = 2, .nbatches = 3}, &c);
+	struct pf_batch *b;
+
+	assert_int_equal(start(c, NULL), 0);
+	assert_int_equal(nth_ev(f, EV_START, 0).epoch, 0);
+	assert_int_equal(pf_set_epoch(c, 7), 0);
+	assert_int_equal(start(c, NULL), 0);
+	assert_int_equal(nth_ev(f, EV_START, 1).epoch, 7);
+	assert_int_equal(pf_next(c, 2000, &b), 0);
+	assert_batch_bytes(b, 7, 0, BATCH);
+	assert_int_equal(pf_release(c, b, NULL), 0);
+	assert_int_equal(pf_set_epoch(c, 7), -EINVAL);
+	assert_non_null(strstr(pf_errmsg(c), "epoch 7 is not after epoch 7"));
+	assert_int_equal(pf_set_epoch(c, 3), -EINVAL);
+	assert_int_equal(start(c, NULL), 0);
+	assert_int_equal(nth_ev(f, EV_START, 2).epoch, 8);
+	assert_int_equal(pf_next(c, 2000, &b), 0);
+	assert_batch_bytes(b, 8, 0, BATCH);
+	assert_int_equal(pf_release(c, b, NULL), 0);
 	fake_finish(f, c);
 }
 
@@ -1061,7 +1100,7 @@ static void unsolicited_error_surfaces_on_the_next_call(void **unused)
 	assert_null(b);
 	assert_non_null(strstr(pf_errmsg(c), "prefetchd: release of slot 3"));
 	assert_int_equal(pf_next(c, 2000, &b), 0);
-	assert_batch_bytes(b, 1, 1, BATCH);
+	assert_batch_bytes(b, 0, 1, BATCH);
 	fake_finish(f, c);
 }
 
@@ -1084,11 +1123,11 @@ static void abandon_releases_the_queued_batches_of_that_epoch(void **unused)
 	assert_int_equal(wait_ev(f, EV_RELEASE, 3), 3);
 	abandon_pos = pos_ev(f, EV_ABANDON, 0);
 	assert_true(abandon_pos >= 0);
-	assert_int_equal(nth_ev(f, EV_ABANDON, 0).epoch, 1);
+	assert_int_equal(nth_ev(f, EV_ABANDON, 0).epoch, 0);
 	for (int i = 0; i < 3; i++) {
 		struct ev r = nth_ev(f, EV_RELEASE, i);
 
-		assert_int_equal(r.epoch, 1);
+		assert_int_equal(r.epoch, 0);
 		assert_int_equal(r.seq, 1 + i);
 		assert_int_equal(r.slot, nth_ev(f, EV_SENT, 1 + i).slot);
 		assert_true(pos_ev(f, EV_RELEASE, i) > abandon_pos);
@@ -1098,7 +1137,7 @@ static void abandon_releases_the_queued_batches_of_that_epoch(void **unused)
 	assert_int_equal(pf_next(c, 2000, &b), 0);
 	assert_null(b);
 	/* The taken batch stays valid until the trainer releases it. */
-	assert_batch_bytes(held, 1, 0, BATCH);
+	assert_batch_bytes(held, 0, 0, BATCH);
 	assert_int_equal(pf_release(c, held, NULL), 0);
 	assert_int_equal(pf_abandon(c), 0);
 	fake_finish(f, c);
@@ -1120,26 +1159,26 @@ static void batch_of_an_old_epoch_is_released_on_arrival_and_never_returned(void
 	assert_int_equal(pf_release(c, b, NULL), 0);
 	assert_int_equal(wait_ev(f, EV_SENT, 3), 3);
 	assert_int_equal(pf_abandon(c), 0);
-	/* The fake pushes a batch of epoch 1 once a slot is back; the next
+	/* The fake pushes a batch of epoch 0 once a slot is back; the next
 	 * read (inside this start) meets it. */
 	assert_int_equal(wait_ev(f, EV_SENT, 4), 4);
 	assert_int_equal(start(c, NULL), 0);
 	assert_int_equal(pf_next(c, 2000, &b), 0);
-	assert_batch_bytes(b, 2, 0, BATCH);
+	assert_batch_bytes(b, 1, 0, BATCH);
 	assert_int_equal(wait_ev(f, EV_RELEASE, 4), 4);
 	{
 		struct ev stale = nth_ev(f, EV_SENT, 3);
 		struct ev r = nth_ev(f, EV_RELEASE, 3);
 
-		assert_int_equal(stale.epoch, 1);
-		assert_int_equal(r.epoch, 1);
+		assert_int_equal(stale.epoch, 0);
+		assert_int_equal(r.epoch, 0);
 		assert_int_equal(r.seq, stale.seq);
 		assert_int_equal(r.slot, stale.slot);
 	}
 	fake_finish(f, c);
-	/* Acks: batch 0 of epoch 1 and batch 0 of epoch 2, nothing else. */
+	/* Acks: batch 0 of epoch 0 and batch 0 of epoch 1, nothing else. */
 	assert_int_equal(count_ev(f, EV_ACK), 2);
-	assert_int_equal(nth_ev(f, EV_ACK, 1).epoch, 2);
+	assert_int_equal(nth_ev(f, EV_ACK, 1).epoch, 1);
 }
 
 static void starting_an_epoch_releases_the_queue_of_the_running_one(void **unused)
@@ -1157,16 +1196,16 @@ static void starting_an_epoch_releases_the_queue_of_the_running_one(void **unuse
 	assert_int_equal(start(c, NULL), 0);
 	start2 = pos_ev(f, EV_START, 1);
 	assert_true(start2 >= 0);
-	assert_int_equal(nth_ev(f, EV_START, 1).epoch, 2);
+	assert_int_equal(nth_ev(f, EV_START, 1).epoch, 1);
 	assert_int_equal(count_ev(f, EV_ABANDON), 0);
 	for (int i = 0; i < 3; i++) {
-		assert_int_equal(nth_ev(f, EV_RELEASE, i).epoch, 1);
+		assert_int_equal(nth_ev(f, EV_RELEASE, i).epoch, 0);
 		assert_int_equal(nth_ev(f, EV_RELEASE, i).seq, 1 + i);
 		assert_true(pos_ev(f, EV_RELEASE, i) < start2);
 	}
 	assert_int_equal(pf_next(c, 2000, &b), 0);
-	assert_batch_bytes(b, 2, 0, BATCH);
-	assert_batch_bytes(held, 1, 0, BATCH);
+	assert_batch_bytes(b, 1, 0, BATCH);
+	assert_batch_bytes(held, 0, 0, BATCH);
 	assert_int_equal(pf_release(c, held, NULL), 0);
 	assert_int_equal(pf_release(c, b, NULL), 0);
 	fake_finish(f, c);
@@ -1188,6 +1227,7 @@ static void daemon_closing_the_socket_gives_econnreset_at_once(void **unused)
 	assert_int_equal(pf_next(c, 5000, &b), -ECONNRESET);
 	assert_true((mono_ns() - t0) / 1e9 < 1.0);
 	assert_string_equal(pf_errmsg(c), "fake prefetchd went away (the connection closed)");
+	assert_false(pf_error_batch(c)); /* the connection's: not to be skipped */
 	assert_int_equal(pf_next(c, -1, &b), -ECONNRESET);
 	assert_int_equal(pf_release(c, held, NULL), -ECONNRESET);
 	assert_int_equal(start(c, NULL), -ECONNRESET);
@@ -1212,7 +1252,7 @@ static void undecodable_frame_is_an_error_not_a_crash(void **unused)
 	assert_int_equal(wait_ev(f, EV_EOF, 1), 1);
 	/* A held host batch is still readable; its release reports the
 	 * broken connection. */
-	assert_batch_bytes(held, 1, 0, BATCH);
+	assert_batch_bytes(held, 0, 0, BATCH);
 	assert_int_equal(pf_release(c, held, NULL), -EPROTO);
 	fake_finish(f, c);
 }
@@ -1246,7 +1286,7 @@ static void batch_naming_a_foreign_slot_breaks_the_connection(void **unused)
 	assert_int_equal(start(c, NULL), 0);
 	assert_int_equal(pf_next(c, 2000, &b), -EPROTO);
 	assert_null(b);
-	assert_string_equal(pf_errmsg(c), "batch 1/0 names slot 99 of a session with 4");
+	assert_string_equal(pf_errmsg(c), "epoch 0 batch 0 names slot 99 of a session with 4");
 	fake_finish(f, c);
 }
 
@@ -1364,6 +1404,7 @@ int main(void)
 		cmocka_unit_test(abandon_releases_the_queued_batches_of_that_epoch),
 		cmocka_unit_test(batch_of_an_old_epoch_is_released_on_arrival_and_never_returned),
 		cmocka_unit_test(starting_an_epoch_releases_the_queue_of_the_running_one),
+		cmocka_unit_test(set_epoch_names_the_next_epoch_and_numbers_only_grow),
 		cmocka_unit_test(daemon_closing_the_socket_gives_econnreset_at_once),
 		cmocka_unit_test(undecodable_frame_is_an_error_not_a_crash),
 		cmocka_unit_test(oversized_frame_is_refused_before_decoding),

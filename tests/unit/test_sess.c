@@ -330,10 +330,12 @@ static int teardown(void **state)
 	linger_stop(&f->d);
 	uv_run(&f->loop, UV_RUN_DEFAULT);
 	free(f->d.linger);
+	/* Pools first, as main.c does: a lingering pool's slabs are freed
+	 * through the transfer thread's memory calls (xfer_free_mem). */
+	pool_destroy_all(&f->d.pools);
 	if (f->d.xfers[0])
 		xfer_free(f->d.xfers[0]);
 	free(f->d.xfers);
-	pool_destroy_all(&f->d.pools);
 	assert_int_equal(gpu_fake_live_allocs(), 0);
 	ring_destroy(&f->d.ring);
 	assert_int_equal(uv_loop_close(&f->loop), 0);
@@ -394,7 +396,7 @@ static uint64_t want_epoch;
 
 static bool epoch_started(struct fixture *f)
 {
-	return f->s->epoch == want_epoch;
+	return f->s->had_epoch && f->s->epoch == want_epoch;
 }
 
 static void start_epoch(struct fixture *f, uint64_t epoch, Pf__Order order, uint64_t seed)
@@ -1245,6 +1247,33 @@ static void a_request_that_cannot_be_met_is_refused_with_the_reason(void **state
 	assert_int_equal(f->s->epoch, 2);
 }
 
+/* Epoch numbers are the trainer's own and start at 0 (Python's epoch(0),
+ * libprefetch's first): 0 is an epoch like any, and once it started it is
+ * not started again. */
+static void epoch_zero_is_a_first_epoch_and_is_not_started_twice(void **state)
+{
+	struct fixture *f = *state;
+	Pf__StartEpoch se = PF__START_EPOCH__INIT;
+	struct msg *m;
+
+	open_session(f, "host", 4, 0);
+	assert_false(f->s->had_epoch);
+	start_epoch(f, 0, PF__ORDER__ORDER_SEQUENTIAL, 0);
+	assert_true(f->s->running);
+	m = next_msg(f);
+	assert_int_equal(m->what, PF__ENVELOPE__MSG_STARTED);
+	m = next_msg(f);
+	assert_int_equal(m->what, PF__ENVELOPE__MSG_BATCH);
+	assert_int_equal(m->b.epoch, 0);
+	se.epoch = 0;
+	assert_int_equal(sess_start_epoch(f->s, 9, &se), 0);
+	assert_int_equal(last(f)->code, -EINVAL);
+	assert_non_null(strstr(last(f)->text, "epoch 0 is not after epoch 0"));
+	assert_true(f->s->running);
+	start_epoch(f, 1, PF__ORDER__ORDER_SEQUENTIAL, 0);
+	assert_int_equal(f->s->epoch, 1);
+}
+
 /* readers and ring_bytes left at auto fit the machine; set ones stay. */
 static void auto_readers_and_ring_fit_the_machine_and_set_values_stay(void **state)
 {
@@ -1320,6 +1349,8 @@ int main(void)
 			a_device_allocation_failing_every_try_is_an_error_batch, setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			a_request_that_cannot_be_met_is_refused_with_the_reason, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			epoch_zero_is_a_first_epoch_and_is_not_started_twice, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
