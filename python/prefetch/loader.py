@@ -305,6 +305,13 @@ class Loader:
     for, ``paced_ahead`` (at most 1024) requested ahead of the one being
     trained on.  Picks range over ``augment`` times the dataset's samples.
 
+    ``order``: "shuffle" (the default, or "sequential" when ``shuffle`` is
+    false), or "block_shuffle" for datasets read from disk (``read =
+    direct``): blocks of consecutive samples in a shuffled order, shuffled
+    among themselves in windows of ``window_blocks`` blocks (default 16);
+    the block is ``block_rows`` samples or ``block_bytes`` bytes of them
+    (one of the two; default 4 MiB).  docs/SHUFFLE.md specifies it.
+
     ``skip_errors``: an error batch (a file cut short or changed on disk, a
     read error, a paced pick out of range) raises PrefetchError and ends
     the epoch loop by default; with ``skip_errors=True`` it is skipped with a
@@ -332,7 +339,7 @@ class Loader:
     _CONFIG = ("dataset", "batch_size", "device", "shuffle", "seed", "drop_last", "rank",
                "world_size", "socket", "augment", "min_depth", "max_depth", "ipc", "name",
                "timeout", "reconnect_s", "sampler", "batch_sampler", "skip_errors",
-               "paced_ahead")
+               "paced_ahead", "order", "block_rows", "block_bytes", "window_blocks")
 
     def __init__(self, dataset: str, batch_size: int = 256, device: Device = "cpu",
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False,
@@ -342,7 +349,9 @@ class Loader:
                  timeout: Optional[float] = None, reconnect_s: float = 0, *,
                  sampler: Optional[Iterable[int]] = None,
                  batch_sampler: Optional[Iterable[Picks]] = None, skip_errors: bool = False,
-                 paced_ahead: int = 64):
+                 paced_ahead: int = 64, order: Optional[str] = None,
+                 block_rows: Optional[int] = None, block_bytes: Optional[int] = None,
+                 window_blocks: Optional[int] = None):
         self._client = None  # a live connection: set by _connect
         self.dataset = dataset
         self.batch_size = int(batch_size)
@@ -362,6 +371,20 @@ class Loader:
         self.batch_sampler = batch_sampler
         self.skip_errors = bool(skip_errors)
         self.paced_ahead = int(paced_ahead)
+        # order: "shuffle" or "sequential" (what shuffle says, by default),
+        # or "block_shuffle" with its block size and window (docs/SHUFFLE.md).
+        self.order = ("shuffle" if self.shuffle else "sequential") if order is None else order
+        if self.order not in ("shuffle", "sequential", "block_shuffle"):
+            raise ValueError("order must be 'shuffle', 'sequential' or 'block_shuffle', not %r"
+                             % (order,))
+        self.block_rows, self.block_bytes, self.window_blocks = (block_rows, block_bytes,
+                                                                 window_blocks)
+        if self.order != "block_shuffle" and (block_rows, block_bytes, window_blocks) != (
+                None, None, None):
+            raise ValueError("block_rows, block_bytes and window_blocks are for "
+                             "order='block_shuffle' only")
+        self._block_opts = (_lib.block_options(block_rows, block_bytes, window_blocks)
+                            if self.order == "block_shuffle" else {})
         if self.batch_size <= 0:
             raise ValueError("batch_size must be positive, not %d" % self.batch_size)
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -691,7 +714,8 @@ class Loader:
             picks = _picks_array(self.sampler if isinstance(self.sampler, np.ndarray)
                                  else list(self.sampler), "epoch %d's sampler" % n)
             return _lib.PF_ORDER_EXPLICIT, picks, None, 0, 1
-        kind = _lib.PF_ORDER_SHUFFLE if self.shuffle else _lib.PF_ORDER_SEQUENTIAL
+        kind = {"shuffle": _lib.PF_ORDER_SHUFFLE, "sequential": _lib.PF_ORDER_SEQUENTIAL,
+                "block_shuffle": _lib.PF_ORDER_BLOCK_SHUFFLE}[self.order]
         return kind, None, None, self.rank, self.world_size
 
     def _run_epoch(self, n, order, batches):
@@ -710,7 +734,9 @@ class Loader:
         try:
             self._check(lib.pf_set_epoch(self._client, n))
             opts = _lib.EpochOpts(order=kind, seed=(self.seed + n) & (2**64 - 1), rank=rank,
-                                  world=world, start_batch=0 if paced is not None else start)
+                                  world=world, start_batch=0 if paced is not None else start,
+                                  **(self._block_opts
+                                     if kind == _lib.PF_ORDER_BLOCK_SHUFFLE else {}))
             if picks is not None:
                 opts.indices = picks.ctypes.data_as(_lib.u64p)
                 opts.nindices = picks.size

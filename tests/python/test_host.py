@@ -252,6 +252,26 @@ class HostSessions(unittest.TestCase):
         finally:
             lib.pf_close(client)
 
+    def test_loader_block_shuffle_epochs_are_the_reference_order_byte_exact(self):
+        from prefetch import order
+
+        for kw, rank, world in (({"block_rows": 50, "window_blocks": 4}, 0, 1),
+                                ({"block_rows": 40}, 1, 2)):
+            with self.loader(batch_size=64, seed=SEED, order="block_shuffle", rank=rank,
+                             world_size=world, **kw) as loader:
+                picks, _, _ = self.run_epoch(loader, 2)  # rows checked against the file
+                sample_bytes = sum(a[0].nbytes for a in self.arrays.values())
+                b, w = order.block_params(N, 1, sample_bytes, **kw)
+                self.assertEqual(picks.tolist(), order.block_epoch_picks(
+                    N, b, w, seed=SEED, epoch=2, rank=rank, world=world))
+                self.assertEqual(len(loader), -(-len(picks) // 64))
+        with self.assertRaisesRegex(ValueError, "block_rows must be a positive integer"):
+            self.loader(order="block_shuffle", block_rows=0)
+        with self.assertRaisesRegex(ValueError, "for order='block_shuffle' only"):
+            self.loader(block_rows=10)
+        with self.assertRaisesRegex(ValueError, "both set"):
+            self.loader(order="block_shuffle", block_rows=10, block_bytes=100)
+
     def test_rank_and_world_size_default_from_torchrun_environment(self):
         saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE")}
         os.environ.update(RANK="1", WORLD_SIZE="2")
