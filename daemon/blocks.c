@@ -128,14 +128,19 @@ out:
 	return rc;
 }
 
-/* Block j ready for copying (loaded here if nobody has), or -errno. */
-static int acquire(struct blocks *b, uint64_t j, char *err, size_t errlen)
+/* Block j ready for copying (loaded here if nobody has), or -errno; with
+ * wait false, -EAGAIN while another reader loads it. */
+static int acquire(struct blocks *b, uint64_t j, bool wait, char *err, size_t errlen)
 {
 	struct block *k = &b->blk[j];
 	uint8_t *buf;
 	int rc;
 
 	pthread_mutex_lock(&b->lock);
+	if (!wait && k->state == B_LOADING) {
+		pthread_mutex_unlock(&b->lock);
+		return -EAGAIN;
+	}
 	while (k->state == B_LOADING)
 		pthread_cond_wait(&b->loaded, &b->lock);
 	if (k->state == B_ABSENT) {
@@ -197,10 +202,13 @@ static int cmp_brow(const void *x, const void *y)
 	return a->pos < c->pos ? -1 : a->pos > c->pos;
 }
 
+static int copy_blocks(struct blocks *b, struct brow *rows, size_t n, const uint64_t *samples,
+		       uint8_t *dst, const uint64_t *field_offset, uint32_t first, bool wait,
+		       char *err, size_t errlen);
+
 int blocks_read(struct blocks *b, const uint64_t *samples, size_t n, uint8_t *dst,
 		const uint64_t *field_offset, uint32_t first, char *err, size_t errlen)
 {
-	const struct dataset *ds = b->ds;
 	struct brow *rows = malloc((n ? n : 1) * sizeof(*rows));
 	int rc = 0;
 
@@ -212,15 +220,42 @@ int blocks_read(struct blocks *b, const uint64_t *samples, size_t n, uint8_t *ds
 		rows[i].block = samples[i] / b->block_rows;
 		rows[i].pos = (uint32_t)i;
 	}
-	/* One acquire per block of the job, not per row. */
+	/* One acquire per block of the job, not per row.  The first pass
+	 * passes over blocks another reader is loading and loads the absent
+	 * ones itself, so that readers whose batches draw from the same
+	 * window load its blocks side by side rather than queueing behind one
+	 * another's; the second waits for the ones passed over. */
 	qsort(rows, n, sizeof(*rows), cmp_brow);
+	for (int pass = 0; pass < 2 && !rc; pass++)
+		rc = copy_blocks(b, rows, n, samples, dst, field_offset, first, pass == 1, err,
+				 errlen);
+	free(rows);
+	return rc;
+}
+
+/* One pass of blocks_read over the job's rows, sorted by block: the blocks
+ * it can have now (all of them when wait), their rows copied and counted
+ * off, and those rows marked done (pos UINT32_MAX). */
+static int copy_blocks(struct blocks *b, struct brow *rows, size_t n, const uint64_t *samples,
+		       uint8_t *dst, const uint64_t *field_offset, uint32_t first, bool wait,
+		       char *err, size_t errlen)
+{
+	const struct dataset *ds = b->ds;
+	int rc = 0;
+
 	for (size_t i = 0, run; i < n && !rc; i += run) {
 		uint64_t j = rows[i].block, brows = rows_of(b, j);
 		const uint8_t *buf;
 
 		for (run = 1; i + run < n && rows[i + run].block == j; run++)
 			;
-		rc = acquire(b, j, err, errlen);
+		if (rows[i].pos == UINT32_MAX)
+			continue; /* copied in the first pass */
+		rc = acquire(b, j, wait, err, errlen);
+		if (rc == -EAGAIN) {
+			rc = 0;
+			continue;
+		}
 		if (rc)
 			break;
 		buf = b->blk[j].buf; /* stays until this job's rows are released */
@@ -234,10 +269,10 @@ int blocks_read(struct blocks *b, const uint64_t *samples, size_t n, uint8_t *ds
 				memcpy(dst + field_offset[f] + ((uint64_t)first + pos) * sb,
 				       buf + b->foff[f] * brows + in * sb, sb);
 			}
+			rows[k].pos = UINT32_MAX;
 		}
 		release(b, j, (uint32_t)run);
 	}
-	free(rows);
 	return rc;
 }
 
