@@ -164,24 +164,28 @@ def disk_random(path, size, threads, secs, block=4096):
 
 def run_loader(args, data, tmp, order, nbatches, **opts):
     import numpy as np
-    import torch
     import prefetch
+    torch = None
+    if args.device != "cpu":
+        import torch
     d = ts.Daemon(args, tmp, {"path": data["path"]}, "read = direct\n", False,
                   "cold-" + order)
     try:
-        loader = prefetch.Loader("bench", batch_size=BATCH, device="cuda:0", order=order,
+        loader = prefetch.Loader("bench", batch_size=BATCH, device=args.device, order=order,
                                  seed=11, socket=d.sock, name="cold-" + order, timeout=600,
                                  **opts)
         seen = np.zeros(data["rows"], dtype=np.uint8)
         n = 0
         with loader:
             it = iter(loader.epoch(1))
-            torch.cuda.synchronize()
+            if torch:
+                torch.cuda.synchronize()
             t0 = time.perf_counter()
             for b in it:
                 x = b["x"]
                 picks = b.picks.astype(np.int64)
-                ends = x[[0, b.count - 1]].cpu().numpy()
+                ends = x[[0, b.count - 1]]
+                ends = ends.cpu().numpy() if torch else np.asarray(ends)
                 for row, pick in ((ends[0], picks[0]), (ends[1], picks[b.count - 1])):
                     if int(row[0]) != pick * ROW_WORDS or int(row[-1]) != pick * ROW_WORDS + 511:
                         raise SystemExit("cold: %s batch %d: row of pick %d holds %d.." % (
@@ -192,7 +196,8 @@ def run_loader(args, data, tmp, order, nbatches, **opts):
                 n += 1
                 if n == nbatches:
                     break
-            torch.cuda.synchronize()
+            if torch:
+                torch.cuda.synchronize()
             el = time.perf_counter() - t0
         st = d.status()
     finally:
@@ -214,6 +219,7 @@ def main(argv=None):
     ap.add_argument("--shuffle-batches", type=int, default=200)
     ap.add_argument("--block-batches", type=int, default=1500)
     ap.add_argument("--json")
+    ap.add_argument("--device", default="cuda:0", help="cuda:0, or cpu for a dry run")
     ap.add_argument("--diag", action="store_true")
     args = ap.parse_args(argv)
     data = prepare(args)
