@@ -131,7 +131,7 @@ PROGS := $(B)/prefetchd $(B)/prefetchctl $(B)/libprefetch.so $(B)/libprefetch.a 
          $(B)/libprefetch.pc $(TOOLS)
 
 .SECONDARY:
-.PHONY: all run serve stop check check-unit check-integration check-cuda bench-host bench-cuda bench-train bench-linger \
+.PHONY: all run serve stop check check-unit check-integration check-cuda bench-host bench-cuda bench-train bench-linger bench-cold \
         install uninstall clean deps format
 all: $(PROGS) $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(TEST_PROGS) $(BENCHES)
 
@@ -350,6 +350,11 @@ bench-train: all
 # pool lingering and without it; a dataset twice its pool budget.
 bench-linger: all
 	@python3 bench/pool_linger.py
+
+# A 16 GiB dataset read with read = direct: the disk's own sequential and
+# random rates, and prefetchd's with shuffle and block_shuffle (GPU machine).
+bench-cold: all
+	@python3 bench/cold.py
 
 # What `make install` puts in place, and all it builds.
 INSTALLED := $(B)/prefetchd $(B)/prefetchctl $(B)/libprefetch.so $(B)/libprefetch.a \
