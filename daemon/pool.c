@@ -692,11 +692,14 @@ void pool_plan_drop_rows(struct pool *p, struct pool_plan *plan, uint32_t first,
 
 /* ---- budget, control, status ----------------------------------------------- */
 
-void pool_new_epoch(struct pool *p, uint64_t epoch)
+void pool_new_epoch(struct pool *p, uint64_t session, uint64_t epoch)
 {
-	if (epoch <= p->epoch)
+	/* Another session's epochs count from their own start (a trainer
+	 * that took over a lingering pool begins again at 0). */
+	if (epoch <= p->epoch && session == p->epoch_session)
 		return;
 	p->epoch = epoch;
+	p->epoch_session = session;
 	if (p->lookups_cur) {
 		p->hits_last = p->hits_cur;
 		p->lookups_last = p->lookups_cur;

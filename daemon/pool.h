@@ -170,7 +170,8 @@ struct pool {
 	 * cannot): only they use the record table, so it is built for them. */
 	unsigned daemon_gathers;
 	/* Figures for status. */
-	uint64_t epoch; /* highest epoch started by its sessions */
+	uint64_t epoch;		/* the epoch its sessions started last */
+	uint64_t epoch_session; /* the session that started it */
 	uint64_t hits_cur, lookups_cur, hits_last, lookups_last;
 	bool have_last;
 	uint64_t hits, lookups, saved, slabs_dropped, slabs_made;
@@ -230,9 +231,10 @@ void pool_plan_drop_rows(struct pool *p, struct pool_plan *plan, uint32_t first,
 int pool_plan_alloc(struct pool_plan *plan, uint32_t cap);
 void pool_plan_free(struct pool_plan *plan);
 
-/* A session started epoch `epoch`: the hit-rate figures roll over when it
- * is the pool's newest. */
-void pool_new_epoch(struct pool *p, uint64_t epoch);
+/* Session `session` started epoch `epoch`: the hit-rate figures roll over
+ * when it is the pool's newest, or the session is not the one that started
+ * the last (a new trainer numbers its epochs afresh). */
+void pool_new_epoch(struct pool *p, uint64_t session, uint64_t epoch);
 /* Sets the budget (capped by pool_bytes) and gives back slabs above it. */
 void pool_set_budget(struct pool *p, uint64_t budget, const char *why);
 /* Device memory is short and the target is at its floor: gives back one

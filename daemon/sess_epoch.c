@@ -96,7 +96,7 @@ static void new_epoch(struct sess *s, uint64_t epoch, uint64_t start_batch)
 	sess_drop_blocks(s);
 	gov_new_epoch(&s->gov);
 	if (s->cuda.pool)
-		pool_new_epoch(s->cuda.pool, epoch);
+		pool_new_epoch(s->cuda.pool, s->id, epoch);
 }
 
 static void start_free(struct sess_start *st)
