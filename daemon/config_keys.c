@@ -238,6 +238,20 @@ static int key_seconds(struct parse *st, const char *key, const char *value, dou
 	return 1;
 }
 
+/* read = mmap | pread | direct, [daemon]'s or a dataset's. */
+static int key_read(struct parse *st, const char *value, enum config_read *out)
+{
+	if (strcmp(value, "mmap") == 0)
+		*out = CONFIG_READ_MMAP;
+	else if (strcmp(value, "pread") == 0)
+		*out = CONFIG_READ_PREAD;
+	else if (strcmp(value, "direct") == 0)
+		*out = CONFIG_READ_DIRECT;
+	else
+		return fail(st, "read: '%s' is not mmap, pread or direct", value);
+	return 1;
+}
+
 /* pool_linger: 0 (a pool leaves with its last session) up to a week. */
 static int key_linger(struct parse *st, const char *key, const char *value, double *out)
 {
@@ -362,16 +376,7 @@ int config_daemon_key(struct parse *st, const char *name, const char *value)
 		if (strcmp(value, "fd") != 0 && strcmp(value, "legacy") != 0)
 			return fail(st, "ipc: '%s' is not fd or legacy", value);
 		return replace_str(st, &cfg->ipc, strdup(value));
-	case K_READ:
-		if (strcmp(value, "mmap") == 0)
-			cfg->read = CONFIG_READ_MMAP;
-		else if (strcmp(value, "pread") == 0)
-			cfg->read = CONFIG_READ_PREAD;
-		else if (strcmp(value, "direct") == 0)
-			cfg->read = CONFIG_READ_DIRECT;
-		else
-			return fail(st, "read: '%s' is not mmap, pread or direct", value);
-		return 1;
+	case K_READ: return key_read(st, value, &cfg->read);
 	case K_RESERVE:
 		if (st->key_line[K_RESERVE_MIN] && config_parse_size(value, &(uint64_t){0}) == 0)
 			return fail(st,
@@ -516,15 +521,7 @@ int config_dataset_key(struct parse *st, const char *name, const char *value)
 		if (ds->read_set)
 			return fail(st, "read: duplicate key");
 		ds->read_set = true;
-		if (strcmp(value, "mmap") == 0)
-			ds->read = CONFIG_READ_MMAP;
-		else if (strcmp(value, "pread") == 0)
-			ds->read = CONFIG_READ_PREAD;
-		else if (strcmp(value, "direct") == 0)
-			ds->read = CONFIG_READ_DIRECT;
-		else
-			return fail(st, "read: '%s' is not mmap, pread or direct", value);
-		return 1;
+		return key_read(st, value, &ds->read);
 	}
 	if (strcmp(name, "pool_linger") == 0) {
 		if (ds->pool_linger_set)

@@ -272,6 +272,21 @@ static int copy_out(const struct ds_field *field, const struct direct_ctx *x,
 	return 0;
 }
 
+/* Reads the nruns runs queued in x and copies their rows out. */
+static int read_runs(struct direct_ctx *x, const struct ds_field *field, size_t nruns, uint8_t *dst,
+		     char *err, size_t errlen)
+{
+	int rc;
+
+	if (x->have_ring && (rc = read_ring(x, field, x->runs, nruns)) < 0) {
+		set_err(err, errlen, "io_uring: %s", strerror(-rc));
+		return rc;
+	}
+	if (!x->have_ring)
+		read_pread(field, x->runs, nruns, x->bounce);
+	return copy_out(field, x, x->runs, nruns, dst, err, errlen);
+}
+
 int direct_read_field(const struct ds_field *field, const uint64_t *samples, size_t n, uint8_t *dst,
 		      char *err, size_t errlen)
 {
@@ -317,13 +332,7 @@ int direct_read_field(const struct ds_field *field, const uint64_t *samples, siz
 		}
 		if (end - start > BOUNCE_BYTES - used || nruns == DIRECT_QD) {
 			/* Full: read what is queued, then start again. */
-			if (x->have_ring && (rc = read_ring(x, field, x->runs, nruns)) < 0) {
-				set_err(err, errlen, "io_uring: %s", strerror(-rc));
-				return rc;
-			}
-			if (!x->have_ring)
-				read_pread(field, x->runs, nruns, x->bounce);
-			rc = copy_out(field, x, x->runs, nruns, dst, err, errlen);
+			rc = read_runs(x, field, nruns, dst, err, errlen);
 			if (rc)
 				return rc;
 			nruns = used = 0;
@@ -337,16 +346,5 @@ int direct_read_field(const struct ds_field *field, const uint64_t *samples, siz
 		r->at = used;
 		used += r->len;
 	}
-	if (nruns) {
-		if (x->have_ring && (rc = read_ring(x, field, x->runs, nruns)) < 0) {
-			set_err(err, errlen, "io_uring: %s", strerror(-rc));
-			return rc;
-		}
-		if (!x->have_ring)
-			read_pread(field, x->runs, nruns, x->bounce);
-		rc = copy_out(field, x, x->runs, nruns, dst, err, errlen);
-		if (rc)
-			return rc;
-	}
-	return 0;
+	return nruns ? read_runs(x, field, nruns, dst, err, errlen) : 0;
 }
