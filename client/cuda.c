@@ -786,6 +786,7 @@ int pfcuda_gather_set_slab(struct pfcuda_gather *g, uint32_t slab, uint64_t base
 int pfcuda_gather_staging(struct pfcuda_gather *g, size_t bytes, void **host, char *msg,
 			  size_t msglen)
 {
+	const char *what = "cuMemAllocHost";
 	CUresult r = CUDA_SUCCESS;
 	int rc;
 
@@ -805,6 +806,7 @@ int pfcuda_gather_staging(struct pfcuda_gather *g, size_t bytes, void **host, ch
 	if (r == CUDA_SUCCESS) {
 		/* Memory of cuMemAllocHost is mapped for every device with
 		 * unified addressing (all that run our kernel). */
+		what = "cuMemHostGetDevicePointer";
 		r = drv.mem_host_get_device_pointer(&g->staging_dev, g->staging, 0);
 		if (r != CUDA_SUCCESS) {
 			drv.mem_free_host(g->staging);
@@ -813,7 +815,7 @@ int pfcuda_gather_staging(struct pfcuda_gather *g, size_t bytes, void **host, ch
 	}
 	pop();
 	if (r != CUDA_SUCCESS)
-		return cu_fail(r, "cuMemAllocHost", msg, msglen);
+		return cu_fail(r, what, msg, msglen);
 	g->staging_bytes = bytes;
 	*host = g->staging;
 	return 0;

@@ -31,10 +31,10 @@ struct block {
 struct blocks {
 	const struct dataset *ds; /* borrowed: outlives the session */
 	uint64_t block_rows, nblocks;
-	uint64_t foff[8];   /* the fields' offsets inside a block, per row of the block */
-	uint64_t row_bytes; /* all fields of one sample */
-	struct block *blk;  /* owned, nblocks */
-	uint32_t *uses;	    /* owned: the counts blocks_new took */
+	uint64_t foff[BLOCKS_MAX_FIELDS]; /* the fields' offsets in a block, per row of it */
+	uint64_t row_bytes;		  /* all fields of one sample */
+	struct block *blk;		  /* owned, nblocks */
+	uint32_t *uses;			  /* owned: the counts blocks_new took */
 	pthread_mutex_t lock;
 	pthread_cond_t loaded;
 	unsigned refs;		    /* atomic */
@@ -176,7 +176,16 @@ static void release(struct blocks *b, uint64_t j, uint32_t n)
 {
 	struct block *k = &b->blk[j];
 
-	if (__atomic_sub_fetch(&k->left, n, __ATOMIC_ACQ_REL) != 0)
+	/* Never below zero: a pick the counts did not know (a bug) leaves
+	 * the block to the cache's end rather than wrapping its count. */
+	uint32_t left = __atomic_load_n(&k->left, __ATOMIC_RELAXED);
+
+	do {
+		if (left < n)
+			return;
+	} while (!__atomic_compare_exchange_n(&k->left, &left, left - n, false, __ATOMIC_ACQ_REL,
+					      __ATOMIC_RELAXED));
+	if (left != n)
 		return;
 	pthread_mutex_lock(&b->lock);
 	if (k->state == B_READY) {
@@ -205,6 +214,7 @@ static int cmp_brow(const void *x, const void *y)
 static int copy_blocks(struct blocks *b, struct brow *rows, size_t n, const uint64_t *samples,
 		       uint8_t *dst, const uint64_t *field_offset, uint32_t first, bool wait,
 		       char *err, size_t errlen);
+static void count_off(struct blocks *b, const struct brow *rows, size_t n);
 
 int blocks_read(struct blocks *b, const uint64_t *samples, size_t n, uint8_t *dst,
 		const uint64_t *field_offset, uint32_t first, char *err, size_t errlen)
@@ -229,8 +239,34 @@ int blocks_read(struct blocks *b, const uint64_t *samples, size_t n, uint8_t *ds
 	for (int pass = 0; pass < 2 && !rc; pass++)
 		rc = copy_blocks(b, rows, n, samples, dst, field_offset, first, pass == 1, err,
 				 errlen);
+	if (rc)
+		/* The rows not copied are not read again this epoch either
+		 * (their batch is an error batch): count them off, or their
+		 * blocks would be held to the epoch's end. */
+		count_off(b, rows, n);
 	free(rows);
 	return rc;
+}
+
+/* Counts off rows (sorted by block) not marked done, without copying. */
+static void count_off(struct blocks *b, const struct brow *rows, size_t n)
+{
+	for (size_t i = 0, run; i < n; i += run) {
+		uint32_t left = 0;
+
+		for (run = 0; i + run < n && rows[i + run].block == rows[i].block; run++)
+			left += rows[i + run].pos != UINT32_MAX;
+		if (left)
+			release(b, rows[i].block, left);
+	}
+}
+
+void blocks_skip(struct blocks *b, const uint64_t *picks, size_t n)
+{
+	uint64_t samples = b->ds->num_samples;
+
+	for (size_t i = 0; i < n; i++)
+		release(b, picks[i] % samples / b->block_rows, 1);
 }
 
 /* One pass of blocks_read over the job's rows, sorted by block: the blocks

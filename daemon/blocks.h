@@ -29,6 +29,9 @@
 struct dataset;
 struct blocks;
 
+/* Fields a cached dataset may have (the block layout's offsets). */
+#define BLOCKS_MAX_FIELDS 8
+
 /* A cache for ds in blocks of block_rows samples, the rows the epoch takes
  * from each given by uses[ceil(N / block_rows)] (taken over).  NULL when
  * out of memory. */
@@ -42,6 +45,10 @@ void blocks_put(struct blocks *b);
  * that needs it, with the same message). */
 int blocks_read(struct blocks *b, const uint64_t *samples, size_t n, uint8_t *dst,
 		const uint64_t *field_offset, uint32_t first, char *err, size_t errlen);
+/* A batch of these picks will not be read through the cache (it became an
+ * error batch before its read, or the pool serves it): its rows are counted
+ * off their blocks. */
+void blocks_skip(struct blocks *b, const uint64_t *picks, size_t n);
 /* Figures for status and tests: blocks read from disk, bytes held now, the
  * most held at once. */
 void blocks_stats(struct blocks *b, uint64_t *loads, uint64_t *held, uint64_t *peak);

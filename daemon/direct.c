@@ -23,8 +23,9 @@
 #include "log.h"
 #include "util.h"
 
-/* The bounce buffer: the runs of one submission; a run is at most
- * DIRECT_RUN_MAX plus its alignment, so the buffer holds several. */
+/* The bounce buffer: the runs of one submission.  Coalesced runs are at
+ * most DIRECT_RUN_MAX plus their alignment, so it holds several; a single
+ * row larger than it (images of tens of MiB) grows it to fit. */
 #define BOUNCE_BYTES (16u << 20)
 
 /* One row to read: where it lies, and where it goes in the batch. */
@@ -46,7 +47,8 @@ struct drun {
 struct direct_ctx {
 	bool ring_tried, have_ring;
 	struct io_uring ring;
-	uint8_t *bounce; /* owned, DIRECT_ALIGN-aligned, BOUNCE_BYTES */
+	uint8_t *bounce; /* owned, DIRECT_ALIGN-aligned, bounce_cap bytes */
+	size_t bounce_cap;
 	struct drow *rows;
 	size_t rows_cap;
 	struct drun *runs;
@@ -88,6 +90,7 @@ static struct direct_ctx *ctx_get(void)
 		free(x);
 		return NULL;
 	}
+	x->bounce_cap = BOUNCE_BYTES;
 	pthread_setspecific(ctx_key, x);
 	return x;
 }
@@ -330,12 +333,26 @@ int direct_read_field(const struct ds_field *field, const uint64_t *samples, siz
 			if (nend > end)
 				end = nend;
 		}
-		if (end - start > BOUNCE_BYTES - used || nruns == DIRECT_QD) {
+		if (end - start > x->bounce_cap - used || nruns == DIRECT_QD) {
 			/* Full: read what is queued, then start again. */
-			rc = read_runs(x, field, nruns, dst, err, errlen);
+			rc = nruns ? read_runs(x, field, nruns, dst, err, errlen) : 0;
 			if (rc)
 				return rc;
 			nruns = used = 0;
+		}
+		if (end - start > x->bounce_cap) {
+			/* One row larger than the buffer: a buffer that fits it. */
+			uint8_t *big;
+
+			if (posix_memalign((void **)&big, DIRECT_ALIGN, end - start)) {
+				set_err(err, errlen,
+					"out of memory for a direct read of %" PRIu64 " bytes",
+					end - start);
+				return -ENOMEM;
+			}
+			free(x->bounce);
+			x->bounce = big;
+			x->bounce_cap = end - start;
 		}
 		r = &x->runs[nruns++];
 		r->start = start;

@@ -112,7 +112,7 @@ static void sess_free(struct sess *s)
 	/* Everything it held goes back to its uid (paced requests just did). */
 	sess_give(s, &s->mem_held, s->mem_held);
 	sess_give(s, &s->order_held, s->order_held);
-	sess_drop_blocks(s);
+	sess_drop_blocks(s, true);
 	sess_give(s, &s->ahead_held, s->ahead_held);
 	if (s->counted)
 		quota_give(&s->d->quota, s->uid, QUOTA_SESSIONS, 1);

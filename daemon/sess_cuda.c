@@ -180,13 +180,17 @@ void sess_cuda_release(struct sess *s)
 
 	if (c->pool && !c->gather)
 		c->pool->daemon_gathers--;
-	if (c->pool && pool_put(c->pool, daemon_pool_linger(s->d, s->ds)))
-		linger_kick(s->d, s->gpu);
+	bool lingers = c->pool && pool_put(c->pool, daemon_pool_linger(s->d, s->ds));
+
 	free(c->slab_sent);
 	/* Device arenas are released on their transfer thread (the calls
 	 * block); by now every copy into them has completed. */
 	for (uint32_t i = 0; i < c->narenas; i++)
 		xfer_free_mem(c->xfer, &c->arenas[i]);
+	/* After the frees: the probe is read behind them (FIFO), so this
+	 * session's arenas count as free. */
+	if (lingers)
+		linger_kick(s->d, s->gpu);
 	free(c->arenas);
 	ring_lease_give(&s->d->ring, &c->lease);
 }

@@ -93,7 +93,8 @@ static void new_epoch(struct sess *s, uint64_t epoch, uint64_t start_batch)
 	s->sent = 0;
 	s->running = true;
 	s->timing = (struct sess_timing){0};
-	sess_drop_blocks(s);
+	/* Its quota stays: sess_start_epoch sizes it for the new epoch. */
+	sess_drop_blocks(s, false);
 	gov_new_epoch(&s->gov);
 	if (s->cuda.pool)
 		pool_new_epoch(s->cuda.pool, s->id, epoch);
@@ -136,6 +137,7 @@ static int start_paced(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 		}
 	}
 	new_epoch(s, req->epoch, 0);
+	sess_give(s, &s->blocks_held, s->blocks_held); /* no order, no block cache */
 	free(s->picks);
 	sess_give(s, &s->order_held, s->order_held);
 	s->picks = NULL;
@@ -383,14 +385,15 @@ static bool wants_blocks(const struct sess *s, const struct order_spec *spec)
 	for (size_t f = 0; f < s->ds->nfields; f++)
 		direct |= s->ds->fields[f].direct;
 	return spec->kind == ORDER_BLOCK_SHUFFLE && direct && s->augment <= 1 &&
-	       !(s->cuda.pool && s->cuda.pool->enabled);
+	       s->ds->nfields <= BLOCKS_MAX_FIELDS && !(s->cuda.pool && s->cuda.pool->enabled);
 }
 
-void sess_drop_blocks(struct sess *s)
+void sess_drop_blocks(struct sess *s, bool quota)
 {
 	blocks_put(s->blocks);
 	s->blocks = NULL;
-	sess_give(s, &s->blocks_held, s->blocks_held);
+	if (quota)
+		sess_give(s, &s->blocks_held, s->blocks_held);
 }
 
 /* Every check is made here, on the request, and the epoch starts at once:
@@ -471,7 +474,10 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 			 "epoch %" PRIu64 "'s block cache (2 windows of %" PRIu64
 			 " blocks of %" PRIu64 " rows)",
 			 req->epoch, spec.window_blocks, spec.block_rows);
-		rc = sess_take(s, &blocks_held, bytes, what, err, sizeof(err));
+		/* What the running epoch's cache holds is this one's once it
+		 * starts: only the difference is asked for. */
+		rc = sess_take(s, &blocks_held, bytes > s->blocks_held ? bytes - s->blocks_held : 0,
+			       what, err, sizeof(err));
 		if (rc)
 			return peer_error(s->peer, id, rc, "epoch %" PRIu64 ": %s", req->epoch,
 					  err);
@@ -504,7 +510,7 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 			st->count_only = true;
 			if (uv_queue_work(s->d->loop, &st->work, build_work, build_done)) {
 				/* Rows one by one, then. */
-				st->count_only = st->want_uses = false;
+				st->count_only = st->want_uses = want_uses = false;
 				sess_give(s, &blocks_held, blocks_held);
 			}
 		}
@@ -558,7 +564,16 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 			 req->block_rows ? req->block_rows : req->block_bytes, s->ds->num_samples);
 		s->block_clamp_logged = true;
 	}
-	s->blocks_held = blocks_held;
+	/* The counter moves (the same uid's), down to this epoch's need. */
+	s->blocks_held += blocks_held;
+	{
+		uint64_t need =
+			want_uses ? 2 * spec.window_blocks * spec.block_rows * s->ds->sample_bytes
+				  : 0;
+
+		if (s->blocks_held > need)
+			sess_give(s, &s->blocks_held, s->blocks_held - need);
+	}
 	if (ahead && !st->count_only) {
 		take_order(s, st);
 		start_free(st);

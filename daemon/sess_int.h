@@ -58,7 +58,7 @@ void sess_ahead_back(struct sess *s);
 void sess_stop_epoch(struct sess *s);
 /* The running epoch's block cache goes (a new epoch, the session's end);
  * reader jobs still out keep it until they are back. */
-void sess_drop_blocks(struct sess *s);
+void sess_drop_blocks(struct sess *s, bool quota);
 /* The same for one slot, whose batch will not be sent. */
 void sess_drop_slot(struct sess *s, struct slot *sl);
 /* Paced requests not yet sent go (an epoch ends or the session does). */

@@ -211,6 +211,9 @@ static int send_end(struct sess *s)
 
 void sess_fill_error(struct sess *s, struct slot *sl, int rc, const char *why)
 {
+	/* Its rows are never read: off the block cache's counts. */
+	if (s->blocks && !s->paced && s->picks && s->next_fill < s->nbatches)
+		blocks_skip(s->blocks, batch_picks(s, s->next_fill), batch_count(s, s->next_fill));
 	sl->state = SLOT_READY;
 	sl->epoch = s->epoch;
 	sl->seq = s->next_fill;
@@ -295,6 +298,10 @@ static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 			main_rows = sl->plan.nmiss;
 		}
 	}
+	/* A pool turned on during a block-cached epoch: this batch's rows
+	 * are hits or staged misses, not the cache's. */
+	if (s->blocks && sl->plan.active)
+		blocks_skip(s->blocks, picks, count);
 	if (!rows && !sl->rows) {
 		sl->rows = big_alloc((size_t)s->batch_size * sizeof(uint64_t));
 		if (!sl->rows) {
@@ -327,8 +334,8 @@ static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 		job->epoch = s->epoch;
 		job->seq = s->next_fill;
 		/* Pooled batches read staged rows, never through the cache
-		 * (wants_blocks keeps s->blocks NULL for them). */
-		job->blocks = s->blocks ? blocks_ref(s->blocks) : NULL;
+		 * (their picks were counted off above). */
+		job->blocks = s->blocks && !sl->plan.active ? blocks_ref(s->blocks) : NULL;
 		s->jobs++;
 		reader_submit(s->d->readers, job);
 	}

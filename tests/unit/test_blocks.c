@@ -219,6 +219,31 @@ static void a_block_that_cannot_be_read_fails_the_rows_that_need_it_and_no_other
 	assert_true(td_row_ok(slot, X_BYTES, SEED_X, 0));
 	assert_true(td_row_ok(slot + X_BYTES, X_BYTES, SEED_X, 1));
 	blocks_put(b);
+
+	/* A job that fails on one block counts its other rows off too, and a
+	 * batch that is never read (blocks_skip) does: nothing stays held. */
+	{
+		uint64_t job[2] = {5, N - 1}, other[1] = {6}, skipped[1] = {2 * BLOCK + 1};
+		uint64_t loads, held, peak;
+
+		uses = calloc((N + BLOCK - 1) / BLOCK, sizeof(*uses));
+		assert_non_null(uses);
+		uses[0] = 2;
+		uses[2] = 1;
+		uses[(N - 1) / BLOCK] = 1;
+		b = blocks_new(&g.ds, BLOCK, uses);
+		assert_non_null(b);
+		assert_int_not_equal(blocks_read(b, job, 2, slot, off, 0, err, sizeof(err)), 0);
+		assert_int_equal(blocks_read(b, other, 1, slot, off, 0, err, sizeof(err)), 0);
+		assert_true(td_row_ok(slot, X_BYTES, SEED_X, 6));
+		blocks_skip(b, skipped, 1);
+		blocks_stats(b, &loads, &held, &peak);
+		print_message("after a failed job: %llu block(s) read, %llu bytes held\n",
+			      (unsigned long long)loads, (unsigned long long)held);
+		assert_int_equal(held, 0);
+		assert_true(peak > 0);
+		blocks_put(b);
+	}
 	/* Restore the file for any later case. */
 	assert_int_equal(
 		td_write_npy(g.paths[0], 1, "|u1", 1, N, (uint64_t[]){X_BYTES}, 1, SEED_X, 0), 0);

@@ -476,6 +476,35 @@ static void direct_mode_reads_every_byte_with_o_direct_through_io_uring_and_prea
 	}
 	ds_close(&big);
 	free(big_paths[0]);
+
+	/* Rows larger than the readers' 16 MiB bounce buffer (an image of
+	 * 20 MiB): each is a run of its own, the buffer grows to fit it. */
+	{
+		uint64_t huge_shape[1] = {(20u << 20) + 3}, picks[4] = {2, 0, 1, 2};
+		size_t row = (size_t)huge_shape[0];
+		uint8_t *got = malloc(4 * row);
+		char err[256] = "";
+
+		assert_non_null(got);
+		big_paths[0] =
+			write_npy(fx, "huge.npy", 1, "|u1", 1, BIG_SEED, 0, 3, huge_shape, 1);
+		big_field = (struct config_field){"h", big_paths, 1};
+		big_decl = (struct config_dataset){.name = "huge",
+						   .format = "npy",
+						   .fields = &big_field,
+						   .nfields = 1,
+						   .read = CONFIG_READ_DIRECT};
+		assert_int_equal(ds_load(&big, &big_decl), 0);
+		assert_int_equal(ds_read_field(&big, 0, picks, 4, got, err, sizeof(err)), 0);
+		for (size_t k = 0; k < 4; k++)
+			for (size_t q = 0; q < row; q += 4099)
+				if (got[k * row + q] != npygen_byte(BIG_SEED, picks[k], q))
+					fail_msg("huge row %llu byte %zu differs",
+						 (unsigned long long)picks[k], q);
+		ds_close(&big);
+		free(big_paths[0]);
+		free(got);
+	}
 	free(all);
 }
 
