@@ -564,8 +564,8 @@ struct phase_opts {
 	double spin_s; /* CPU spin between pf_next and pf_release */
 	unsigned sleep_us;
 	unsigned busy_us; /* CPU spin after pf_release (a trainer's thread at work) */
-	uint64_t *picks; /* NULL or room for rows: the first epoch's picks in order */
-	double *next_s;	 /* NULL or room for limit: pf_next durations, epoch starts left out */
+	uint64_t *picks;  /* NULL or room for rows: the first epoch's picks in order */
+	double *next_s;	  /* NULL or room for limit: pf_next durations, epoch starts left out */
 };
 
 struct phase_result {

@@ -30,11 +30,11 @@
 		X(IPC, ipc), X(READ, read), X(RESERVE, reserve), X(RESERVE_MIN, reserve_min),      \
 		X(PROBE_INTERVAL, probe_interval), X(POOL, pool), X(POOL_BYTES, pool_bytes),       \
 		X(POOL_SLAB, pool_slab), X(POOL_LINGER, pool_linger),                              \
-		X(MAX_EPOCH_PICKS, max_epoch_picks),                                               \
-		X(MEMORY_BUDGET, memory_budget), X(MEMORY_PER_UID, memory_per_uid),                \
-		X(MAX_SESSIONS_PER_UID, max_sessions_per_uid), X(MAX_CONNS, max_conns),            \
-		X(MAX_CONNS_PER_UID, max_conns_per_uid), X(IDLE_TIMEOUT, idle_timeout),            \
-		X(FRAME_TIMEOUT, frame_timeout), X(DEPTH_LIMIT, depth_limit)
+		X(MAX_EPOCH_PICKS, max_epoch_picks), X(MEMORY_BUDGET, memory_budget),              \
+		X(MEMORY_PER_UID, memory_per_uid), X(MAX_SESSIONS_PER_UID, max_sessions_per_uid),  \
+		X(MAX_CONNS, max_conns), X(MAX_CONNS_PER_UID, max_conns_per_uid),                  \
+		X(IDLE_TIMEOUT, idle_timeout), X(FRAME_TIMEOUT, frame_timeout),                    \
+		X(DEPTH_LIMIT, depth_limit)
 #define KEY_ENUM(k, name) K_##k
 #define KEY_NAME(k, name) [K_##k] = #name
 enum daemon_key { DAEMON_KEYS(KEY_ENUM), K_COUNT };

@@ -54,16 +54,16 @@ struct daemon {
 	bool watchdog_live;
 	int ngpus; /* < 0: host sessions only */
 	char gpu_desc[256];
-	struct ring ring;      /* the pinned reader ring (CUDA sessions) */
-	char ring_err[200];    /* why there is none, when ngpus > 0 */
-	struct xfer **xfers;   /* owned, ngpus entries: started on first use */
-	struct pool_set pools; /* owned: VRAM pools, one per (dataset, GPU) used */
+	struct ring ring;	   /* the pinned reader ring (CUDA sessions) */
+	char ring_err[200];	   /* why there is none, when ngpus > 0 */
+	struct xfer **xfers;	   /* owned, ngpus entries: started on first use */
+	struct pool_set pools;	   /* owned: VRAM pools, one per (dataset, GPU) used */
 	uv_timer_t linger_timer;   /* probes and expiry of lingering pools (linger.c) */
 	struct linger_gpu *linger; /* owned, ngpus entries (linger.c's) */
-	struct quota quota;    /* what each uid holds, against the limits */
-	char quota_why[160];   /* how memory_budget was chosen, for the log */
-	char machine_why[200]; /* how auto readers and ring_bytes were chosen */
-	int test_fail_allocs;  /* PREFETCHD_TEST_FAIL_ALLOCS: forced OOMs left */
+	struct quota quota;	   /* what each uid holds, against the limits */
+	char quota_why[160];	   /* how memory_budget was chosen, for the log */
+	char machine_why[200];	   /* how auto readers and ring_bytes were chosen */
+	int test_fail_allocs;	   /* PREFETCHD_TEST_FAIL_ALLOCS: forced OOMs left */
 	bool stopping;
 };
 
