@@ -769,14 +769,23 @@ static uint64_t drop_all(struct pool *p)
 	return freed;
 }
 
-/* Gives everything back: the pool is as if no session had used it. */
-static void empty_idle(struct pool *p, const char *why)
+/* Gives everything back: the pool is as if no session had used it.
+ * Returns the bytes freed. */
+static uint64_t empty_idle(struct pool *p, const char *why)
 {
-	drop_all(p);
+	uint64_t freed = drop_all(p);
+
 	p->idle_ns = 0;
 	p->budget = 0;
 	p->budget_known = false;
 	snprintf(p->budget_reason, sizeof(p->budget_reason), "%s", why);
+	return freed;
+}
+
+/* Empties p; a lingering one ends its lingering too, saying why. */
+static uint64_t empty(struct pool *p, const char *why_lingering)
+{
+	return pool_lingering(p) ? empty_idle(p, why_lingering) : drop_all(p);
 }
 
 bool pool_put(struct pool *p, double linger_s)
@@ -874,14 +883,10 @@ uint64_t pool_set_enabled(struct pool *p, bool on)
 	uint64_t freed = 0;
 
 	p->enabled = on;
-	if (on) {
+	if (on)
 		maybe_grow(p);
-	} else if (pool_lingering(p)) {
-		freed = pool_bytes(p) + p->table.bytes;
-		empty_idle(p, "no session (pool off)");
-	} else {
-		freed = drop_all(p);
-	}
+	else
+		freed = empty(p, "no session (pool off)");
 	return freed;
 }
 
@@ -897,11 +902,8 @@ int pool_control(struct pool_set *set, const char *dataset, enum pool_action act
 		if (strcmp(p->ds->name, dataset) != 0)
 			continue;
 		n++;
-		if (action == POOL_DROP && pool_lingering(p)) {
-			*bytes_freed += pool_bytes(p) + p->table.bytes;
-			empty_idle(p, "no session (dropped by prefetchctl)");
-		} else if (action == POOL_DROP)
-			*bytes_freed += drop_all(p);
+		if (action == POOL_DROP)
+			*bytes_freed += empty(p, "no session (dropped by prefetchctl)");
 		else
 			*bytes_freed += pool_set_enabled(p, action == POOL_ON);
 		log_info("pool %s on cuda:%d: %s by prefetchctl", p->ds->name, p->gpu,

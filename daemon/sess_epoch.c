@@ -411,7 +411,7 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 	struct sess_start *st;
 	char err[300] = "", what[120];
 	bool ahead, clamped = false, want_uses;
-	uint64_t blocks_held = 0;
+	uint64_t blocks_held = 0, cache_bytes;
 	int rc;
 
 	/* Each epoch's number is above the last one's, so that a straggling
@@ -467,16 +467,17 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 				  req->start_batch, nbatches);
 	/* A block cache holds about two windows at a time (blocks.h). */
 	want_uses = wants_blocks(s, &spec);
+	cache_bytes =
+		want_uses ? 2 * spec.window_blocks * spec.block_rows * s->ds->sample_bytes : 0;
 	if (want_uses) {
-		uint64_t bytes = 2 * spec.window_blocks * spec.block_rows * s->ds->sample_bytes;
-
 		snprintf(what, sizeof(what),
 			 "epoch %" PRIu64 "'s block cache (2 windows of %" PRIu64
 			 " blocks of %" PRIu64 " rows)",
 			 req->epoch, spec.window_blocks, spec.block_rows);
 		/* What the running epoch's cache holds is this one's once it
 		 * starts: only the difference is asked for. */
-		rc = sess_take(s, &blocks_held, bytes > s->blocks_held ? bytes - s->blocks_held : 0,
+		rc = sess_take(s, &blocks_held,
+			       cache_bytes > s->blocks_held ? cache_bytes - s->blocks_held : 0,
 			       what, err, sizeof(err));
 		if (rc)
 			return peer_error(s->peer, id, rc, "epoch %" PRIu64 ": %s", req->epoch,
@@ -566,14 +567,10 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 	}
 	/* The counter moves (the same uid's), down to this epoch's need. */
 	s->blocks_held += blocks_held;
-	{
-		uint64_t need =
-			want_uses ? 2 * spec.window_blocks * spec.block_rows * s->ds->sample_bytes
-				  : 0;
-
-		if (s->blocks_held > need)
-			sess_give(s, &s->blocks_held, s->blocks_held - need);
-	}
+	if (!want_uses)
+		cache_bytes = 0; /* its count-only build could not be queued */
+	if (s->blocks_held > cache_bytes)
+		sess_give(s, &s->blocks_held, s->blocks_held - cache_bytes);
 	if (ahead && !st->count_only) {
 		take_order(s, st);
 		start_free(st);
