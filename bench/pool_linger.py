@@ -72,11 +72,15 @@ def child(args):
             n = 0
             torch.cuda.synchronize()
             t0 = time.perf_counter()
+            t_first = None
             for b in loader.epoch(args.epoch + e):
                 b["x"]
+                if t_first is None:
+                    t_first = time.perf_counter()
                 n += 1
             torch.cuda.synchronize()
             res.setdefault("epochs", []).append(time.perf_counter() - t0)
+            res.setdefault("first_s", []).append(t_first - t0)
         st = json.loads(subprocess.run(
             [os.path.join(ts.REPO, "build", "prefetchctl"), "-s", args.sock, "status",
              "--json"], stdout=subprocess.PIPE, timeout=10).stdout.decode())
@@ -120,9 +124,10 @@ def restart(args, data, tmp):
                 p = pool_of(d.status())
                 r["pool_after"] = {k: p.get(k) for k in ("lingering", "rows", "bytes",
                                                          "linger_left_s")}
-                log("%s epoch %d (new process): %.2f GB/s, %s sample bytes over PCIe, hit "
-                    "rate %s; pool after it: %s" % (tag, e, r["gbs"], r["h2d_bytes"],
-                                                    r["hit_rate"], r["pool_after"]))
+                log("%s epoch %d (new process): %.2f GB/s (first batch after %.1f ms), %s "
+                    "sample bytes over PCIe, hit rate %s; pool after it: %s" % (
+                        tag, e, r["gbs"], r["first_s"][0] * 1e3, r["h2d_bytes"],
+                        r["hit_rate"], r["pool_after"]))
             out[tag] = eps
         finally:
             d.stop()

@@ -116,6 +116,11 @@ struct pfc_release {
 	 * copy).  -1 otherwise. */
 	int32_t dbuf;
 	void *event; /* owned through free_event */
+	/* The stream event was recorded on: events of one stream complete in
+	 * the order they were recorded, so once one is not done, the later
+	 * ones of its stream are not either (pfc_flush_releases asks no
+	 * more). */
+	const void *stream;
 	int (*done)(void *event);
 	void (*free_event)(void *event);
 	struct pfc_release *next;
@@ -175,6 +180,8 @@ struct pfc_batch {
 	uint64_t bytes;		     /* sample bytes of all fields */
 	uint64_t gen;		     /* the connection it came on (pf_client.gen) */
 	struct pfc_event *gather_ev; /* owned: its gather's end, until taken */
+	bool waited;		     /* waited_stream waits for gather_ev (pfc_take) */
+	const void *waited_stream;
 	const uint8_t *host;	     /* client copies: the slot in its host arena */
 	int32_t dbuf;		     /* client copies: its device buffer once taken, else -1 */
 	struct fifo_node queued;     /* in pf_client.queue until taken */
@@ -305,7 +312,7 @@ struct pf_client {
 	uint32_t nqueued;
 	struct pfc_batch *held; /* owned: taken, not released */
 	uint32_t nheld;
-	struct pfc_release *releases; /* owned: waiting for the GPU */
+	struct pfc_release *releases; /* owned: waiting for the GPU, oldest first */
 
 	/* An Error pushed with id 0 (a refused Ack or Release); pf_next
 	 * returns it once. */

@@ -588,6 +588,8 @@ PF_API int pf_next_stream(struct pf_client *c, int timeout_ms, void *stream,
 	return rc;
 }
 
+static int release_batch(struct pf_client *c, struct pf_batch *batch, void *stream, bool flush);
+
 PF_API int pf_release_next(struct pf_client *c, struct pf_batch *release, void *stream,
 			   int timeout_ms, struct pf_batch **batch)
 {
@@ -598,9 +600,16 @@ PF_API int pf_release_next(struct pf_client *c, struct pf_batch *release, void *
 	*batch = NULL;
 	c->error_batch = false;
 	if (release) {
-		rc = pf_release(c, release, stream);
-		if (rc)
+		/* Corked: a host batch's Release goes out with the next one's
+		 * Ack, in one write; the pending releases are flushed once, by
+		 * the pf_next that follows. */
+		pfc_cork(c);
+		rc = release_batch(c, release, stream, false);
+		if (rc) {
+			if (pfc_uncork(c) && !c->dead)
+				pfc_fail_dead(c);
 			return rc;
+		}
 	}
 	return pf_next_stream(c, timeout_ms, stream, batch);
 }
@@ -612,11 +621,18 @@ PF_API bool pf_error_batch(const struct pf_client *c)
 
 PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream)
 {
+	if (!c || !batch)
+		return -EINVAL;
+	return release_batch(c, batch, stream, true);
+}
+
+/* pf_release; the pending releases whose work is done are sent too when
+ * flush is set. */
+static int release_batch(struct pf_client *c, struct pf_batch *batch, void *stream, bool flush)
+{
 	struct pfc_batch **pp, *b;
 	int rc;
 
-	if (!c || !batch)
-		return -EINVAL;
 	/* Find it by address before touching it: a batch released twice, or
 	 * one from another client, is an error here, never a double free. */
 	for (pp = &c->held; *pp && &(*pp)->pub != batch; pp = &(*pp)->next)
@@ -638,7 +654,7 @@ PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream)
 		if (b->gen != c->gen)
 			pfc_retired_put(c, b->gen);
 		pfc_free_batch(b);
-		return c->dead ? 0 : pfc_flush_releases(c, 0);
+		return c->dead || !flush ? 0 : pfc_flush_releases(c, 0);
 	}
 	/* A batch of a connection that broke, on a client that reconnects:
 	 * its slot died with that daemon, so there is nothing to send, only
@@ -674,7 +690,7 @@ PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream)
 		rc = pfc_send_release(c, b->pub.epoch, b->pub.seq, b->slot);
 		pfc_free_batch(b);
 	}
-	if (!rc)
+	if (!rc && flush)
 		rc = pfc_flush_releases(c, 0);
 	if (rc && c->dead && pfc_reconnecting(c)) {
 		/* The daemon died before this release could reach it: the slot
