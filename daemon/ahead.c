@@ -9,6 +9,7 @@
 #include "ahead.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "util.h"
 
@@ -131,4 +132,86 @@ void ahead_cancel(struct ahead *a)
 		a->picks = NULL;
 		a->ready = false;
 	}
+}
+
+uint64_t *ahead_take_ready(struct ahead *a, struct order_spec *spec, uint64_t *space,
+			   uint64_t *npicks)
+{
+	uint64_t *picks;
+
+	if (a->busy || !a->ready)
+		return NULL;
+	picks = a->picks;
+	*spec = a->spec;
+	*space = a->space;
+	*npicks = a->npicks;
+	a->picks = NULL;
+	a->ready = false;
+	return picks;
+}
+
+/* ---- orders kept after their session ---------------------------------------- */
+
+static void keep_drop(struct order_keep *k, uint32_t i)
+{
+	k->bytes -= k->e[i].npicks * sizeof(uint64_t);
+	free(k->e[i].picks);
+	memmove(&k->e[i], &k->e[i + 1], (k->n - i - 1) * sizeof(k->e[0]));
+	k->n--;
+}
+
+void order_keep_put(struct order_keep *k, const struct order_spec *spec, uint64_t space,
+		    uint64_t *picks, uint64_t npicks, double keep_s, int64_t now)
+{
+	uint64_t bytes = npicks * sizeof(uint64_t);
+
+	if (!picks)
+		return;
+	if (!builds_ahead(spec) || keep_s <= 0 || bytes > ORDER_KEEP_BYTES) {
+		free(picks);
+		return;
+	}
+	/* The same order twice (two ranks' sessions cannot share one: rank is
+	 * in the spec): the newer copy replaces the older. */
+	for (uint32_t i = 0; i < k->n; i++)
+		if (same_order(&k->e[i].spec, k->e[i].space, spec, space)) {
+			keep_drop(k, i);
+			break;
+		}
+	while (k->n && (k->n == ORDER_KEEP_MAX || k->bytes + bytes > ORDER_KEEP_BYTES))
+		keep_drop(k, 0);
+	k->e[k->n++] = (struct order_kept){.spec = order_of(spec),
+					   .space = space,
+					   .picks = picks,
+					   .npicks = npicks,
+					   .until_ns = now + (int64_t)(keep_s * 1e9)};
+	k->bytes += bytes;
+}
+
+uint64_t *order_keep_take(struct order_keep *k, const struct order_spec *spec, uint64_t space,
+			  uint64_t *npicks)
+{
+	if (!builds_ahead(spec))
+		return NULL;
+	for (uint32_t i = 0; i < k->n; i++) {
+		uint64_t *picks;
+
+		if (!same_order(&k->e[i].spec, k->e[i].space, spec, space))
+			continue;
+		picks = k->e[i].picks;
+		*npicks = k->e[i].npicks;
+		k->e[i].picks = NULL;
+		keep_drop(k, i);
+		return picks;
+	}
+	return NULL;
+}
+
+void order_keep_purge(struct order_keep *k, int64_t now)
+{
+	for (uint32_t i = 0; i < k->n;)
+		if (k->e[i].until_ns <= now)
+			keep_drop(k, i);
+		else
+			i++;
 }

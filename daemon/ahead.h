@@ -56,5 +56,48 @@ uint64_t *ahead_take(struct ahead *a, const struct order_spec *spec, uint64_t sp
 		     uint64_t *npicks);
 /* No more builds; frees the order kept.  Call again once not busy. */
 void ahead_cancel(struct ahead *a);
+/* The order ready ahead, taken by a session that is going (kept for the
+ * next one: order_keep_put); else NULL.  Not while busy. */
+uint64_t *ahead_take_ready(struct ahead *a, struct order_spec *spec, uint64_t *space,
+			   uint64_t *npicks);
+
+/*
+ * Orders kept after their session: a trainer that comes back (a restart
+ * after a crash redoing its epoch, a script that makes a Loader per epoch
+ * and so starts the next one in a new session) asks for an order a session
+ * just had or had built ahead.  An order is a function of (spec, space)
+ * alone, so any session may take it.  Kept for the dataset's pool_linger,
+ * ORDER_KEEP_MAX of them and ORDER_KEEP_BYTES in all, oldest dropped first.
+ *
+ * DESIGN: loop thread only; the kept picks are owned by the cache and
+ * referenced by no reader (a session's own go only once its jobs are
+ * back).
+ */
+#define ORDER_KEEP_MAX 4
+#define ORDER_KEEP_BYTES (256ull << 20)
+
+struct order_kept {
+	struct order_spec spec;
+	uint64_t space;
+	uint64_t *picks; /* owned */
+	uint64_t npicks;
+	int64_t until_ns; /* dropped after this */
+};
+
+struct order_keep {
+	struct order_kept e[ORDER_KEEP_MAX]; /* oldest first */
+	uint32_t n;
+	uint64_t bytes;
+};
+
+/* Keeps picks (ownership moves, freed at once when it cannot be kept: a
+ * kind not built ahead, keep_s <= 0, larger than the cap) for keep_s. */
+void order_keep_put(struct order_keep *k, const struct order_spec *spec, uint64_t space,
+		    uint64_t *picks, uint64_t npicks, double keep_s, int64_t now);
+/* The kept order for (spec, space), its ownership to the caller; else NULL. */
+uint64_t *order_keep_take(struct order_keep *k, const struct order_spec *spec, uint64_t space,
+			  uint64_t *npicks);
+/* Drops what has expired by now (every orders with now = INT64_MAX). */
+void order_keep_purge(struct order_keep *k, int64_t now);
 
 #endif

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "ahead.h"
 #include "config.h"
 #include "dataset.h"
 #include "pool.h"
@@ -61,6 +62,7 @@ struct daemon {
 	uv_timer_t linger_timer;   /* probes and expiry of lingering pools (linger.c) */
 	struct linger_gpu *linger; /* owned, ngpus entries (linger.c's) */
 	struct quota quota;	   /* what each uid holds, against the limits */
+	struct order_keep kept;	   /* orders of sessions gone, for the next (ahead.h) */
 	char quota_why[160];	   /* how memory_budget was chosen, for the log */
 	char machine_why[200];	   /* how auto readers and ring_bytes were chosen */
 	int test_fail_allocs;	   /* PREFETCHD_TEST_FAIL_ALLOCS: forced OOMs left */

@@ -141,6 +141,7 @@ static void on_tick(uv_timer_t *t)
 	sd_notify(0, status);
 	daemon_collect(d);
 	server_tick(d);
+	order_keep_purge(&d->kept, now_ns());
 	big_trim(0);
 	/* Freed memory goes back to the system: after a client that queued
 	 * 96 MiB of replies it never read, the heap would keep those pages
@@ -299,6 +300,7 @@ int main(int argc, char **argv)
 	ring_destroy(&d.ring);
 	daemon_free_datasets(&d);
 	quota_free(&d.quota);
+	order_keep_purge(&d.kept, INT64_MAX);
 	config_free(&d.cfg);
 	big_trim(1);
 	log_info("stopped");

@@ -121,7 +121,9 @@ static void sess_free(struct sess *s)
 	free(s->arenas);
 	free(s->slots);
 	fill_layout_free(&s->lay);
-	free(s->picks);
+	/* Every job is back: nothing reads the picks any more. */
+	order_keep_put(&s->d->kept, &s->order_spec, s->order_space, s->picks, s->npicks,
+		       daemon_pool_linger(s->d, s->ds), now_ns());
 	if (s->cuda.retry_live) {
 		s->cuda.retry.data = s;
 		uv_close((uv_handle_t *)&s->cuda.retry, free_sess_mem);
@@ -479,6 +481,8 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 	if (rc)
 		return rc; /* the connection is closing; sess_detach frees s */
 	if (gpu >= 0)
+		sess_cuda_opened(s);
+	if (gpu >= 0)
 		log_info("session %" PRIu64
 			 " opened by %s: dataset %s, device %s (ipc %s), batch %u, "
 			 "up to %u device slots of %.2f MiB, %u ring slot(s), target %u",
@@ -514,6 +518,14 @@ void sess_detach(struct sess *s)
 	s->peer = NULL;
 	s->dead = true;
 	sess_stop_epoch(s);
+	{
+		struct order_spec spec;
+		uint64_t space, npicks;
+		uint64_t *picks = ahead_take_ready(&s->ahead, &spec, &space, &npicks);
+
+		order_keep_put(&s->d->kept, &spec, space, picks, npicks,
+			       daemon_pool_linger(s->d, s->ds), now_ns());
+	}
 	ahead_cancel(&s->ahead);
 	sess_maybe_free(s);
 }

@@ -267,6 +267,10 @@ struct sess {
 	struct sess_req *reqs; /* owned, SESS_PACED_MAX, made on first use */
 
 	struct ahead ahead;	     /* the next epoch's order */
+	/* What the running epoch's picks were built from, so that they can
+	 * be kept for the next session once this one is gone (ahead.h). */
+	struct order_spec order_spec;
+	uint64_t order_space;
 	struct sess_start *building; /* the running epoch's order, still being built, or NULL */
 	unsigned jobs;		     /* reader, transfer and order-building jobs not yet back */
 	unsigned builds;	     /* of them, order builds (the running epoch's or cancelled) */

@@ -253,6 +253,8 @@ static void take_order(struct sess *s, struct sess_start *st)
 {
 	s->picks = st->picks;
 	st->picks = NULL;
+	s->order_spec = st->spec;
+	s->order_space = st->space;
 	s->order_held = st->held; /* the same uid's: the counter moves */
 	st->held = 0;
 	log_debug("session %" PRIu64 ": epoch %" PRIu64 ": order of %" PRIu64
@@ -499,12 +501,29 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 				  .start_batch = req->start_batch};
 	st->spec.indices = NULL;
 	st->picks = ahead_take(&s->ahead, &spec, space, &st->npicks);
-	/* Read now: once queued, st belongs to the build's thread. */
-	ahead = st->picks != NULL;
-	if (ahead) {
+	if (st->picks) {
 		/* Its quota moves with it: all the order ahead kept. */
 		st->held = s->ahead_held;
 		s->ahead_held = 0;
+	} else if ((st->picks = order_keep_take(&s->d->kept, &spec, space, &st->npicks))) {
+		/* An earlier session's (a trainer that came back): this one's
+		 * quota holds it from now on. */
+		snprintf(what, sizeof(what), "epoch %" PRIu64 "'s order of %" PRIu64 " picks",
+			 req->epoch, st->npicks);
+		if (sess_take(s, &st->held, st->npicks * sizeof(uint64_t), what, err,
+			      sizeof(err))) {
+			free(st->picks);
+			st->picks = NULL;
+			err[0] = 0; /* built as any other, under the same quota */
+		} else {
+			log_debug("session %" PRIu64 ": epoch %" PRIu64
+				  ": order kept from an earlier session",
+				  s->id, req->epoch);
+		}
+	}
+	/* Read now: once queued, st belongs to the build's thread. */
+	ahead = st->picks != NULL;
+	if (ahead) {
 		if (want_uses) {
 			/* Its block counts come from a build of their own, off
 			 * the loop like any build. */

@@ -418,7 +418,11 @@ again:
 		send_end(s);
 		return;
 	}
-	/* An epoch whose order is still being built fills nothing yet. */
+	/* An epoch whose order is still being built fills nothing yet; its
+	 * first device arena is asked for meanwhile, so that the first batch
+	 * does not wait for the order and then for the arena. */
+	if (s->building && s->gpu >= 0 && !s->cuda.npresent)
+		sess_cuda_grow(s);
 	while (!s->building && s->next_fill < s->nbatches && gov_may_fill(&s->gov)) {
 		sl = free_slot(s);
 		if (!sl) {

@@ -330,6 +330,7 @@ static int teardown(void **state)
 	linger_stop(&f->d);
 	uv_run(&f->loop, UV_RUN_DEFAULT);
 	free(f->d.linger);
+	order_keep_purge(&f->d.kept, INT64_MAX);
 	/* Pools first, as main.c does: a lingering pool's slabs are freed
 	 * through the transfer thread's memory calls (xfer_free_mem). */
 	pool_destroy_all(&f->d.pools);
@@ -676,6 +677,90 @@ static void a_block_shuffled_epoch_has_its_successor_built_ahead(void **state)
 	assert_int_equal(consume_epoch(f, 4, &spec, 32), 10);
 }
 
+/* Starts a shuffled epoch; true when its order came at once (built ahead,
+ * or kept from an earlier session), with nothing to build. */
+static bool start_shuffle_taken(struct fixture *f, uint64_t epoch, uint64_t seed)
+{
+	Pf__StartEpoch req = PF__START_EPOCH__INIT;
+	bool taken;
+
+	req.epoch = epoch, req.order = PF__ORDER__ORDER_SHUFFLE, req.seed = seed;
+	assert_int_equal(sess_start_epoch(f->s, ++f->last_id, &req), 0);
+	assert_true(sess_check(f->s));
+	taken = f->s->building == NULL;
+	want_epoch = epoch;
+	run_until(f, epoch_started);
+	return taken;
+}
+
+static void an_order_outlives_its_session_for_the_trainer_that_comes_back(void **state)
+{
+	struct fixture *f = *state;
+	struct order_spec spec = {.kind = ORDER_SHUFFLE, .seed = 7};
+
+	open_session(f, "host", 32, 0);
+	assert_false(start_shuffle_taken(f, 1, 7));
+	consume_epoch(f, 1, &spec, 32);
+	run_until(f, no_jobs);
+	assert_true(f->s->ahead.ready); /* seed 8 */
+	/* The trainer goes: its epoch's order and the one built ahead stay,
+	 * held by no uid's quota. */
+	sess_detach(f->s);
+	f->s = NULL;
+	assert_int_equal(f->d.kept.n, 2);
+	assert_int_equal(f->d.kept.bytes, 2 * N * sizeof(uint64_t));
+	assert_int_equal(f->d.quota.held[QUOTA_MEMORY], 0);
+
+	/* Restarted, it redoes epoch 1: the kept order, at once, and the
+	 * right one (every sample once, in seed 7's order). */
+	open_session(f, "host", 32, 0);
+	assert_true(start_shuffle_taken(f, 1, 7));
+	assert_int_equal(f->d.kept.n, 1);
+	assert_int_equal(consume_epoch(f, 1, &spec, 32), 10);
+	run_until(f, no_jobs);
+	sess_detach(f->s);
+	f->s = NULL;
+
+	/* A Loader per epoch: the next session's epoch 2 (seed 8) is the
+	 * order the first one built ahead. */
+	open_session(f, "host", 32, 0);
+	spec.seed = 8;
+	assert_true(start_shuffle_taken(f, 2, 8));
+	assert_int_equal(consume_epoch(f, 2, &spec, 32), 10);
+	run_until(f, no_jobs);
+	/* Another rank's share is another order: built anew. */
+	sess_detach(f->s);
+	f->s = NULL;
+	open_session(f, "host", 32, 0);
+	{
+		Pf__StartEpoch req = PF__START_EPOCH__INIT;
+
+		req.epoch = 2, req.order = PF__ORDER__ORDER_SHUFFLE, req.seed = 8;
+		req.rank = 1, req.world = 2;
+		assert_int_equal(sess_start_epoch(f->s, ++f->last_id, &req), 0);
+		assert_non_null(f->s->building);
+		want_epoch = 2;
+		run_until(f, epoch_started);
+	}
+	run_until(f, no_jobs);
+	sess_detach(f->s);
+	f->s = NULL;
+	/* They expire with pool_linger; with pool_linger = 0 none is kept. */
+	assert_true(f->d.kept.n > 0);
+	order_keep_purge(&f->d.kept, now_ns() + (int64_t)(f->d.cfg.pool_linger * 1e9) + 1);
+	assert_int_equal(f->d.kept.n, 0);
+	assert_int_equal(f->d.kept.bytes, 0);
+	f->d.cfg.pool_linger = 0;
+	open_session(f, "host", 32, 0);
+	spec.seed = 9;
+	assert_false(start_shuffle_taken(f, 3, 9));
+	assert_int_equal(consume_epoch(f, 3, &spec, 32), 10);
+	run_until(f, no_jobs);
+	sess_detach(f->s);
+	f->s = NULL;
+	assert_int_equal(f->d.kept.n, 0);
+}
+
 static uint64_t want_sent;
 
 static bool all_sent(struct fixture *f)
@@ -1014,7 +1099,7 @@ static void a_lingering_pool_serves_the_next_session_from_its_first_batch(void *
 	struct order_spec spec = {.kind = ORDER_SHUFFLE, .seed = 40};
 	struct pool *p = fill_and_leave(f);
 	uint64_t bytes = pool_bytes(p);
-	int inline_before, gathers;
+	int inline_before, gathers, opened_at, live = 0, slabs_at_open = 0;
 
 	/* No session, everything kept, and it says so. */
 	assert_true(pool_lingering(p));
@@ -1024,11 +1109,20 @@ static void a_lingering_pool_serves_the_next_session_from_its_first_batch(void *
 	assert_true(pool_linger_left(p, now_ns()) > CONFIG_POOL_LINGER_DEFAULT - 5);
 	/* A new trainer on the same dataset and GPU: every batch of its first
 	 * epoch is all hits, byte-exact, with nothing over PCIe. */
+	opened_at = f->nmsgs;
 	open_gather = true;
 	open_session(f, "cuda:0", 32, 0);
 	open_gather = false;
 	assert_ptr_equal(f->s->cuda.pool, p);
 	assert_false(pool_lingering(p));
+	/* Every slab holding rows came right after Opened, before any epoch
+	 * (the client maps them while the first order is built). */
+	for (uint32_t j = 0; j < p->nslabs; j++)
+		live += p->slabs[j].live && p->slabs[j].used;
+	assert_true(live > 0);
+	for (int i = opened_at; i < f->nmsgs; i++)
+		slabs_at_open += f->msgs[i].what == PF__ENVELOPE__MSG_POOL_SLAB;
+	assert_int_equal(slabs_at_open, live);
 	inline_before = count_inline(f);
 	gathers = gpu_fake_gathers_run();
 	start_epoch(f, 40, PF__ORDER__ORDER_SHUFFLE, 40);
@@ -1309,6 +1403,8 @@ int main(void)
 			a_host_epoch_delivers_every_sample_once_with_its_bytes, setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			a_block_shuffled_epoch_has_its_successor_built_ahead, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			an_order_outlives_its_session_for_the_trainer_that_comes_back, setup, teardown),
 		cmocka_unit_test_setup_teardown(the_pump_keeps_target_batches_ahead_and_no_more,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(
