@@ -18,8 +18,8 @@ prefetchd's default configuration (pool_linger 300 s) but for the keys named:
             pool off.  Target: pool on at least 0.95 of pool off (what fits in no pool must
             not get slower for the pool's bookkeeping).
 
-Every process checks an epoch after its timed one (every pick once, the float64 sum of every
-value equal to the file's, sampled rows equal); a failed check exits 1.
+Every process checks an epoch after its timed one, with a second Loader (every pick once, the
+float64 sum of every value equal to the file's, sampled rows equal); a failed check exits 1.
 
   python3 bench/pool_linger.py [--gib 4] [--data DIR] [--json OUT] [--skip restart,overflow]
 """
@@ -88,7 +88,13 @@ def child(args):
         res["h2d_bytes"] = mine[0].get("h2d_bytes") if mine else None
         res["pool_hits"] = mine[0].get("pool_hits") if mine else None
         res["hit_rate"] = pool_of(st).get("hit_rate")
-        res["check"] = ts.verify_epoch(torch, loader, data, args.epoch + 100)
+    # The check in a Loader of its own, as a script that makes a Loader per epoch would:
+    # the timed session's orders (its epoch's, and the next one built ahead) stay the
+    # daemon's for the next process, not replaced by the check's.
+    with prefetch.Loader("bench", batch_size=ts.BATCH_ROWS, device="cuda:0", shuffle=True,
+                         seed=args.seed, socket=args.sock, name="pool_linger-check",
+                         timeout=120) as check:
+        res["check"] = ts.verify_epoch(torch, check, data, args.epoch + 100)
     res["batches"] = n
     res["start_s"] = t_cuda - t_start
     res["open_s"] = t_open - t_cuda

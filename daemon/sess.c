@@ -101,6 +101,9 @@ static void sess_free(struct sess *s)
 		free(s->slots[i].stage_off);
 		big_free(s->slots[i].rows, (size_t)s->batch_size * sizeof(uint64_t));
 	}
+	/* How long its orders are kept, while the dataset is still ours. */
+	double keep_s = s->ds ? daemon_pool_linger(s->d, s->ds) : 0;
+
 	/* Before the dataset: its last session gone, a retired dataset's
 	 * pools may be freed with it. */
 	sess_cuda_release(s);
@@ -122,8 +125,8 @@ static void sess_free(struct sess *s)
 	free(s->slots);
 	fill_layout_free(&s->lay);
 	/* Every job is back: nothing reads the picks any more. */
-	order_keep_put(&s->d->kept, &s->order_spec, s->order_space, s->picks, s->npicks,
-		       daemon_pool_linger(s->d, s->ds), now_ns());
+	order_keep_put(&s->d->kept, &s->order_spec, s->order_space, s->picks, s->npicks, keep_s,
+		       now_ns());
 	if (s->cuda.retry_live) {
 		s->cuda.retry.data = s;
 		uv_close((uv_handle_t *)&s->cuda.retry, free_sess_mem);
