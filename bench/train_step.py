@@ -625,7 +625,7 @@ def run_cuda_bench(path):
     log("running %s (make bench-cuda) for the reference rate" % path)
     p = subprocess.run([path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=400)
     out = p.stdout.decode("utf-8", "replace")
-    res = {"rc": p.returncode, "tail": out[-3000:]}
+    res = {"rc": p.returncode, "tail": out[-6000:]}
     m = re.search(r"^prefetchd delivered on cuda:0\s+([0-9.]+)", out, re.M)
     if m:
         res["gbs"] = float(m.group(1))
@@ -707,6 +707,7 @@ def main(argv=None):
     if args.cuda_bench != "none" and "tight" not in skip:
         cb = run_cuda_bench(args.cuda_bench)
         results["cuda_bench"] = {k: v for k, v in cb.items() if k != "tail"}
+        results["cuda_bench_output"] = cb.get("tail")
         if cb["rc"] or "gbs" not in cb:
             log("make bench-cuda failed (rc %s):\n%s" % (cb["rc"], cb["tail"]))
     ctx["data"] = prepare_data(args)
