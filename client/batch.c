@@ -92,6 +92,7 @@ static void queue_release(struct pf_client *c, struct pfc_release *r, const stru
 	r->dbuf = dbuf;
 	r->event = e;
 	r->stream = stream;
+	r->queued_ns = mono();
 	r->done = event_done;
 	r->free_event = event_put;
 	r->next = NULL;
@@ -140,7 +141,20 @@ int pfc_send_release(struct pf_client *c, uint64_t epoch, uint64_t seq, int32_t 
  * it keeps polling that long for the rest (pf_close).  An event query costs
  * 1.7 us on an H200 (bench/NOTES.md): once one is not done, the later
  * releases of its stream are not asked about. */
+static int flush(struct pf_client *c, int wait_ms, int64_t fresh_after);
+
 int pfc_flush_releases(struct pf_client *c, int wait_ms)
+{
+	return flush(c, wait_ms, INT64_MAX);
+}
+
+int pfc_flush_settled(struct pf_client *c)
+{
+	return c->releases ? flush(c, 0, mono() - PFC_FRESH_NS) : 0;
+}
+
+/* Releases queued after fresh_after count as pending, unasked. */
+static int flush(struct pf_client *c, int wait_ms, int64_t fresh_after)
 {
 	int64_t deadline = pfc_deadline_after(wait_ms);
 	int rc = 0;
@@ -157,7 +171,7 @@ int pfc_flush_releases(struct pf_client *c, int wait_ms)
 
 			for (k = 0; k < nbusy && busy[k] != r->stream; k++)
 				;
-			if (k < nbusy)
+			if (k < nbusy || r->queued_ns > fresh_after)
 				done = 0;
 			else if (r->done)
 				done = r->done(r->event);
@@ -1103,7 +1117,7 @@ int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_
 
 	if (c->dead)
 		return pfc_fail_dead(c);
-	rc = pfc_flush_releases(c, 0);
+	rc = pfc_flush_settled(c);
 	if (rc)
 		return rc;
 	for (;;) {

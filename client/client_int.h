@@ -45,6 +45,10 @@
 #define PFC_MAX_QUEUED 4096
 /* While releases wait for the GPU, pf_next checks them this often. */
 #define PFC_RELEASE_POLL_NS 200000
+/* A release queued less than this long ago is not asked about by the flush
+ * at the start of pf_next (its GPU work has rarely retired yet, and each
+ * question costs 1.4 us): the next call's flush, or the wait's, sends it. */
+#define PFC_FRESH_NS 20000
 /* Arena ids index a table; the daemon makes a handful per session. */
 #define PFC_MAX_ARENAS 1024
 /* Slots per session; the bitmap of slots this client holds is this big at
@@ -121,6 +125,7 @@ struct pfc_release {
 	 * ones of its stream are not either (pfc_flush_releases asks no
 	 * more). */
 	const void *stream;
+	int64_t queued_ns; /* mono() when queued */
 	int (*done)(void *event);
 	void (*free_event)(void *event);
 	struct pfc_release *next;
@@ -360,6 +365,8 @@ int pfc_keep_pool(struct pf_client *c, const Pf__SessionOpened *so);
 void pfc_unmap_slabs(struct pf_client *c);
 int pfc_send_release(struct pf_client *c, uint64_t epoch, uint64_t seq, int32_t slot);
 int pfc_flush_releases(struct pf_client *c, int wait_ms);
+/* The same, leaving the releases queued within PFC_FRESH_NS unasked. */
+int pfc_flush_settled(struct pf_client *c);
 int pfc_release_queue(struct pf_client *c);
 void pfc_drop_releases(struct pf_client *c);
 void pfc_unmap_arenas(struct pf_client *c, struct pfc_arena *arenas, uint32_t n);

@@ -291,8 +291,12 @@ int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
 			if (n != -EAGAIN)
 				goto fill_failed;
 		}
-		/* Nothing to read: what waits corked goes out before we wait. */
-		rc = pfc_uncork(c);
+		/* Nothing to read: releases whose work is done (those that were
+		 * too fresh to ask about, pfc_flush_settled, included) and what
+		 * waits corked go out before we wait. */
+		rc = c->releases ? pfc_flush_releases(c, 0) : 0;
+		if (!rc)
+			rc = pfc_uncork(c);
 		if (rc)
 			return rc;
 		pfd.fd = c->sock;
