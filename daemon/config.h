@@ -5,7 +5,7 @@
  *   socket = /run/prefetchd/prefetchd.sock
  *   socket_mode = 0660
  *   socket_group = prefetch         ; group owning the socket (optional)
- *   readers = auto                  ; reader threads (auto: half the usable CPUs, >= 2)
+ *   readers = auto                  ; reader threads (auto: usable CPUs less a fifth, >= 2)
  *   ring_bytes = auto               ; pinned reader ring (CUDA sessions; auto:
  *                                   ; 1/256 of the memory, 256M .. 1G)
  *   arena_bytes = 256M              ; largest single arena

@@ -402,11 +402,14 @@ void daemon_config_machine(struct config *cfg, char *why, size_t len)
 		cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
 		if (cpus <= 0)
 			cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
-		/* Half the CPUs: the tight loop's best on the 16-core H200 (8
-		 * readers, the sweep of bench/train_step.py), and every reader
-		 * more costs a compute-bound trainer's step (4: +1.8%, 8:
-		 * +3.7-4.7%, 13: +5.7-10.7% there, bench/NOTES.md). */
-		cfg->readers = cpus >= 4 ? (unsigned)cpus / 2 : 2;
+		/* All but a fifth of the CPUs (at least 2 left for the trainer,
+		 * the loop and the transfer threads): 13 on the 16-core H200,
+		 * where the sweep of bench/train_step.py put 13 readers first
+		 * in every call of run 22 (16 were slower again), and where,
+		 * since the client copies and gathers itself, 13 readers cost
+		 * a compute-bound step +0.84% against 4's +0.65% (run 21,
+		 * bench/NOTES.md). */
+		cfg->readers = cpus >= 4 ? (unsigned)(cpus - (cpus / 5 > 2 ? cpus / 5 : 2)) : 2;
 		if (cfg->readers > 32)
 			cfg->readers = 32;
 		snprintf(rwhy, sizeof(rwhy), "readers = %u (auto: %d usable CPUs)", cfg->readers,

@@ -108,8 +108,8 @@ void daemon_config_pools(struct daemon *d);
  * cgroup's limit when lower), memory_per_uid auto half of the budget. */
 void daemon_config_quota(struct daemon *d);
 /* readers and ring_bytes set to auto (the default) take values that fit
- * the machine the daemon may use: readers = half its usable CPUs (its
- * affinity mask), at least 2 and at most 32; ring_bytes = 1/256 of its memory (the
+ * the machine the daemon may use: readers = its usable CPUs (its
+ * affinity mask) less a fifth of them (2 at least), at least 2 and at most 32; ring_bytes = 1/256 of its memory (the
  * machine's, or its cgroup's limit), 256 MiB .. 1 GiB.  why (may be NULL)
  * says what was chosen from what.  Startup and reload alike, so that a
  * reload of an unchanged file changes nothing. */

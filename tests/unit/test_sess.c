@@ -1373,7 +1373,7 @@ static void auto_readers_and_ring_fit_the_machine_and_set_values_stay(void **sta
 {
 	struct config cfg;
 	cpu_set_t set;
-	int cpus;
+	int cpus, want;
 	char why[200];
 
 	(void)state;
@@ -1381,7 +1381,8 @@ static void auto_readers_and_ring_fit_the_machine_and_set_values_stay(void **sta
 	cpus = CPU_COUNT(&set);
 	config_defaults(&cfg);
 	daemon_config_machine(&cfg, why, sizeof(why));
-	assert_int_equal(cfg.readers, cpus >= 4 ? (cpus / 2 > 32 ? 32 : cpus / 2) : 2);
+	want = cpus >= 4 ? cpus - (cpus / 5 > 2 ? cpus / 5 : 2) : 2;
+	assert_int_equal(cfg.readers, want > 32 ? 32 : want);
 	assert_true(cfg.ring_bytes >= (256ULL << 20) && cfg.ring_bytes <= (1ULL << 30));
 	assert_int_equal(cfg.ring_bytes % (2ULL << 20), 0);
 	assert_non_null(strstr(why, "readers = "));
