@@ -693,6 +693,20 @@ static bool start_shuffle_taken(struct fixture *f, uint64_t epoch, uint64_t seed
 	return taken;
 }
 
+/* A session that runs one shuffled epoch, checked, and goes; taken: its
+ * order must (not) have come at once. */
+static void session_of_one_epoch(struct fixture *f, uint64_t epoch, uint64_t seed, bool taken)
+{
+	struct order_spec spec = {.kind = ORDER_SHUFFLE, .seed = seed};
+
+	open_session(f, "host", 32, 0);
+	assert_int_equal(start_shuffle_taken(f, epoch, seed), taken);
+	assert_int_equal(consume_epoch(f, epoch, &spec, 32), 10);
+	run_until(f, no_jobs);
+	sess_detach(f->s);
+	f->s = NULL;
+}
+
 static void an_order_outlives_its_session_for_the_trainer_that_comes_back(void **state)
 {
 	struct fixture *f = *state;
@@ -723,14 +737,8 @@ static void an_order_outlives_its_session_for_the_trainer_that_comes_back(void *
 
 	/* A Loader per epoch: the next session's epoch 2 (seed 8) is the
 	 * order the first one built ahead. */
-	open_session(f, "host", 32, 0);
-	spec.seed = 8;
-	assert_true(start_shuffle_taken(f, 2, 8));
-	assert_int_equal(consume_epoch(f, 2, &spec, 32), 10);
-	run_until(f, no_jobs);
+	session_of_one_epoch(f, 2, 8, true);
 	/* Another rank's share is another order: built anew. */
-	sess_detach(f->s);
-	f->s = NULL;
 	open_session(f, "host", 32, 0);
 	{
 		Pf__StartEpoch req = PF__START_EPOCH__INIT;
@@ -751,13 +759,7 @@ static void an_order_outlives_its_session_for_the_trainer_that_comes_back(void *
 	assert_int_equal(f->d.kept.n, 0);
 	assert_int_equal(f->d.kept.bytes, 0);
 	f->d.cfg.pool_linger = 0;
-	open_session(f, "host", 32, 0);
-	spec.seed = 9;
-	assert_false(start_shuffle_taken(f, 3, 9));
-	assert_int_equal(consume_epoch(f, 3, &spec, 32), 10);
-	run_until(f, no_jobs);
-	sess_detach(f->s);
-	f->s = NULL;
+	session_of_one_epoch(f, 3, 9, false);
 	assert_int_equal(f->d.kept.n, 0);
 }
 
