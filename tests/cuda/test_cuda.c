@@ -14,7 +14,9 @@
  *
  * With no GPU every case skips and says why: the test process cannot open
  * CUDA device 0, or the daemon refuses cuda:0 (-ENODEV).  PF_REQUIRE_GPU=1
- * (make check-cuda) turns those skips into failures.
+ * (make check-cuda) turns those skips into failures.  The two-GPU cases
+ * (issue 20: a trainer per GPU, each with its own CUDA_VISIBLE_DEVICES) run
+ * only when the test process can open device 1, and say so when not.
  *
  * DESIGN: one binary, two roles.  Run plainly it is the cmocka test
  * process: it starts a daemon per case and spawns trainers.  Run as
@@ -95,6 +97,9 @@ struct topts {
 	double reconnect_s;  /* pf_open_opts.reconnect_s */
 	uint32_t step_us;    /* restart: the "training step" after each batch */
 	uint32_t reconnects; /* restart: reconnections the run must see */
+	uint32_t rank, world; /* epochs: this rank's share (world 0: all); N % world == 0 */
+	uint32_t gpu;	      /* the daemon's ordinal of our cuda:0 (status shows cuda:gpu) */
+	const char *seen_out; /* epochs: the last epoch's picks as N flag bytes, to this file */
 };
 
 /* What one epoch delivered, by batch seq. */
@@ -238,10 +243,17 @@ static uint64_t t_session(const struct trainer *t)
 
 /* Starts a shuffled epoch; the previous epoch's log is freed (take it
  * first to keep it). */
+/* Picks of this trainer's share of an epoch (N % world == 0: no padding). */
+static uint64_t t_share(const struct trainer *t)
+{
+	return t->o.world > 1 ? t->n / t->o.world : t->n;
+}
+
 static void t_start(struct trainer *t, uint64_t seed)
 {
-	struct pf_epoch_opts eo = {.order = PF_ORDER_SHUFFLE, .seed = seed};
-	uint64_t want = (t->n + t->o.batch - 1) / t->o.batch;
+	struct pf_epoch_opts eo = {
+		.order = PF_ORDER_SHUFFLE, .seed = seed, .rank = t->o.rank, .world = t->o.world};
+	uint64_t want = (t_share(t) + t->o.batch - 1) / t->o.batch;
 	int rc;
 
 	free(t->ep.picks);
@@ -277,7 +289,7 @@ static void t_check(struct trainer *t, const struct pf_batch *b)
 		tfail("batch seq %" PRIu64 " delivered twice", b->seq);
 	/* drop_last is off: only the last batch is short. */
 	want = b->seq + 1 < t->ep.announced ? t->o.batch
-					    : (uint32_t)(t->n - (t->ep.announced - 1) * t->o.batch);
+					    : (uint32_t)(t_share(t) - (t->ep.announced - 1) * t->o.batch);
 	if (b->count != want)
 		tfail("batch %" PRIu64 " holds %u samples, want %u", b->seq, b->count, want);
 	for (uint32_t f = 0; f < t->nfields; f++) {
@@ -341,8 +353,15 @@ static void t_epoch_complete(struct trainer *t)
 	for (uint64_t s = 0; s < t->ep.announced; s++)
 		if (!t->ep.count[s])
 			tfail("epoch ended without batch %" PRIu64, s);
-	if (t->ep.delivered != t->n)
-		tfail("epoch delivered %" PRIu64 " picks, want %" PRIu64, t->ep.delivered, t->n);
+	if (t->ep.delivered != t_share(t))
+		tfail("epoch delivered %" PRIu64 " picks, want %" PRIu64, t->ep.delivered,
+		      t_share(t));
+	if (t->o.seen_out) {
+		FILE *f = fopen(t->o.seen_out, "wb");
+
+		if (!f || fwrite(t->seen, 1, t->n, f) != t->n || fclose(f))
+			tfail("cannot write %s", t->o.seen_out);
+	}
 }
 
 /* Takes batches to the end of the epoch, releasing each. */
@@ -440,6 +459,10 @@ static void mode_lag(struct trainer *t)
 
 static void mode_epochs(struct trainer *t)
 {
+	char want_dev[32];
+
+	if (t->o.world > 1 && N_ROWS % t->o.world)
+		tfail("world %u does not divide the %d rows", t->o.world, N_ROWS);
 	t_open(t, t->o.min_depth, t->o.max_depth);
 	for (uint32_t e = 0; e < t->o.epochs; e++) {
 		struct pf_batch *b;
@@ -455,8 +478,9 @@ static void mode_epochs(struct trainer *t)
 			/* Before the 2nd pf_next: no probe can have resized it yet. */
 			ss = t_status(t, &env);
 			log_status("after batch 1", ss);
-			if (strcmp(ss->device, "cuda:0"))
-				tfail("status says device '%s', want cuda:0", ss->device);
+			snprintf(want_dev, sizeof(want_dev), "cuda:%u", t->o.gpu);
+			if (strcmp(ss->device, want_dev))
+				tfail("status says device '%s', want %s", ss->device, want_dev);
 			if (ss->arenas == 0)
 				tfail("a cuda:0 session with a batch taken shows no arenas");
 			if (t->o.halved &&
@@ -835,13 +859,15 @@ static void mode_oom(struct trainer *t)
 static Pf__PoolStatus *t_pool(struct trainer *t, Pf__Envelope **env)
 {
 	Pf__PoolStatus *p;
+	char dev[32];
 
 	*env = td_status(t->o.sock);
 	if (!*env)
 		tfail("no status from the daemon");
-	p = td_pool(*env, "d");
+	snprintf(dev, sizeof(dev), "cuda:%u", t->o.gpu);
+	p = td_pool_on(*env, "d", dev);
 	if (!p)
-		tfail("status shows no VRAM pool for dataset d");
+		tfail("status shows no VRAM pool for dataset d on %s", dev);
 	return p;
 }
 
@@ -1093,6 +1119,14 @@ static int trainer_main(int argc, char **argv)
 			t.o.step_us = (uint32_t)strtoul(v, NULL, 10);
 		else if (!strncmp(a, "reconnects=", 11))
 			t.o.reconnects = (uint32_t)strtoul(v, NULL, 10);
+		else if (!strncmp(a, "rank=", 5))
+			t.o.rank = (uint32_t)strtoul(v, NULL, 10);
+		else if (!strncmp(a, "world=", 6))
+			t.o.world = (uint32_t)strtoul(v, NULL, 10);
+		else if (!strncmp(a, "gpu=", 4))
+			t.o.gpu = (uint32_t)strtoul(v, NULL, 10);
+		else if (!strncmp(a, "seen_out=", 9))
+			t.o.seen_out = v;
 		else
 			tfail("unknown trainer argument '%s'", a);
 	}
@@ -1476,11 +1510,19 @@ static void run_trainer(const char *name, const char *const *args, int timeout_m
 	print_message("trainer %s passed in %.1f s\n", name, td_now() - t0);
 }
 
+/* Device 1 as the test process sees it, for the two-GPU cases (main opens
+ * it, and runs them only if it opens). */
+static struct pfcuda_dev *gpu1; /* owned, closed in main */
+
+/* Free memory of the device the test's memory checks look at: device 0,
+ * or device 1 while a two-GPU case sets watch_gpu1. */
+static bool watch_gpu1;
+
 static uint64_t gpu_free(void)
 {
 	uint64_t free_b = 0, total = 0;
 	char msg[256] = "";
-	int rc = pfcuda_mem_info(gpu, &free_b, &total, msg, sizeof(msg));
+	int rc = pfcuda_mem_info(watch_gpu1 ? gpu1 : gpu, &free_b, &total, msg, sizeof(msg));
 
 	if (rc)
 		fail_msg("pfcuda_mem_info: %d %s", rc, msg);
@@ -2059,6 +2101,161 @@ static void killed_daemon_is_ridden_through_by_a_reconnecting_trainer_over_legac
 	restart_test("ipc = legacy\n", "ipc=default");
 }
 
+/* ---- two GPUs (issue 20): run only when the test process sees two -------- */
+
+/* A trainer on one GPU: CUDA_VISIBLE_DEVICES=g, so that its cuda:0 is the
+ * daemon's cuda:g, found by PCI bus id. */
+static struct kid *spawn_on(int g, const char *name, const char *const *args)
+{
+	char v[16];
+	struct kid *k;
+
+	snprintf(v, sizeof(v), "%d", g);
+	setenv("CUDA_VISIBLE_DEVICES", v, 1); /* the child's; ours is set up already */
+	k = spawn(name, args);
+	unsetenv("CUDA_VISIBLE_DEVICES");
+	return k;
+}
+
+static void wait_trainer(struct kid *k, const char *name, double t0)
+{
+	kid_reap(k, 180000);
+	kid_verdict(k, false);
+	print_message("trainer %s passed in %.1f s\n", name, td_now() - t0);
+}
+
+static void two_trainers_on_two_gpus_get_byte_exact_epochs_and_ranks_cover_one(void **state)
+{
+	char seen0[400], seen1[400], out0[420], out1[420];
+	const char *a0[] = {"mode=epochs", "epochs=2", "seed=31", "gpu=0", "rank=0", "world=2",
+			    out0, NULL};
+	const char *a1[] = {"mode=epochs", "epochs=2", "seed=31", "gpu=1", "rank=1", "world=2",
+			    out1, NULL};
+	uint8_t *s0 = malloc(N_ROWS), *s1 = malloc(N_ROWS);
+	struct kid *k0, *k1;
+	uint64_t both = 0, none = 0;
+	double t0 = td_now();
+	FILE *f;
+
+	need_gpu();
+	assert_non_null(s0);
+	assert_non_null(s1);
+	start_daemon("", NULL);
+	td_path(&fx.td, "seen0", seen0, sizeof(seen0));
+	td_path(&fx.td, "seen1", seen1, sizeof(seen1));
+	snprintf(out0, sizeof(out0), "seen_out=%s", seen0);
+	snprintf(out1, sizeof(out1), "seen_out=%s", seen1);
+	k0 = spawn_on(0, "rank0", a0);
+	k1 = spawn_on(1, "rank1", a1);
+	wait_trainer(k0, "rank0 (cuda:0)", t0);
+	wait_trainer(k1, "rank1 (cuda:1)", t0);
+	/* Each rank checked its share byte by byte; together they are the
+	 * epoch, every pick once. */
+	f = fopen(seen0, "rb");
+	assert_non_null(f);
+	assert_int_equal(fread(s0, 1, N_ROWS, f), N_ROWS);
+	fclose(f);
+	f = fopen(seen1, "rb");
+	assert_non_null(f);
+	assert_int_equal(fread(s1, 1, N_ROWS, f), N_ROWS);
+	fclose(f);
+	for (uint32_t i = 0; i < N_ROWS; i++) {
+		both += s0[i] && s1[i];
+		none += !s0[i] && !s1[i];
+	}
+	print_message("ranks 0 and 1 of world 2 on cuda:0 and cuda:1: %" PRIu64
+		      " picks in both, %" PRIu64 " in neither, of %d\n",
+		      both, none, N_ROWS);
+	assert_int_equal(both, 0);
+	assert_int_equal(none, 0);
+	free(s0);
+	free(s1);
+	stop_daemon();
+	fx.done = true;
+}
+
+static void a_trainer_killed_on_one_gpu_leaves_the_other_gpus_session_byte_exact(void **state)
+{
+	const char *stream_args[] = {"mode=stream", "min_depth=4", "max_depth=4", "seed=1100",
+				     NULL};
+	const char *victim_args[] = {"mode=hold", "batch=8192", "seed=1200", NULL};
+	struct kid *streamer, *v;
+	uint64_t base, session, now;
+	double deadline;
+	char line[256];
+
+	need_gpu();
+	start_daemon("", NULL);
+	streamer = spawn_on(0, "streamer", stream_args);
+	kid_line(streamer, "streaming", 60000, false, line, sizeof(line));
+	watch_gpu1 = true;
+	base = settled_gpu_free();
+	v = spawn_on(1, "victim", victim_args);
+	kid_line(v, "holding ", 60000, false, line, sizeof(line));
+	session = strtoull(line + strlen("holding "), NULL, 10);
+	assert_true(session > 0);
+	deadline = td_now() + 2;
+	while (session_held(session) < 3 && td_now() < deadline)
+		usleep(5000);
+	assert_true(session_held(session) >= 3);
+	assert_true(session_figure(session, true) >= (int64_t)(8 * MiB));
+	kill(v->pid, SIGKILL);
+	kid_reap(v, 10000);
+	kid_close_fds(v);
+	v->name[0] = '\0';
+	now = wait_gone_and_memory_back(session, base, 0);
+	watch_gpu1 = false;
+	print_message("victim on cuda:1 killed: free memory there %.1f MiB, baseline %.1f MiB "
+		      "(%+.2f MiB)\n",
+		      now / (double)MiB, base / (double)MiB, ((double)now - (double)base) / MiB);
+	if (kid_reap(streamer, 0)) {
+		kid_verdict(streamer, false);
+		fail_msg("the trainer on cuda:0 exited when the one on cuda:1 was killed");
+	}
+	/* It streamed on, every byte checked; stdin closed, it stops. */
+	close(streamer->in);
+	streamer->in = -1;
+	kid_reap(streamer, 30000);
+	kid_verdict(streamer, false);
+	stop_daemon();
+	fx.done = true;
+}
+
+static void pools_on_two_gpus_fill_and_serve_each_from_its_own_gpu(void **state)
+{
+	const char *a0[] = {"mode=pool", "pool=all", "seed=1300", "gpu=0", NULL};
+	const char *a1[] = {"mode=pool", "pool=all", "seed=1400", "gpu=1", NULL};
+	struct kid *k0, *k1;
+	double t0 = td_now();
+	Pf__Envelope *env;
+
+	need_gpu();
+	start_daemon("", NULL);
+	k0 = spawn_on(0, "pooler0", a0);
+	k1 = spawn_on(1, "pooler1", a1);
+	wait_trainer(k0, "pooler0 (cuda:0)", t0);
+	wait_trainer(k1, "pooler1 (cuda:1)", t0);
+	/* One pool per GPU, each holding every row: each trainer checked that
+	 * its second epoch moved no sample byte over PCIe. */
+	env = td_status(fx.td.sock);
+	assert_non_null(env);
+	for (int g = 0; g < 2; g++) {
+		char dev[16];
+		Pf__PoolStatus *p;
+
+		snprintf(dev, sizeof(dev), "cuda:%d", g);
+		p = td_pool_on(env, "d", dev);
+		if (!p)
+			fail_msg("status shows no pool for dataset d on %s", dev);
+		print_message("pool on %s: %" PRIu64 "/%" PRIu64 " rows, %.2f MiB\n", dev, p->rows,
+			      p->samples, p->bytes / (double)MiB);
+		assert_int_equal(p->rows, N_ROWS);
+	}
+	pf__envelope__free_unpacked(env, NULL);
+	stop_daemon();
+	fx.done = true;
+}
+
 #define CASE(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 
 int main(int argc, char **argv)
@@ -2096,6 +2293,24 @@ int main(int argc, char **argv)
 	/* A trainer that dies must not take the test process with it. */
 	signal(SIGPIPE, SIG_IGN);
 	rc = cmocka_run_group_tests(tests, NULL, NULL);
+	{
+		const struct CMUnitTest two[] = {
+			CASE(two_trainers_on_two_gpus_get_byte_exact_epochs_and_ranks_cover_one),
+			CASE(a_trainer_killed_on_one_gpu_leaves_the_other_gpus_session_byte_exact),
+			CASE(pools_on_two_gpus_fill_and_serve_each_from_its_own_gpu),
+		};
+		char msg[256] = "";
+
+		/* Two-GPU cases only where there are two (not a skip: make
+		 * check-cuda on one GPU must pass). */
+		if (pfcuda_open(1, &gpu1, msg, sizeof(msg)) == 0)
+			rc |= cmocka_run_group_tests(two, NULL, NULL);
+		else
+			printf("two-GPU cases not run: the test process cannot open CUDA device 1 "
+			       "(%s)\n",
+			       msg);
+	}
+	pfcuda_close(gpu1);
 	pfcuda_close(gpu);
 	return rc;
 }

@@ -462,10 +462,16 @@ int td_write_tokens(const char *path, uint64_t tokens, uint64_t seed, uint64_t f
 
 Pf__PoolStatus *td_pool(Pf__Envelope *status, const char *dataset)
 {
+	return td_pool_on(status, dataset, NULL);
+}
+
+Pf__PoolStatus *td_pool_on(Pf__Envelope *status, const char *dataset, const char *device)
+{
 	Pf__StatusReply *r = status ? status->status_reply : NULL;
 
 	for (size_t i = 0; r && i < r->n_pools; i++)
-		if (!strcmp(r->pools[i]->dataset, dataset))
+		if (!strcmp(r->pools[i]->dataset, dataset) &&
+		    (!device || !strcmp(r->pools[i]->device, device)))
 			return r->pools[i];
 	return NULL;
 }

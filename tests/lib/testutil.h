@@ -89,6 +89,8 @@ Pf__Envelope *td_status(const char *sock);
 Pf__SessionStatus *td_session(Pf__Envelope *status, uint64_t session);
 /* The first VRAM pool of dataset in status (tests use one GPU), or NULL. */
 Pf__PoolStatus *td_pool(Pf__Envelope *status, const char *dataset);
+/* The same, on device ("cuda:N") only. */
+Pf__PoolStatus *td_pool_on(Pf__Envelope *status, const char *dataset, const char *device);
 /* prefetchctl pool DATASET on|off|drop through the protocol.  0 or -errno. */
 int td_pool_control(const char *sock, const char *dataset, Pf__PoolAction action,
 		    uint64_t *bytes_freed);
