@@ -8,7 +8,7 @@
 #   make check      the whole test suite, Python's included (CUDA tests skip
 #                   without a GPU)
 #   make check-cuda the CUDA tests, C and torch (needs a GPU)
-#   make bench-host / bench-cuda / bench-train / bench-linger
+#   make bench-host / bench-cuda / bench-train / bench-linger / bench-cold / bench-multi
 #   make install PREFIX=/usr/local DESTDIR=   (builds only what it installs;
 #                   PYTHONDIR=DIR puts the Python package there too)
 #   make uninstall PREFIX=/usr/local DESTDIR=
@@ -131,7 +131,7 @@ PROGS := $(B)/prefetchd $(B)/prefetchctl $(B)/libprefetch.so $(B)/libprefetch.a 
          $(B)/libprefetch.pc $(TOOLS)
 
 .SECONDARY:
-.PHONY: all run serve stop check check-unit check-integration check-cuda bench-host bench-cuda bench-train bench-linger bench-cold \
+.PHONY: all run serve stop check check-unit check-integration check-cuda bench-host bench-cuda bench-train bench-linger bench-cold bench-multi \
         install uninstall clean deps format
 all: $(PROGS) $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(TEST_PROGS) $(BENCHES)
 
@@ -350,6 +350,11 @@ bench-train: all
 # pool lingering and without it; a dataset twice its pool budget.
 bench-linger: all
 	@python3 bench/pool_linger.py
+
+# One daemon, a trainer per GPU: one alone, then two at once (rate, and the
+# step overhead on both), against the host's own gather limit (2 GPUs).
+bench-multi: all
+	@python3 bench/multi_gpu.py
 
 # A 16 GiB dataset read with read = direct: the disk's own sequential and
 # random rates, and prefetchd's with shuffle and block_shuffle (GPU machine).

@@ -2124,12 +2124,13 @@ static void wait_trainer(struct kid *k, const char *name, double t0)
 	print_message("trainer %s passed in %.1f s\n", name, td_now() - t0);
 }
 
-static void two_trainers_on_two_gpus_get_byte_exact_epochs_and_ranks_cover_one(void **state)
+/* Ranks 0 and 1 of world 2 on the daemon's cuda:g0 and cuda:g1. */
+static void ranks_test(int g0, int g1)
 {
-	char seen0[400], seen1[400], out0[420], out1[420];
-	const char *a0[] = {"mode=epochs", "epochs=2", "seed=31", "gpu=0", "rank=0", "world=2",
+	char seen0[400], seen1[400], out0[420], out1[420], gpu0[16], gpu1_arg[16];
+	const char *a0[] = {"mode=epochs", "epochs=2", "seed=31", gpu0, "rank=0", "world=2",
 			    out0, NULL};
-	const char *a1[] = {"mode=epochs", "epochs=2", "seed=31", "gpu=1", "rank=1", "world=2",
+	const char *a1[] = {"mode=epochs", "epochs=2", "seed=31", gpu1_arg, "rank=1", "world=2",
 			    out1, NULL};
 	uint8_t *s0 = malloc(N_ROWS), *s1 = malloc(N_ROWS);
 	struct kid *k0, *k1;
@@ -2140,15 +2141,17 @@ static void two_trainers_on_two_gpus_get_byte_exact_epochs_and_ranks_cover_one(v
 	need_gpu();
 	assert_non_null(s0);
 	assert_non_null(s1);
+	snprintf(gpu0, sizeof(gpu0), "gpu=%d", g0);
+	snprintf(gpu1_arg, sizeof(gpu1_arg), "gpu=%d", g1);
 	start_daemon("", NULL);
 	td_path(&fx.td, "seen0", seen0, sizeof(seen0));
 	td_path(&fx.td, "seen1", seen1, sizeof(seen1));
 	snprintf(out0, sizeof(out0), "seen_out=%s", seen0);
 	snprintf(out1, sizeof(out1), "seen_out=%s", seen1);
-	k0 = spawn_on(0, "rank0", a0);
-	k1 = spawn_on(1, "rank1", a1);
-	wait_trainer(k0, "rank0 (cuda:0)", t0);
-	wait_trainer(k1, "rank1 (cuda:1)", t0);
+	k0 = spawn_on(g0, "rank0", a0);
+	k1 = spawn_on(g1, "rank1", a1);
+	wait_trainer(k0, "rank0", t0);
+	wait_trainer(k1, "rank1", t0);
 	/* Each rank checked its share byte by byte; together they are the
 	 * epoch, every pick once. */
 	f = fopen(seen0, "rb");
@@ -2163,15 +2166,25 @@ static void two_trainers_on_two_gpus_get_byte_exact_epochs_and_ranks_cover_one(v
 		both += s0[i] && s1[i];
 		none += !s0[i] && !s1[i];
 	}
-	print_message("ranks 0 and 1 of world 2 on cuda:0 and cuda:1: %" PRIu64
+	print_message("ranks 0 and 1 of world 2 on cuda:%d and cuda:%d: %" PRIu64
 		      " picks in both, %" PRIu64 " in neither, of %d\n",
-		      both, none, N_ROWS);
+		      g0, g1, both, none, N_ROWS);
 	assert_int_equal(both, 0);
 	assert_int_equal(none, 0);
 	free(s0);
 	free(s1);
 	stop_daemon();
 	fx.done = true;
+}
+
+static void ranks_of_world_two_on_one_gpu_are_byte_exact_and_one_epoch(void **state)
+{
+	ranks_test(0, 0);
+}
+
+static void two_trainers_on_two_gpus_get_byte_exact_epochs_and_ranks_cover_one(void **state)
+{
+	ranks_test(0, 1);
 }
 
 static void a_trainer_killed_on_one_gpu_leaves_the_other_gpus_session_byte_exact(void **state)
@@ -2285,6 +2298,7 @@ int main(int argc, char **argv)
 		CASE(a_lingering_pool_gives_way_to_a_process_filling_the_gpu_then_leaves),
 		CASE(killed_daemon_is_ridden_through_by_a_reconnecting_trainer_over_fd),
 		CASE(killed_daemon_is_ridden_through_by_a_reconnecting_trainer_over_legacy_ipc),
+		CASE(ranks_of_world_two_on_one_gpu_are_byte_exact_and_one_epoch),
 	};
 	int rc;
 
