@@ -895,8 +895,10 @@ int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream)
 	}
 	/* The slot is rewritten after this release: its gather must be done
 	 * too, even if the trainer releases it on another stream (on the one
-	 * pf_next ordered after the gather, it is already). */
-	if (b->gather_ev && (!b->waited || b->waited_stream != stream))
+	 * pf_next ordered after the gather, it is already; but the per-thread
+	 * default stream is another stream on another thread). */
+	if (b->gather_ev &&
+	    (!b->waited || b->waited_stream != stream || stream == PFC_STREAM_PER_THREAD))
 		rc = pfcuda_stream_wait(c->cuda, stream, b->gather_ev->ev, why, sizeof(why));
 	if (!rc)
 		rc = pfcuda_event_record(c->cuda, e->ev, stream, why, sizeof(why));
@@ -1142,12 +1144,9 @@ int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_
 
 			rc = pfc_read_env(c, deadline >= 0 && deadline < slice ? deadline : slice,
 					  &env);
-			if (rc == -ETIMEDOUT && (deadline < 0 || mono() < deadline)) {
-				rc = pfc_flush_releases(c, 0);
-				if (rc)
-					return rc;
+			/* pfc_read_env flushed them before it waited. */
+			if (rc == -ETIMEDOUT && (deadline < 0 || mono() < deadline))
 				continue;
-			}
 		} else {
 			rc = pfc_read_env(c, deadline, &env);
 		}

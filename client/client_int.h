@@ -49,6 +49,8 @@
  * at the start of pf_next (its GPU work has rarely retired yet, and each
  * question costs 1.4 us): the next call's flush, or the wait's, sends it. */
 #define PFC_FRESH_NS 20000
+/* CU_STREAM_PER_THREAD: one handle, a different stream on each thread. */
+#define PFC_STREAM_PER_THREAD ((const void *)0x2)
 /* Arena ids index a table; the daemon makes a handful per session. */
 #define PFC_MAX_ARENAS 1024
 /* Slots per session; the bitmap of slots this client holds is this big at

@@ -67,13 +67,14 @@ uint64_t *ahead_take_ready(struct ahead *a, struct order_spec *spec, uint64_t *s
  * and so starts the next one in a new session) asks for an order a session
  * just had or had built ahead.  An order is a function of (spec, space)
  * alone, so any session may take it.  Kept for the dataset's pool_linger,
- * ORDER_KEEP_MAX of them and ORDER_KEEP_BYTES in all, oldest dropped first.
+ * ORDER_KEEP_MAX of them and ORDER_KEEP_BYTES in all (outside the quota:
+ * nobody's), oldest dropped first.
  *
  * DESIGN: loop thread only; the kept picks are owned by the cache and
  * referenced by no reader (a session's own go only once its jobs are
  * back).
  */
-#define ORDER_KEEP_MAX 4
+#define ORDER_KEEP_MAX 16 /* 2 for each of 8 ranks restarted together */
 #define ORDER_KEEP_BYTES (256ull << 20)
 
 struct order_kept {

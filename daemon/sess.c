@@ -484,8 +484,6 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 	if (rc)
 		return rc; /* the connection is closing; sess_detach frees s */
 	if (gpu >= 0)
-		sess_cuda_opened(s);
-	if (gpu >= 0)
 		log_info("session %" PRIu64
 			 " opened by %s: dataset %s, device %s (ipc %s), batch %u, "
 			 "up to %u device slots of %.2f MiB, %u ring slot(s), target %u",

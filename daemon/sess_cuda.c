@@ -568,7 +568,7 @@ static int push_slab(struct sess *s, uint32_t j)
 	const struct pool_slab *sl = &c->pool->slabs[j];
 	Pf__Envelope env = PF__ENVELOPE__INIT;
 	Pf__PoolSlab msg = PF__POOL_SLAB__INIT;
-	int fd = -1;
+	int fd = -1, rc;
 
 	if (j >= c->nslab_sent) {
 		uint32_t n = c->pool->nslabs > j + 1 ? c->pool->nslabs : j + 1;
@@ -595,31 +595,40 @@ static int push_slab(struct sess *s, uint32_t j)
 	}
 	env.msg_case = PF__ENVELOPE__MSG_POOL_SLAB;
 	env.pool_slab = &msg;
-	c->slab_sent[j] = sl->gen;
-	return peer_send(s->peer, &env, fd);
+	/* Marked once it is out: a send that failed (out of memory) leaves it
+	 * to the next batch that reads it, never to a batch gathered without
+	 * it (the kernel skips rows of slabs it does not have). */
+	rc = peer_send(s->peer, &env, fd);
+	if (!rc)
+		c->slab_sent[j] = sl->gen;
+	return rc;
 }
 
-void sess_cuda_opened(struct sess *s)
+void sess_cuda_push_pool(struct sess *s)
 {
 	struct sess_cuda *c = &s->cuda;
 
 	/* A warm pool (lingering, or another session's): the client maps its
-	 * slabs while the first epoch's order is built, not in front of the
-	 * first batch (16 slabs of 256 MiB for 4 GiB, 0.15 ms each).  A slab
-	 * dropped later is announced gone like any other. */
+	 * slabs while the epoch's order is built, not in front of the first
+	 * batch (16 slabs of 256 MiB for 4 GiB, 0.15 ms each).  At StartEpoch,
+	 * not at open: a trainer that opens its Loader and then builds its
+	 * model for a minute does not hold slabs the pool may have to give
+	 * back meanwhile.  A slab dropped later is announced gone like any
+	 * other. */
 	if (!c->gather)
 		return;
 	for (uint32_t j = 0; j < c->pool->nslabs; j++) {
 		const struct pool_slab *sl = &c->pool->slabs[j];
 		int rc;
 
-		if (!sl->gen || !sl->live || sl->dying || !sl->used)
+		if (!sl->gen || !sl->live || sl->dying || !sl->used ||
+		    (j < c->nslab_sent && c->slab_sent[j] == sl->gen))
 			continue;
 		rc = push_slab(s, j);
 		if (rc) {
 			/* Only early: the first batch that reads it sends it. */
-			log_debug("session %" PRIu64 ": pool slab %u not sent at open: %s", s->id,
-				  j, strerror(-rc));
+			log_debug("session %" PRIu64 ": pool slab %u not sent ahead: %s", s->id, j,
+				  strerror(-rc));
 			return;
 		}
 	}

@@ -607,6 +607,8 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 	rc = peer_send(s->peer, &env, -1);
 	if (rc)
 		return rc;
+	if (s->gpu >= 0)
+		sess_cuda_push_pool(s);
 	sess_pump(s);
 	return 0;
 }

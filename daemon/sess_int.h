@@ -75,9 +75,9 @@ int sess_cuda_pick_gpu(struct daemon *d, const Pf__OpenSession *req, int *gpu, c
 int sess_cuda_setup(struct sess *s, const Pf__OpenSession *req, char *err, size_t errlen);
 /* Gives back the ring slots and device arenas (every job is back). */
 void sess_cuda_release(struct sess *s);
-/* SessionOpened is out: a client that gathers gets the slabs the pool
- * already holds. */
-void sess_cuda_opened(struct sess *s);
+/* An epoch starts: a client that gathers gets the slabs the pool holds
+ * that it does not have yet. */
+void sess_cuda_push_pool(struct sess *s);
 /* A batch its client gathers is about to be announced: exports the slabs
  * it reads that the client does not have yet (PoolSlab), and fills msg's
  * gather fields (staged_off: room for the dataset's fields). */

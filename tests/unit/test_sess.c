@@ -1101,7 +1101,7 @@ static void a_lingering_pool_serves_the_next_session_from_its_first_batch(void *
 	struct order_spec spec = {.kind = ORDER_SHUFFLE, .seed = 40};
 	struct pool *p = fill_and_leave(f);
 	uint64_t bytes = pool_bytes(p);
-	int inline_before, gathers, opened_at, live = 0, slabs_at_open = 0;
+	int inline_before, gathers, opened_at, live = 0, slabs_at_open = 0, slabs_at_start = 0;
 
 	/* No session, everything kept, and it says so. */
 	assert_true(pool_lingering(p));
@@ -1117,17 +1117,22 @@ static void a_lingering_pool_serves_the_next_session_from_its_first_batch(void *
 	open_gather = false;
 	assert_ptr_equal(f->s->cuda.pool, p);
 	assert_false(pool_lingering(p));
-	/* Every slab holding rows came right after Opened, before any epoch
-	 * (the client maps them while the first order is built). */
+	/* No slab at open: a trainer that builds its model now holds none. */
+	for (int i = opened_at; i < f->nmsgs; i++)
+		slabs_at_open += f->msgs[i].what == PF__ENVELOPE__MSG_POOL_SLAB;
+	assert_int_equal(slabs_at_open, 0);
 	for (uint32_t j = 0; j < p->nslabs; j++)
 		live += p->slabs[j].live && p->slabs[j].used;
 	assert_true(live > 0);
-	for (int i = opened_at; i < f->nmsgs; i++)
-		slabs_at_open += f->msgs[i].what == PF__ENVELOPE__MSG_POOL_SLAB;
-	assert_int_equal(slabs_at_open, live);
 	inline_before = count_inline(f);
 	gathers = gpu_fake_gathers_run();
+	opened_at = f->nmsgs;
 	start_epoch(f, 40, PF__ORDER__ORDER_SHUFFLE, 40);
+	/* Every slab holding rows came with the epoch's start, each once,
+	 * before its first batch (mapped while the order is built). */
+	for (int i = opened_at; i < f->nmsgs && f->msgs[i].what != PF__ENVELOPE__MSG_BATCH; i++)
+		slabs_at_start += f->msgs[i].what == PF__ENVELOPE__MSG_POOL_SLAB;
+	assert_int_equal(slabs_at_start, live);
 	assert_int_equal(consume_epoch(f, 40, &spec, 32), 10);
 	assert_int_equal(f->s->cuda.pool_hits, N);
 	assert_int_equal(f->s->cuda.h2d_bytes, 0);
