@@ -54,25 +54,13 @@ static uint64_t field_seed(const char *name)
 }
 
 /* Checks every field of every sample of b against the generator. */
-static void verify_batch(struct pf_client *c, const struct pf_batch *b, uint64_t n)
+static void verify_batch(struct pf_client *c, const struct pf_batch *b)
 {
+	char why[300];
+
 	assert_int_equal(b->nfields, pf_num_fields(c));
-	for (uint32_t f = 0; f < b->nfields; f++) {
-		struct pf_field fi;
-		const uint8_t *base = b->data[f];
-
-		assert_int_equal(pf_field_info(c, f, &fi), 0);
-		for (uint32_t k = 0; k < b->count; k++) {
-			uint64_t sample = b->picks[k] % n;
-
-			if (!td_row_ok(base + k * fi.sample_bytes, fi.sample_bytes,
-				       field_seed(fi.name), sample))
-				fail_msg("field %s of pick %llu (batch %llu, position %u) has "
-					 "wrong bytes",
-					 fi.name, (unsigned long long)b->picks[k],
-					 (unsigned long long)b->seq, k);
-		}
-	}
+	if (!td_batch_ok(c, b, field_seed, why, sizeof(why)))
+		fail_msg("%s", why);
 }
 
 struct run {
@@ -109,7 +97,7 @@ static void run_epoch(const struct pf_open_opts *oo, const struct pf_epoch_opts 
 		if (!b)
 			break;
 		assert_int_equal(b->seq, eo->start_batch + out->batches);
-		verify_batch(c, b, n);
+		verify_batch(c, b);
 		memcpy(out->picks + out->npicks, b->picks, sizeof(uint64_t) * b->count);
 		out->npicks += b->count;
 		out->batches++;
@@ -309,7 +297,7 @@ static void four_ranks_cover_one_epoch_without_repeats(void **state)
 				live--;
 				continue;
 			}
-			verify_batch(c[r], b, N_MAIN);
+			verify_batch(c[r], b);
 			assert_true(n + b->count <= N_MAIN);
 			memcpy(all + n, b->picks, b->count * sizeof(uint64_t));
 			n += b->count;
@@ -416,7 +404,7 @@ static void killed_consumer_is_reclaimed_within_100ms(void **state)
 	for (int i = 0; i < 5; i++) {
 		assert_int_equal(pf_next(c, 10000, &b), 0);
 		assert_non_null(b);
-		verify_batch(c, b, N_MAIN);
+		verify_batch(c, b);
 		memcpy(picks + n, b->picks, b->count * sizeof(uint64_t));
 		n += b->count;
 		pf_release(c, b, NULL);
@@ -453,7 +441,7 @@ static void killed_consumer_is_reclaimed_within_100ms(void **state)
 		assert_int_equal(pf_next(c, 10000, &b), 0);
 		if (!b)
 			break;
-		verify_batch(c, b, N_MAIN);
+		verify_batch(c, b);
 		memcpy(picks + n, b->picks, b->count * sizeof(uint64_t));
 		n += b->count;
 		pf_release(c, b, NULL);

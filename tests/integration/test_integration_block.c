@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "block_order.h"
 #include "order.h"
 #include "prefetch.h"
 #include "testutil.h"
@@ -74,24 +75,18 @@ static int teardown(void **state)
 	return rc == 0 ? 0 : -1;
 }
 
+static uint64_t field_seed(const char *name)
+{
+	return strcmp(name, "x") ? SEED_Y : SEED_X;
+}
+
 static void verify_batch(struct pf_client *c, const struct pf_batch *b)
 {
-	uint64_t n = pf_num_samples(c);
+	char why[300];
 
 	assert_int_equal(b->nfields, pf_num_fields(c));
-	for (uint32_t f = 0; f < b->nfields; f++) {
-		struct pf_field fi;
-		const uint8_t *base = b->data[f];
-
-		assert_int_equal(pf_field_info(c, f, &fi), 0);
-		for (uint32_t k = 0; k < b->count; k++)
-			if (!td_row_ok(base + k * fi.sample_bytes, fi.sample_bytes,
-				       strcmp(fi.name, "x") ? SEED_Y : SEED_X, b->picks[k] % n))
-				fail_msg("field %s of pick %llu (batch %llu, position %u) has "
-					 "wrong bytes",
-					 fi.name, (unsigned long long)b->picks[k],
-					 (unsigned long long)b->seq, k);
-	}
+	if (!td_batch_ok(c, b, field_seed, why, sizeof(why)))
+		fail_msg("%s", why);
 }
 
 struct run {
@@ -150,25 +145,6 @@ static void run_epoch(const char *dataset, uint32_t batch, uint32_t augment,
 	pf_close(c);
 }
 
-/* The share order.c builds for a block_shuffle over augment copies of n. */
-static uint64_t *want_share(uint64_t n, uint32_t augment, uint64_t rows, uint64_t window,
-			    uint64_t seed, uint32_t rank, uint32_t world, uint64_t *npicks)
-{
-	struct order_spec spec = {.kind = ORDER_BLOCK_SHUFFLE,
-				  .seed = seed,
-				  .rank = rank,
-				  .world = world,
-				  .samples = n,
-				  .block_rows = rows,
-				  .window_blocks = window};
-	uint64_t *picks = NULL;
-	char err[200] = "";
-
-	if (order_build(&spec, n * augment, &picks, npicks, err, sizeof(err)))
-		fail_msg("order_build: %s", err);
-	return picks;
-}
-
 static void assert_each_once(const uint64_t *picks, uint64_t n, uint64_t space)
 {
 	unsigned char *seen = calloc(space, 1);
@@ -201,7 +177,7 @@ static void one_rank_gets_every_pick_once_in_the_built_order(void **state)
 {
 	struct pf_epoch_opts eo = {
 		.order = PF_ORDER_BLOCK_SHUFFLE, .seed = 7, .block_rows = 50, .window_blocks = 4};
-	uint64_t n, *want = want_share(N_DATA, 1, 50, 4, 7, 0, 1, &n);
+	uint64_t n, *want = td_block_order(N_DATA, 1, 50, 4, 7, 0, 1, &n);
 	struct run r;
 
 	run_epoch("blocks", 64, 1, &eo, UINT64_MAX, &r);
@@ -221,7 +197,7 @@ static void direct_reads_serve_block_epochs_from_blocks_read_once(void **state)
 	enum { WORLD = 4, BATCH = 16, K = 5 };
 	struct pf_epoch_opts eo = {
 		.order = PF_ORDER_BLOCK_SHUFFLE, .seed = 7, .block_rows = 50, .window_blocks = 4};
-	uint64_t n, *want = want_share(N_DATA, 1, 50, 4, 7, 0, 1, &n);
+	uint64_t n, *want = td_block_order(N_DATA, 1, 50, 4, 7, 0, 1, &n);
 	unsigned hits[N_DATA] = {0};
 	struct pf_client *c = open_client("direct", 64, 1);
 	Pf__SessionStatus *ss;
@@ -257,7 +233,7 @@ static void direct_reads_serve_block_epochs_from_blocks_read_once(void **state)
 				    .window_blocks = 5,
 				    .world = WORLD};
 	for (uint32_t rank = 0; rank < WORLD; rank++) {
-		uint64_t m, *share = want_share(N_DATA, 1, 40, 5, 8, rank, WORLD, &m);
+		uint64_t m, *share = td_block_order(N_DATA, 1, 40, 5, 8, rank, WORLD, &m);
 		struct run a, b;
 
 		eo.rank = rank;
@@ -298,7 +274,7 @@ static void augmented_epoch_reads_each_sample_once_per_copy(void **state)
 {
 	struct pf_epoch_opts eo = {
 		.order = PF_ORDER_BLOCK_SHUFFLE, .seed = 99, .block_rows = 64, .window_blocks = 3};
-	uint64_t n, *want = want_share(N_DATA, 3, 64, 3, 99, 0, 1, &n);
+	uint64_t n, *want = td_block_order(N_DATA, 3, 64, 3, 99, 0, 1, &n);
 	unsigned per_sample[N_DATA] = {0};
 	struct run r;
 
@@ -319,7 +295,7 @@ static void four_ranks_cover_the_padded_list_and_resume_exactly(void **state)
 	/* 1003 picks over 4 ranks: 251 each, 1004 in all; the padded list's
 	 * last entry is its first, delivered twice in the epoch. */
 	enum { WORLD = 4, BATCH = 16, K = 5 };
-	uint64_t len, *list = want_share(N_DATA, 1, 40, 5, 31337, 0, 1, &len);
+	uint64_t len, *list = td_block_order(N_DATA, 1, 40, 5, 31337, 0, 1, &len);
 	unsigned hits[N_DATA] = {0};
 	struct pf_client *c[WORLD];
 	struct run r[WORLD];
@@ -381,7 +357,7 @@ static void drop_last_and_resume_serve_the_same_batches(void **state)
 	 * serves none. */
 	struct pf_open_opts oo = {.dataset = "blocks", .batch_size = 64, .drop_last = true};
 	struct pf_epoch_opts eo = {.order = PF_ORDER_BLOCK_SHUFFLE, .seed = 5, .block_rows = 100};
-	uint64_t n, *want = want_share(N_DATA, 1, 100, 16, 5, 0, 1, &n);
+	uint64_t n, *want = td_block_order(N_DATA, 1, 100, 16, 5, 0, 1, &n);
 	struct pf_client *c = NULL;
 	struct run r;
 
@@ -487,7 +463,7 @@ static void bad_block_options_are_refused_and_the_daemon_serves_on(void **state)
 		.order = PF_ORDER_BLOCK_SHUFFLE, .seed = 8, .block_rows = 30, .window_blocks = 2};
 	struct pf_client *c = open_client("blocks", 32, 1);
 	struct pf_client *other = open_client("blocks", 50, 1);
-	uint64_t n, *want = want_share(N_DATA, 1, 30, 2, 8, 0, 1, &n);
+	uint64_t n, *want = td_block_order(N_DATA, 1, 30, 2, 8, 0, 1, &n);
 	struct pf_batch *b;
 	struct run r, rest;
 

@@ -330,6 +330,32 @@ bool td_row_ok(const uint8_t *p, uint64_t row_bytes, uint64_t seed, uint64_t row
 	return true;
 }
 
+bool td_batch_ok(struct pf_client *c, const struct pf_batch *b,
+		 uint64_t (*seed_of)(const char *field), char *why, size_t len)
+{
+	uint64_t n = pf_num_samples(c);
+
+	for (uint32_t f = 0; f < b->nfields; f++) {
+		const uint8_t *base = b->data[f];
+		struct pf_field fi;
+
+		if (pf_field_info(c, f, &fi)) {
+			snprintf(why, len, "pf_field_info %u: %s", f, pf_errmsg(c));
+			return false;
+		}
+		for (uint32_t k = 0; k < b->count; k++)
+			if (!td_row_ok(base + k * fi.sample_bytes, fi.sample_bytes,
+				       seed_of(fi.name), b->picks[k] % n)) {
+				snprintf(why, len,
+					 "field %s of pick %" PRIu64 " (batch %" PRIu64
+					 ", position %u) has wrong bytes",
+					 fi.name, b->picks[k], b->seq, k);
+				return false;
+			}
+	}
+	return true;
+}
+
 Pf__Envelope *td_status(const char *sock)
 {
 	struct pf_client *c = NULL;

@@ -16,6 +16,9 @@
 
 #include "prefetch.pb-c.h"
 
+struct pf_client;
+struct pf_batch;
+
 struct tdaemon {
 	char dir[256]; /* temporary directory, removed by td_cleanup */
 	char sock[320];
@@ -81,6 +84,11 @@ int td_write_tokens(const char *path, uint64_t tokens, uint64_t seed, uint64_t f
 uint16_t td_token(uint64_t seed, uint64_t pos);
 /* True when p holds row `row`'s bytes under seed.  */
 bool td_row_ok(const uint8_t *p, uint64_t row_bytes, uint64_t seed, uint64_t row);
+/* Every row of every field of host batch b (of client c) holds npygen's
+ * bytes for sample pick % N, field f's seed being seed_of(its name); false
+ * with why naming the first that does not (field, pick, batch, position). */
+bool td_batch_ok(struct pf_client *c, const struct pf_batch *b,
+		 uint64_t (*seed_of)(const char *field), char *why, size_t len);
 
 /* StatusReply from the daemon at sock, through libprefetch's own call path.
  * Free with pf__envelope__free_unpacked(env, NULL); NULL on failure. */

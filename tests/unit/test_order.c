@@ -18,6 +18,7 @@
 
 #include <cmocka.h>
 
+#include "block_order.h"
 #include "order.h"
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
@@ -392,24 +393,6 @@ static void num_batches_rounds_up_unless_drop_last(void **unused)
 
 /* ---- block_shuffle ------------------------------------------------------------ */
 
-static uint64_t *build_block(uint64_t n, uint32_t augment, uint64_t rows, uint64_t window,
-			     uint64_t seed, uint32_t rank, uint32_t world, uint64_t *npicks)
-{
-	struct order_spec spec = {.kind = ORDER_BLOCK_SHUFFLE,
-				  .seed = seed,
-				  .rank = rank,
-				  .world = world,
-				  .samples = n,
-				  .block_rows = rows,
-				  .window_blocks = window};
-	uint64_t *picks = NULL;
-	char err[200] = "";
-
-	if (order_build(&spec, n * augment, &picks, npicks, err, sizeof(err)))
-		fail_msg("order_build: %s", err);
-	return picks;
-}
-
 static void block_shuffle_matches_the_documented_vectors(void **unused)
 {
 	/* docs/SHUFFLE.md, "Block shuffle": printed by its Python reference. */
@@ -429,8 +412,8 @@ static void block_shuffle_matches_the_documented_vectors(void **unused)
 	};
 
 	for (size_t i = 0; i < ARRAY_LEN(v); i++) {
-		uint64_t n, *picks = build_block(v[i].n, v[i].augment, v[i].rows, v[i].window,
-						 v[i].seed, 0, 1, &n);
+		uint64_t n, *picks = td_block_order(v[i].n, v[i].augment, v[i].rows, v[i].window,
+						    v[i].seed, 0, 1, &n);
 
 		assert_int_equal(n, v[i].n * v[i].augment);
 		assert_memory_equal(picks, v[i].want, n * sizeof(*picks));
@@ -443,7 +426,7 @@ static void block_shuffle_of_4_ranks_matches_the_documented_shares(void **unused
 	static const uint64_t want[4][3] = {{0, 2, 4}, {1, 6, 3}, {7, 9, 0}, {8, 5, 1}};
 
 	for (uint32_t r = 0; r < 4; r++) {
-		uint64_t n, *picks = build_block(10, 1, 3, 2, 42, r, 4, &n);
+		uint64_t n, *picks = td_block_order(10, 1, 3, 2, 42, r, 4, &n);
 
 		assert_int_equal(n, 3);
 		assert_memory_equal(picks, want[r], sizeof(want[r]));
@@ -510,8 +493,8 @@ static void block_shuffle_keeps_every_pick_in_its_window(void **unused)
 	};
 
 	for (size_t i = 0; i < ARRAY_LEN(c); i++) {
-		uint64_t n, *picks = build_block(c[i].n, c[i].augment, c[i].rows, c[i].window,
-						 1000 + i, 0, 1, &n);
+		uint64_t n, *picks = td_block_order(c[i].n, c[i].augment, c[i].rows, c[i].window,
+						    1000 + i, 0, 1, &n);
 		unsigned char *hit = calloc(n, 1);
 
 		assert_int_equal(n, c[i].n * c[i].augment);
@@ -532,7 +515,7 @@ static void block_shuffle_mixes_within_windows(void **unused)
 {
 	/* 1024 picks in 16 blocks of 64, windows of 4: a window's positions
 	 * hold its picks in a shuffled order, not block after block. */
-	uint64_t n, in_run = 0, *picks = build_block(1024, 1, 64, 4, 5, 0, 1, &n);
+	uint64_t n, in_run = 0, *picks = td_block_order(1024, 1, 64, 4, 5, 0, 1, &n);
 
 	for (uint64_t k = 1; k < n; k++)
 		in_run += picks[k] == picks[k - 1] + 1;
@@ -545,11 +528,11 @@ static void block_shards_of_4_ranks_are_the_padded_list(void **unused)
 	/* 1001 picks over 4 ranks: 251 each, the padded list's last three
 	 * entries being its first three (delivered twice in the epoch). */
 	enum { N = 1001, WORLD = 4 };
-	uint64_t len, *list = build_block(N, 1, 37, 3, 9, 0, 1, &len), total = 0;
+	uint64_t len, *list = td_block_order(N, 1, 37, 3, 9, 0, 1, &len), total = 0;
 	unsigned hits[N] = {0};
 
 	for (uint32_t r = 0; r < WORLD; r++) {
-		uint64_t n, *picks = build_block(N, 1, 37, 3, 9, r, WORLD, &n);
+		uint64_t n, *picks = td_block_order(N, 1, 37, 3, 9, r, WORLD, &n);
 
 		assert_int_equal(n, 251);
 		for (uint64_t k = 0; k < n; k++) {
@@ -572,8 +555,8 @@ static void block_resume_at_start_batch_serves_the_same_suffix(void **unused)
 {
 	/* The order does not depend on where an epoch resumes: batch k of a
 	 * resumed epoch is batch k of the whole one. */
-	uint64_t n, *a = build_block(999, 2, 16, 5, 77, 1, 3, &n), first, count, first0, count0;
-	uint64_t m, *b = build_block(999, 2, 16, 5, 77, 1, 3, &m);
+	uint64_t n, *a = td_block_order(999, 2, 16, 5, 77, 1, 3, &n), first, count, first0, count0;
+	uint64_t m, *b = td_block_order(999, 2, 16, 5, 77, 1, 3, &m);
 
 	assert_int_equal(n, 666);
 	assert_int_equal(m, n);
@@ -608,8 +591,8 @@ static void block_larger_than_the_dataset_is_one_block_per_copy(void **unused)
 	assert_int_equal(window, 3); /* 16 clamped to the 3 blocks */
 	assert_true(clamped);
 	/* The clamp changes no pick. */
-	a = build_block(1000, 3, 5000, 16, 4, 0, 1, &n1);
-	b = build_block(1000, 3, 1000, 3, 4, 0, 1, &n2);
+	a = td_block_order(1000, 3, 5000, 16, 4, 0, 1, &n1);
+	b = td_block_order(1000, 3, 1000, 3, 4, 0, 1, &n2);
 	assert_int_equal(n1, n2);
 	assert_memory_equal(a, b, n1 * sizeof(*a));
 	assert_true(windows_hold_whole_blocks(a, n1, 1000, 3, 1000, 3));
@@ -640,12 +623,12 @@ static void window_larger_than_the_blocks_is_all_of_them(void **unused)
 	assert_int_equal(rows, 64);
 	assert_int_equal(window, 16);
 	assert_false(clamped);
-	a = build_block(1000, 1, 64, 1000, 8, 0, 1, &n1);
-	b = build_block(1000, 1, 64, 16, 8, 0, 1, &n2);
+	a = td_block_order(1000, 1, 64, 1000, 8, 0, 1, &n1);
+	b = td_block_order(1000, 1, 64, 16, 8, 0, 1, &n2);
 	assert_memory_equal(a, b, n1 * sizeof(*a));
 	free(b);
 	/* ... and so is a window of 2^64 - 1 blocks, which must not wrap. */
-	b = build_block(1000, 1, 64, UINT64_MAX, 8, 0, 1, &n2);
+	b = td_block_order(1000, 1, 64, UINT64_MAX, 8, 0, 1, &n2);
 	assert_memory_equal(a, b, n1 * sizeof(*a));
 	free(a);
 	free(b);
@@ -723,7 +706,7 @@ static void augmented_block_shuffle_keeps_copies_apart(void **unused)
 	/* 100 samples, B = 30 (blocks of 30, 30, 30, 10 per copy), 4 copies:
 	 * every sample 4 times, and no block runs from one copy into the
 	 * next (windows_hold_whole_blocks checks the blocks of the spec). */
-	uint64_t n, *picks = build_block(100, 4, 30, 3, 21, 0, 1, &n);
+	uint64_t n, *picks = td_block_order(100, 4, 30, 3, 21, 0, 1, &n);
 	unsigned per_sample[100] = {0};
 
 	assert_int_equal(n, 400);
@@ -740,14 +723,14 @@ static void block_uses_count_every_served_read_of_a_sample_block(void **unused)
 	/* 103 samples, augment 2, blocks of 10 (the last of 3), 3 ranks:
 	 * 206 picks pad to 207, 69 a rank. */
 	enum { N = 103, AUG = 2, B = 10, WORLD = 3 };
-	uint64_t sum[11] = {0}, len, *list = build_block(N, AUG, B, 4, 3, 0, 1, &len);
+	uint64_t sum[11] = {0}, len, *list = td_block_order(N, AUG, B, 4, 3, 0, 1, &len);
 
 	assert_int_equal(order_sample_blocks(N, B), 11);
 	assert_int_equal(order_sample_block(0, N, B), 0);
 	assert_int_equal(order_sample_block(102, N, B), 10);
 	assert_int_equal(order_sample_block(103 + 15, N, B), 1); /* copy 1 of sample 15 */
 	for (uint32_t r = 0; r < WORLD; r++) {
-		uint64_t n, nb, *picks = build_block(N, AUG, B, 4, 3, r, WORLD, &n);
+		uint64_t n, nb, *picks = td_block_order(N, AUG, B, 4, 3, r, WORLD, &n);
 		uint32_t *uses;
 
 		assert_int_equal(order_block_uses(picks, n, N, B, &uses, &nb), 0);
