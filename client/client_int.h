@@ -189,10 +189,10 @@ struct pfc_batch {
 	struct pfc_event *gather_ev; /* owned: its gather's end, until taken */
 	bool waited;		     /* waited_stream waits for gather_ev (pfc_take) */
 	const void *waited_stream;
-	const uint8_t *host;	     /* client copies: the slot in its host arena */
-	int32_t dbuf;		     /* client copies: its device buffer once taken, else -1 */
-	struct fifo_node queued;     /* in pf_client.queue until taken */
-	struct pfc_batch *next;	     /* in pf_client.held once taken */
+	const uint8_t *host;	 /* client copies: the slot in its host arena */
+	int32_t dbuf;		 /* client copies: its device buffer once taken, else -1 */
+	struct fifo_node queued; /* in pf_client.queue until taken */
+	struct pfc_batch *next;	 /* in pf_client.held once taken */
 };
 
 /* The arenas of a connection that broke while the trainer held batches in

@@ -74,7 +74,7 @@ uint64_t *ahead_take_ready(struct ahead *a, struct order_spec *spec, uint64_t *s
  * referenced by no reader (a session's own go only once its jobs are
  * back).
  */
-#define ORDER_KEEP_MAX 16 /* 2 for each of 8 ranks restarted together */
+#define ORDER_KEEP_MAX	 16 /* 2 for each of 8 ranks restarted together */
 #define ORDER_KEEP_BYTES (256ull << 20)
 
 struct order_kept {

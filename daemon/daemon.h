@@ -109,10 +109,10 @@ void daemon_config_pools(struct daemon *d);
 void daemon_config_quota(struct daemon *d);
 /* readers and ring_bytes set to auto (the default) take values that fit
  * the machine the daemon may use: readers = its usable CPUs (its
- * affinity mask) less a fifth of them (2 at least), at least 2 and at most 32; ring_bytes = 1/256 of its memory (the
- * machine's, or its cgroup's limit), 256 MiB .. 1 GiB.  why (may be NULL)
- * says what was chosen from what.  Startup and reload alike, so that a
- * reload of an unchanged file changes nothing. */
+ * affinity mask) less a fifth of them (2 at least), at least 2 and at most 32; ring_bytes = 1/256
+ * of its memory (the machine's, or its cgroup's limit), 256 MiB .. 1 GiB.  why (may be NULL) says
+ * what was chosen from what.  Startup and reload alike, so that a reload of an unchanged file
+ * changes nothing. */
 void daemon_config_machine(struct config *cfg, char *why, size_t len);
 /* Housekeeping tick: frees retired datasets nobody reads any more. */
 void daemon_collect(struct daemon *d);

@@ -266,7 +266,7 @@ struct sess {
 	bool paced, paced_end;
 	struct sess_req *reqs; /* owned, SESS_PACED_MAX, made on first use */
 
-	struct ahead ahead;	     /* the next epoch's order */
+	struct ahead ahead; /* the next epoch's order */
 	/* What the running epoch's picks were built from, so that they can
 	 * be kept for the next session once this one is gone (ahead.h). */
 	struct order_spec order_spec;

@@ -90,13 +90,13 @@ struct topts {
 	uint32_t epochs;
 	uint64_t seed;
 	uint32_t min_depth, max_depth;
-	uint32_t batch;	     /* samples per batch (BATCH unless batch=N) */
-	bool alloc;	     /* probe: fill the GPU before the probe */
-	bool halved;	     /* epochs: expect an OOM-halved target after batch 1 */
-	const char *pool;    /* pool: all | part | evict | pressure */
-	double reconnect_s;  /* pf_open_opts.reconnect_s */
-	uint32_t step_us;    /* restart: the "training step" after each batch */
-	uint32_t reconnects; /* restart: reconnections the run must see */
+	uint32_t batch;	      /* samples per batch (BATCH unless batch=N) */
+	bool alloc;	      /* probe: fill the GPU before the probe */
+	bool halved;	      /* epochs: expect an OOM-halved target after batch 1 */
+	const char *pool;     /* pool: all | part | evict | pressure */
+	double reconnect_s;   /* pf_open_opts.reconnect_s */
+	uint32_t step_us;     /* restart: the "training step" after each batch */
+	uint32_t reconnects;  /* restart: reconnections the run must see */
 	uint32_t rank, world; /* epochs: this rank's share (world 0: all); N % world == 0 */
 	uint32_t gpu;	      /* the daemon's ordinal of our cuda:0 (status shows cuda:gpu) */
 	const char *seen_out; /* epochs: the last epoch's picks as N flag bytes, to this file */
@@ -288,8 +288,9 @@ static void t_check(struct trainer *t, const struct pf_batch *b)
 	if (t->ep.count[b->seq])
 		tfail("batch seq %" PRIu64 " delivered twice", b->seq);
 	/* drop_last is off: only the last batch is short. */
-	want = b->seq + 1 < t->ep.announced ? t->o.batch
-					    : (uint32_t)(t_share(t) - (t->ep.announced - 1) * t->o.batch);
+	want = b->seq + 1 < t->ep.announced
+		       ? t->o.batch
+		       : (uint32_t)(t_share(t) - (t->ep.announced - 1) * t->o.batch);
 	if (b->count != want)
 		tfail("batch %" PRIu64 " holds %u samples, want %u", b->seq, b->count, want);
 	for (uint32_t f = 0; f < t->nfields; f++) {
@@ -2128,10 +2129,10 @@ static void wait_trainer(struct kid *k, const char *name, double t0)
 static void ranks_test(int g0, int g1)
 {
 	char seen0[400], seen1[400], out0[420], out1[420], gpu0[16], gpu1_arg[16];
-	const char *a0[] = {"mode=epochs", "epochs=2", "seed=31", gpu0, "rank=0", "world=2",
-			    out0, NULL};
-	const char *a1[] = {"mode=epochs", "epochs=2", "seed=31", gpu1_arg, "rank=1", "world=2",
-			    out1, NULL};
+	const char *a0[] = {"mode=epochs", "epochs=2", "seed=31", gpu0,
+			    "rank=0",	   "world=2",  out0,	  NULL};
+	const char *a1[] = {"mode=epochs", "epochs=2", "seed=31", gpu1_arg,
+			    "rank=1",	   "world=2",  out1,	  NULL};
 	/* Static: a skip or a failure leaves the case by longjmp. */
 	static uint8_t s0[N_ROWS], s1[N_ROWS];
 	struct kid *k0, *k1;

@@ -1412,7 +1412,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(
 			a_block_shuffled_epoch_has_its_successor_built_ahead, setup, teardown),
 		cmocka_unit_test_setup_teardown(
-			an_order_outlives_its_session_for_the_trainer_that_comes_back, setup, teardown),
+			an_order_outlives_its_session_for_the_trainer_that_comes_back, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(the_pump_keeps_target_batches_ahead_and_no_more,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(
