@@ -8,11 +8,13 @@
  * governor's `consumed`), with the stall accounting of this client: time
  * blocked inside pf_next (wait) and time between calls (busy).  Releasing
  * sends Release; CUDA batches wait for the trainer's stream first through
- * the pending-release list (struct pfc_release): an event is recorded on
- * the stream, and the Release goes out from a later call once the event has
- * completed.  CUDA sessions also send the honest-depth Probe: free device
- * memory at each epoch's second batch (its first step has run), every
- * probe_interval_s the daemon asked for, and on pf_probe.
+ * the pending-release list (struct pfc_release): a mark is recorded on the
+ * stream (a completion flag the GPU writes when it gets there, read with no
+ * driver call; an event where there are no flags), and the Release goes
+ * out from a later call once it has completed.  Client copies start up to
+ * PFC_COPY_AHEAD batches before they are taken (pfc_copy_ahead).  CUDA sessions also send the
+ * honest-depth Probe: free device memory at each epoch's second batch (its first step has run),
+ * every probe_interval_s the daemon asked for, and on pf_probe.
  *
  * DESIGN: no threads, no locks.  The arena table, the queue, the held list,
  * the pending releases and the idle events are the struct pf_client's,
@@ -39,6 +41,7 @@
 /* ---- slots, arenas, batches -------------------------------------------------- */
 
 static void event_put(void *event);
+static void event_drop(struct pfc_event *e);
 
 void pfc_free_batch(struct pfc_batch *b)
 {
@@ -66,6 +69,7 @@ static int event_get(struct pf_client *c, const char *what, struct pfc_event **o
 	if (!e)
 		return pfc_set_err(c, -ENOMEM, "out of memory");
 	e->c = c;
+	e->flag = -1;
 	rc = pfcuda_event_create(c->cuda, &e->ev, why, sizeof(why));
 	if (rc) {
 		free(e);
@@ -73,6 +77,40 @@ static int event_get(struct pf_client *c, const char *what, struct pfc_event **o
 	}
 	*out = e;
 	return 0;
+}
+
+/* What a release waits for: an idle mark, or a new one while flags remain,
+ * else an event.  0, or -errno with c's error set. */
+static int mark_get(struct pf_client *c, const char *what, struct pfc_event **out)
+{
+	struct pfc_event *e = c->marks;
+
+	if (e) {
+		c->marks = e->next;
+		*out = e;
+		return 0;
+	}
+	if (c->marks_on && c->nmarks < PFC_MARKS && (e = calloc(1, sizeof(*e)))) {
+		e->c = c;
+		e->flag = (int32_t)c->nmarks++;
+		*out = e;
+		return 0;
+	}
+	return event_get(c, what, out);
+}
+
+/* Records e (a mark or an event) behind the work queued on stream so far. */
+static int mark_record(struct pf_client *c, struct pfc_event *e, void *stream, char *why,
+		       size_t len)
+{
+	int rc;
+
+	if (e->flag < 0)
+		return pfcuda_event_record(c->cuda, e->ev, stream, why, len);
+	rc = pfcuda_flag_write(c->gather, stream, (uint32_t)e->flag, e->gen + 1, why, len);
+	if (!rc)
+		e->gen++;
+	return rc;
 }
 
 static int event_done(void *event);
@@ -212,7 +250,13 @@ int pfc_release_queue(struct pf_client *c)
 		struct pfc_batch *b = container_of(n, struct pfc_batch, queued);
 
 		c->nqueued--;
-		if (b->slot >= 0) {
+		if (b->dbuf >= 0) {
+			/* Copied ahead: its slot's Release waits for the copy
+			 * already, and the buffer, which the trainer never read,
+			 * may go back at once (later copies into it queue behind
+			 * this one on the same stream). */
+			c->dbuf_free[c->ndbuf_free++] = (uint32_t)b->dbuf;
+		} else if (b->slot >= 0) {
 			if (!c->dead) {
 				int src = b->gather_ev ? release_after_gather(c, b)
 						       : pfc_send_release(c, b->pub.epoch,
@@ -382,8 +426,8 @@ void pfc_drop_releases(struct pf_client *c)
 			continue;
 		}
 		*pp = r->next;
-		if (r->free_event)
-			r->free_event(r->event);
+		if (r->event)
+			event_drop(r->event);
 		free(r);
 	}
 }
@@ -784,7 +828,7 @@ static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
 	fifo_push(&c->queue, &q->queued);
 	c->nqueued++;
 	c->next_seq++;
-	return 0;
+	return data && c->ccopy ? pfc_copy_ahead(c) : 0;
 }
 
 /* Handles one push (id 0); takes env. */
@@ -864,17 +908,32 @@ static void maybe_probe(struct pf_client *c)
 static int event_done(void *event)
 {
 	struct pfc_event *e = event;
-	int rc = pfcuda_event_query(e->c->cuda, e->ev, NULL, 0);
+	int rc;
 
+	if (e->flag >= 0)
+		return pfcuda_flag_read(e->c->gather, (uint32_t)e->flag) == e->gen;
+	rc = pfcuda_event_query(e->c->cuda, e->ev, NULL, 0);
 	return rc == 0 ? 1 : rc == -EAGAIN ? 0 : rc;
 }
 
 static void event_put(void *event)
 {
 	struct pfc_event *e = event;
+	struct pfc_event **idle = e->flag >= 0 ? &e->c->marks : &e->c->events;
 
-	e->next = e->c->events;
-	e->c->events = e;
+	e->next = *idle;
+	*idle = e;
+}
+
+/* The event of a release that is dropped: a mark whose write may still be
+ * queued is never used again (that late write would overwrite its next
+ * use's), an event is (recording one again is defined). */
+static void event_drop(struct pfc_event *e)
+{
+	if (e->flag >= 0 && event_done(e) != 1)
+		free(e);
+	else
+		event_put(e);
 }
 
 /* Queues the release of a device batch behind the work queued on stream so
@@ -888,7 +947,7 @@ int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream)
 
 	if (!r)
 		return pfc_set_err(c, -ENOMEM, "out of memory");
-	rc = event_get(c, "pf_release", &e);
+	rc = mark_get(c, "pf_release", &e);
 	if (rc) {
 		free(r);
 		return rc;
@@ -901,7 +960,7 @@ int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream)
 	    (!b->waited || b->waited_stream != stream || stream == PFC_STREAM_PER_THREAD))
 		rc = pfcuda_stream_wait(c->cuda, stream, b->gather_ev->ev, why, sizeof(why));
 	if (!rc)
-		rc = pfcuda_event_record(c->cuda, e->ev, stream, why, sizeof(why));
+		rc = mark_record(c, e, stream, why, sizeof(why));
 	if (rc) {
 		event_put(e);
 		free(r);
@@ -914,18 +973,25 @@ int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream)
 
 /* ---- client copies ---------------------------------------------------------- */
 
+/* A device buffer is free, or may be made. */
+static bool dbuf_available(const struct pf_client *c)
+{
+	return c->ndbuf_free > 0 || c->ndbufs < c->dbuf_cap || !c->dbufs;
+}
+
 bool pfc_can_take(const struct pf_client *c)
 {
 	const struct pfc_batch *b = container_of(c->queue.head, struct pfc_batch, queued);
 
-	return !c->ccopy || b->slot < 0 || c->ndbuf_free > 0 || c->ndbufs < c->dbuf_cap ||
-	       !c->dbufs;
+	return !c->ccopy || b->slot < 0 || b->dbuf >= 0 || dbuf_available(c);
 }
 
 /* A free device buffer for a client that copies: one given back, else a
- * new one while the trainer holds fewer than the session's slots (it can
- * hold no more batches).  Its index, or -errno. */
-static int take_dbuf(struct pf_client *c)
+ * new one while there are fewer than the session's slots (the trainer can
+ * hold no more batches).  Its index, or -errno.  quiet: a buffer that
+ * cannot be made returns -ENOMEM and leaves the connection as it is (a
+ * copy ahead; pf_next tries again). */
+static int take_dbuf(struct pf_client *c, bool quiet)
 {
 	char why[256];
 	uint64_t p;
@@ -954,6 +1020,8 @@ static int take_dbuf(struct pf_client *c)
 	if (c->ndbufs >= c->dbuf_cap)
 		return pfc_conn_fail(c, -EPROTO, "no device buffer free for a batch");
 	rc = pfcuda_mem_alloc(c->cuda, c->dbuf_bytes, &p, why, sizeof(why));
+	if (rc && quiet)
+		return -ENOMEM;
 	if (rc)
 		return pfc_conn_fail(c, rc, "a device buffer of %.1f MiB for a batch: %s",
 				     c->dbuf_bytes / 1048576.0, why);
@@ -974,20 +1042,21 @@ void pfc_free_dbufs(struct pf_client *c)
 	c->ndbufs = c->ndbuf_free = c->dbuf_cap = 0;
 }
 
-/* A batch taken by a client that copies: its slot is copied into a free
- * device buffer on the gather stream, the trainer's stream waits for the
- * copy, and the slot goes back to the daemon as soon as the copy is done
- * (the trainer reads the buffer, not the slot). */
-static int copy_batch(struct pf_client *c, struct pfc_batch *b)
+/* A batch of a client that copies, queued: its slot is copied into a free
+ * device buffer on the gather stream.  b->gather_ev marks the copy's end,
+ * which the trainer's stream waits for when it takes the batch (pfc_take),
+ * and the slot goes back to the daemon as soon as the copy is done (the
+ * trainer reads the buffer, not the slot).  ahead: see take_dbuf's quiet. */
+static int copy_batch(struct pf_client *c, struct pfc_batch *b, bool ahead)
 {
 	void **ptrs = (void **)(b + 1);
+	struct pfc_event *e, *done;
 	struct pfc_release *r;
-	struct pfc_event *e;
 	uint64_t dst;
 	char why[256];
 	int rc, j;
 
-	j = take_dbuf(c);
+	j = take_dbuf(c, ahead);
 	if (j < 0)
 		return j;
 	r = calloc(1, sizeof(*r));
@@ -995,7 +1064,14 @@ static int copy_batch(struct pf_client *c, struct pfc_batch *b)
 		c->dbuf_free[c->ndbuf_free++] = (uint32_t)j;
 		return pfc_conn_fail(c, -ENOMEM, "out of memory");
 	}
+	/* Behind the copy: the batch's event, which a stream may wait on
+	 * after the slot's Release, which owns the mark, has gone. */
 	rc = event_get(c, "copy", &e);
+	if (!rc) {
+		rc = mark_get(c, "copy", &done);
+		if (rc)
+			event_put(e);
+	}
 	if (rc) {
 		c->dbuf_free[c->ndbuf_free++] = (uint32_t)j;
 		free(r);
@@ -1004,24 +1080,52 @@ static int copy_batch(struct pf_client *c, struct pfc_batch *b)
 	dst = c->dbufs[j];
 	rc = pfcuda_gather_copy(c->gather, dst, b->host, (size_t)c->slot_bytes, e->ev, why,
 				sizeof(why));
-	if (!rc && (c->sync_take || pfcuda_stream_wait(c->cuda, c->use_stream, e->ev, NULL, 0)))
-		rc = pfcuda_gather_sync(c->gather, why, sizeof(why));
+	if (!rc)
+		rc = mark_record(c, done, pfcuda_gather_stream(c->gather), why, sizeof(why));
 	if (rc) {
 		/* Later copies into it queue behind this one on the same
 		 * stream: it may go back at once. */
 		c->dbuf_free[c->ndbuf_free++] = (uint32_t)j;
 		event_put(e);
+		event_put(done);
 		free(r);
 		return pfc_conn_fail(c, rc, "batch %" PRIu64 ": copy to the device: %s", b->pub.seq,
 				     why);
 	}
 	b->dbuf = j;
+	b->gather_ev = e;
 	for (uint32_t f = 0; f < c->nfields; f++)
 		ptrs[f] = (void *)(uintptr_t)(dst + c->fields[f].offset);
 	b->pub.on_device = true;
 	/* The slot's Release, once the copy has retired. */
-	queue_release(c, r, b, e, c->gather, -1);
+	queue_release(c, r, b, done, c->gather, -1);
 	b->host = NULL;
+	return 0;
+}
+
+int pfc_copy_ahead(struct pf_client *c)
+{
+	uint32_t ahead = 0;
+
+	if (!c->ccopy)
+		return 0;
+	for (struct fifo_node *n = c->queue.head; n && ahead < PFC_COPY_AHEAD; n = n->next) {
+		struct pfc_batch *b = container_of(n, struct pfc_batch, queued);
+		int rc;
+
+		if (b->slot < 0)
+			continue; /* an error batch: nothing to copy */
+		if (b->host) {
+			if (c->dead || !dbuf_available(c))
+				return 0;
+			rc = copy_batch(c, b, true);
+			if (rc == -ENOMEM && !c->dead)
+				return 0; /* no buffer for now: pf_next copies it */
+			if (rc)
+				return rc;
+		}
+		ahead++;
+	}
 	return 0;
 }
 
@@ -1035,9 +1139,9 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 
 	c->nqueued--;
 	/* Before the Ack: a batch that cannot be copied is not taken (a
-	 * reconnection delivers it again). */
+	 * reconnection delivers it again).  Most were copied ahead. */
 	if (c->ccopy && b->slot >= 0 && b->host) {
-		rc = copy_batch(c, b);
+		rc = copy_batch(c, b, false);
 		if (rc) {
 			c->slot_mine[b->slot] = 0;
 			pfc_free_batch(b);
@@ -1082,13 +1186,13 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 		return rc;
 	}
 	if (b->gather_ev) {
-		/* The trainer's stream waits for the batch's assembly (should
-		 * the wait fail, the CPU waits instead).  The event stays with
-		 * the batch: its release waits for it too, on whatever stream
-		 * the trainer releases it (pfc_release_after). */
+		/* The trainer's stream waits for the batch's assembly, a gather
+		 * or a copy (should the wait fail, the CPU waits instead).  The
+		 * event stays with the batch: its release waits for it too, on
+		 * whatever stream the trainer releases it (pfc_release_after). */
 		if (c->sync_take ||
 		    pfcuda_stream_wait(c->cuda, c->use_stream, b->gather_ev->ev, NULL, 0))
-			rc = pfcuda_gather_sync(c->gather, NULL, 0);
+			rc = pfcuda_event_sync(c->cuda, b->gather_ev->ev, NULL, 0);
 		else {
 			b->waited = true;
 			b->waited_stream = c->use_stream;
@@ -1096,7 +1200,9 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 		if (rc) {
 			c->slot_mine[b->slot] = 0;
 			pfc_free_batch(b);
-			return pfc_conn_fail(c, rc, "batch %" PRIu64 ": the gather failed",
+			return pfc_conn_fail(c, rc,
+					     "batch %" PRIu64
+					     ": the copy or gather that assembles it failed",
 					     b->pub.seq);
 		}
 	}
@@ -1119,9 +1225,13 @@ int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_
 
 	if (c->dead)
 		return pfc_fail_dead(c);
-	rc = pfc_flush_settled(c);
-	if (rc)
-		return rc;
+	/* A batch ready to take goes first; the releases wait for the
+	 * trainer's next release, or for the wait below. */
+	if (!c->queue.head || !pfc_can_take(c)) {
+		rc = pfc_flush_settled(c);
+		if (rc)
+			return rc;
+	}
 	for (;;) {
 		Pf__Envelope *env;
 

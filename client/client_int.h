@@ -49,6 +49,16 @@
  * at the start of pf_next (its GPU work has rarely retired yet, and each
  * question costs 1.4 us): the next call's flush, or the wait's, sends it. */
 #define PFC_FRESH_NS 20000
+/* Client copies started before the trainer asks for their batches (as a
+ * batch arrives, or when the trainer gives one back): pf_next then hands
+ * over a batch already on the device, and its host slot goes back sooner.
+ * Each costs one more device buffer of a slot's size. */
+#define PFC_COPY_AHEAD 2
+/* Completion flags, one per mark: a release of a trainer's stream is a
+ * flag the GPU writes (cuStreamWriteValue32), read with no driver call,
+ * where a cuEventQuery cost 1.2-2.2 us a release (bench/NOTES.md).  A
+ * client with more pending releases than this uses events for the rest. */
+#define PFC_MARKS 4096
 /* CU_STREAM_PER_THREAD: one handle, a different stream on each thread. */
 #define PFC_STREAM_PER_THREAD ((const void *)0x2)
 /* Arena ids index a table; the daemon makes a handful per session. */
@@ -81,10 +91,10 @@ int pfc_call(struct pf_client *c, Pf__Envelope *req, int reply_case, Pf__Envelop
 /* Sends a one-way message (Ack, Release, Probe): id 0, no reply.  While
  * the client is corked it is only queued. */
 int pfc_send(struct pf_client *c, Pf__Envelope *msg);
-/* pf_next corks the client for its duration: the Releases it flushes
- * leave with the Ack of the batch it takes, in one write (pfc_take
- * uncorks), or before the client waits to read, before a request, or when
- * pf_next returns. */
+/* pf_next and pf_release cork the client for their duration: the Releases
+ * pf_next flushes leave with the Ack of the batch it takes, in one write
+ * (pfc_take uncorks), or before the client waits to read, before a
+ * request, or when the call returns. */
 void pfc_cork(struct pf_client *c);
 int pfc_uncork(struct pf_client *c);
 
@@ -170,7 +180,12 @@ struct pfc_slab {
  * for reuse once done.  The same events mark the end of a batch's gather. */
 struct pfc_event {
 	struct pf_client *c; /* borrowed: its owner */
-	void *ev;	     /* owned CUevent */
+	void *ev;	     /* owned CUevent; NULL for a mark */
+	/* A mark (what releases wait for, where the gather has completion
+	 * flags): flag `flag` of pf_client.gather, which the last record
+	 * sets to gen once its stream gets there.  -1 for an event. */
+	int32_t flag;
+	uint32_t gen;
 	struct pfc_event *next;
 };
 
@@ -240,7 +255,10 @@ struct pf_client {
 	uint8_t *slot_mine;
 	char *device;		  /* owned: what the daemon granted */
 	struct pfcuda_dev *cuda;  /* owned: CUDA sessions' device, else NULL */
-	struct pfc_event *events; /* owned: idle release events */
+	struct pfc_event *events; /* owned: idle events */
+	struct pfc_event *marks;  /* owned: idle marks */
+	uint32_t nmarks;	  /* flags given to marks (never to two) */
+	bool marks_on;		  /* the gather's completion flags opened */
 	/* The client's gather (SessionOpened.pool): the kernel and its stream
 	 * (made at pf_open unless $PREFETCH_CLIENT_GATHER is 0), the pool's
 	 * record layout in a parameter block each batch starts from, and the
@@ -256,7 +274,9 @@ struct pf_client {
 	 * arenas, page-locked here; each one taken is copied, on the gather
 	 * stream, into a device buffer of this process (made one at a time as
 	 * the trainer holds more, up to the session's slots), which goes back
-	 * to the free stack once the trainer's work on it retired. */
+	 * to the free stack once the trainer's work on it retired.  The
+	 * copies of up to PFC_COPY_AHEAD batches not taken yet start early
+	 * (pfc_copy_ahead). */
 	bool ccopy;
 	uint64_t *dbufs;     /* owned: the buffers' device addresses, ndbufs of dbuf_cap */
 	uint64_t dbuf_bytes; /* each buffer's size */
@@ -355,6 +375,9 @@ int pfc_conn_fail(struct pf_client *c, int rc, const char *fmt, ...)
 int pfc_fail_dead(struct pf_client *c);
 int pfc_sane_code(int32_t code);
 int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env);
+/* Handles every frame already received, without a system call: 0, or the
+ * error that broke the connection. */
+int pfc_read_buffered(struct pf_client *c);
 struct pf_client *pfc_client_new(const char *where);
 int pfc_hello(struct pf_client *c, int timeout_ms);
 
@@ -376,6 +399,10 @@ int pfc_handle_push(struct pf_client *c, Pf__Envelope *env);
 int pfc_send_probe(struct pf_client *c);
 int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream);
 int pfc_take(struct pf_client *c, struct pf_batch **batch);
+/* Client copies: starts the copies of the batches at the head of the queue,
+ * up to PFC_COPY_AHEAD not taken yet.  0, or the error that broke the
+ * connection. */
+int pfc_copy_ahead(struct pf_client *c);
 int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_t *blocked_since);
 
 /* ---- reconnect.c: the session across daemon restarts ---------------------- */

@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ---- time and errors ------------------------------------------------------ */
@@ -255,6 +256,61 @@ int pfc_send(struct pf_client *c, Pf__Envelope *msg)
  * (the connection stays usable; no message set), or the error that broke the
  * connection.
  */
+/* The next frame already received: 1 with *env, 0 for none, or the error
+ * that broke the connection. */
+static int next_buffered(struct pf_client *c, Pf__Envelope **env)
+{
+	int rc = wire_rx_next(&c->rx, env);
+
+	if (rc >= 0)
+		return rc;
+	if (rc == -EMSGSIZE)
+		return pfc_conn_fail(c, -EPROTO,
+				     "%s sent a frame longer than %zu bytes; connection closed",
+				     c->where, c->rx.max_frame);
+	return pfc_conn_fail(c, -EPROTO, "%s sent a frame that does not decode; connection closed",
+			     c->where);
+}
+
+int pfc_read_buffered(struct pf_client *c)
+{
+	for (;;) {
+		Pf__Envelope *env;
+		int rc;
+
+		if (c->dead)
+			return pfc_fail_dead(c);
+		rc = next_buffered(c, &env);
+		if (rc <= 0)
+			return rc;
+		if (env->id != 0) {
+			/* The reply to a request that timed out earlier. */
+			pf__envelope__free_unpacked(env, NULL);
+			continue;
+		}
+		rc = pfc_handle_push(c, env);
+		if (rc)
+			return rc;
+	}
+}
+
+/* poll() with a deadline to the nanosecond (poll's own timeout counts in
+ * milliseconds, which would make a 200 us slice a whole one). */
+static int poll_until(struct pollfd *pfd, int64_t deadline)
+{
+	struct timespec ts;
+	int64_t left;
+
+	if (deadline < 0)
+		return ppoll(pfd, 1, NULL, NULL);
+	left = deadline - mono();
+	if (left < 0)
+		left = 0;
+	ts.tv_sec = (time_t)(left / 1000000000);
+	ts.tv_nsec = (long)(left % 1000000000);
+	return ppoll(pfd, 1, &ts, NULL);
+}
+
 int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
 {
 	bool polled = false;
@@ -266,19 +322,11 @@ int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
 
 		if (c->dead)
 			return pfc_fail_dead(c);
-		rc = wire_rx_next(&c->rx, env);
+		rc = next_buffered(c, env);
 		if (rc == 1)
 			return 0;
-		if (rc == -EMSGSIZE)
-			return pfc_conn_fail(
-				c, -EPROTO,
-				"%s sent a frame longer than %zu bytes; connection closed",
-				c->where, c->rx.max_frame);
 		if (rc < 0)
-			return pfc_conn_fail(
-				c, -EPROTO,
-				"%s sent a frame that does not decode; connection closed",
-				c->where);
+			return rc;
 		/* A frame that is already there needs no poll: one system call
 		 * instead of two on the hand-off of a ready batch. */
 		if (!polled) {
@@ -302,7 +350,7 @@ int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
 		pfd.fd = c->sock;
 		pfd.events = POLLIN;
 		pfd.revents = 0;
-		rc = poll(&pfd, 1, pfc_ms_left(deadline));
+		rc = poll_until(&pfd, deadline);
 		if (rc < 0 && errno == EINTR)
 			continue;
 		if (rc < 0)

@@ -242,8 +242,10 @@ PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
 		/* Pool hits are gathered here, in the trainer's context, when
 		 * the kernel loads ($PREFETCH_CLIENT_GATHER=0: never; then, or
 		 * when it does not load, the daemon gathers). */
-		if (!env_says_no("PREFETCH_CLIENT_GATHER"))
-			pfcuda_gather_open(c->cuda, &c->gather, NULL, 0);
+		if (!env_says_no("PREFETCH_CLIENT_GATHER") &&
+		    pfcuda_gather_open(c->cuda, &c->gather, NULL, 0) == 0)
+			/* Releases are then marks (batch.c), or events. */
+			c->marks_on = pfcuda_flags_open(c->gather, PFC_MARKS, NULL, 0) == 0;
 	}
 	rc = keep_open_opts(c, opts);
 	if (!rc)
@@ -601,8 +603,8 @@ PF_API int pf_release_next(struct pf_client *c, struct pf_batch *release, void *
 	c->error_batch = false;
 	if (release) {
 		/* Corked: a host batch's Release goes out with the next one's
-		 * Ack, in one write; the pending releases are flushed once, by
-		 * the pf_next that follows. */
+		 * Ack, in one write; the settled pending releases are flushed
+		 * here, once. */
 		pfc_cork(c);
 		rc = release_batch(c, release, stream, false);
 		if (rc) {
@@ -621,13 +623,40 @@ PF_API bool pf_error_batch(const struct pf_client *c)
 
 PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream)
 {
+	int rc, urc;
+
 	if (!c || !batch)
 		return -EINVAL;
-	return release_batch(c, batch, stream, true);
+	pfc_cork(c);
+	rc = release_batch(c, batch, stream, true);
+	/* This call's Releases, in one write. */
+	urc = pfc_uncork(c);
+	if (urc && c->dead && pfc_reconnecting(c)) {
+		pfc_note_outage(c); /* as release_batch does for its own sends */
+		urc = 0;
+	}
+	return rc ? rc : urc;
 }
 
-/* pf_release; the pending releases whose work is done are sent too when
- * flush is set. */
+/* After a release: the pending releases whose GPU work is done go (every
+ * one asked about with full, else the settled ones); then, for a CUDA
+ * session, the frames already received are taken in, which starts their
+ * gathers, and the next batches' copies are started, so that the pf_next
+ * after it hands over a batch that is on the device already. */
+static int after_release(struct pf_client *c, bool full)
+{
+	int rc = full ? pfc_flush_releases(c, 0) : pfc_flush_settled(c);
+
+	if (!rc && c->cuda && !c->dead) {
+		rc = pfc_read_buffered(c);
+		if (!rc)
+			rc = pfc_copy_ahead(c);
+	}
+	return rc;
+}
+
+/* pf_release; then after_release, flushing every pending release with
+ * flush, else the settled ones. */
 static int release_batch(struct pf_client *c, struct pf_batch *batch, void *stream, bool flush)
 {
 	struct pfc_batch **pp, *b;
@@ -654,7 +683,12 @@ static int release_batch(struct pf_client *c, struct pf_batch *batch, void *stre
 		if (b->gen != c->gen)
 			pfc_retired_put(c, b->gen);
 		pfc_free_batch(b);
-		return c->dead || !flush ? 0 : pfc_flush_releases(c, 0);
+		rc = c->dead ? 0 : after_release(c, flush);
+		if (rc && c->dead && pfc_reconnecting(c)) {
+			pfc_note_outage(c);
+			return 0;
+		}
+		return rc;
 	}
 	/* A batch of a connection that broke, on a client that reconnects:
 	 * its slot died with that daemon, so there is nothing to send, only
@@ -690,8 +724,8 @@ static int release_batch(struct pf_client *c, struct pf_batch *batch, void *stre
 		rc = pfc_send_release(c, b->pub.epoch, b->pub.seq, b->slot);
 		pfc_free_batch(b);
 	}
-	if (!rc && flush)
-		rc = pfc_flush_releases(c, 0);
+	if (!rc)
+		rc = after_release(c, flush);
 	if (rc && c->dead && pfc_reconnecting(c)) {
 		/* The daemon died before this release could reach it: the slot
 		 * went with it, as for a batch of an older connection. */
@@ -860,6 +894,12 @@ PF_API void pf_close(struct pf_client *c)
 
 		c->events = e->next;
 		pfcuda_event_destroy(c->cuda, e->ev);
+		free(e);
+	}
+	while (c->marks) {
+		struct pfc_event *e = c->marks;
+
+		c->marks = e->next;
 		free(e);
 	}
 	pfcuda_close(c->cuda);

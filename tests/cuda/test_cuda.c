@@ -456,6 +456,88 @@ static void mode_lag(struct trainer *t)
 	cudaFree(b2);
 	cudaStreamDestroy(st);
 }
+
+/* A batch taken on stream st: the stream synchronised, then every byte
+ * checked (t_check's synchronous copy does not wait for st itself). */
+static struct pf_batch *t_next_on(struct trainer *t, cudaStream_t st, struct pf_batch *release)
+{
+	struct pf_batch *b = NULL;
+	int rc = pf_release_next(t->c, release, (void *)st, NEXT_TIMEOUT_MS, &b);
+
+	if (rc)
+		tfail("pf_release_next on the trainer's stream: %d %s", rc, pf_errmsg(t->c));
+	if (b) {
+		if (cudaStreamSynchronize(st) != cudaSuccess)
+			tfail("cudaStreamSynchronize failed");
+		t_check(t, b);
+	}
+	return b;
+}
+
+/* mode=ahead (pool = off: the trainer copies): libprefetch starts copies
+ * of batches before they are asked for.  Epoch 1: 5 batches on a stream of
+ * the trainer's, then a pause (the copies ahead finish, more batches
+ * arrive), then the next epoch starts: batches copied ahead and never
+ * taken go back, each slot once.  Epoch 2: to its end with pf_release_next,
+ * three batches held at once in the middle.  Every byte checked; then no
+ * error and no slot held in status. */
+static void mode_ahead(struct trainer *t)
+{
+	struct pf_batch *b = NULL, *three[3];
+	Pf__SessionStatus *ss;
+	Pf__Envelope *env;
+	cudaStream_t st;
+	uint64_t taken = 0;
+	double deadline;
+
+	if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess)
+		tfail("CUDA runtime: cannot make a stream");
+	t_open(t, t->o.min_depth, t->o.max_depth);
+	t_start(t, t->o.seed);
+	for (int i = 0; i < 5; i++)
+		if (!(b = t_next_on(t, st, b)))
+			tfail("epoch 1 ended after %d batches", i);
+	if (pf_release(t->c, b, (void *)st))
+		tfail("pf_release: %s", pf_errmsg(t->c));
+	usleep(50000);
+	t_start(t, t->o.seed + 1);
+	b = NULL;
+	while ((b = t_next_on(t, st, b))) {
+		if (++taken != 10)
+			continue;
+		three[0] = b;
+		for (int i = 1; i < 3; i++)
+			if (!(three[i] = t_next_on(t, st, NULL)))
+				tfail("epoch 2 ended with batches held");
+		if (three[0]->data[0] == three[1]->data[0] ||
+		    three[1]->data[0] == three[2]->data[0] ||
+		    three[0]->data[0] == three[2]->data[0])
+			tfail("three batches held at once share a device buffer");
+		for (int i = 0; i < 2; i++)
+			if (pf_release(t->c, three[i], (void *)st))
+				tfail("pf_release: %s", pf_errmsg(t->c));
+		b = three[2];
+		taken += 2;
+	}
+	t_epoch_complete(t);
+	deadline = td_now() + 2;
+	for (;;) {
+		ss = t_status(t, &env);
+		if ((ss->held == 0 && ss->errors == 0) || td_now() > deadline)
+			break;
+		pf__envelope__free_unpacked(env, NULL);
+		usleep(10000);
+	}
+	if (ss->held || ss->errors)
+		tfail("after epoch 2: %" PRIu64 " slots held, %" PRIu64 " errors (want none)",
+		      ss->held, ss->errors);
+	pf__envelope__free_unpacked(env, NULL);
+	tlog("epoch 1 left after 5 batches; epoch 2: %" PRIu64 " batches, %" PRIu64
+	     " picks once each, 3 held at once, every byte checked; nothing held after",
+	     t->ep.announced, t->ep.delivered);
+	t_close(t);
+	cudaStreamDestroy(st);
+}
 #endif
 
 static void mode_epochs(struct trainer *t)
@@ -1138,6 +1220,8 @@ static int trainer_main(int argc, char **argv)
 #if PF_CUDA
 	else if (!strcmp(t.o.mode, "lag"))
 		mode_lag(&t);
+	else if (!strcmp(t.o.mode, "ahead"))
+		mode_ahead(&t);
 #endif
 	else if (!strcmp(t.o.mode, "stream"))
 		mode_stream(&t);
@@ -1626,6 +1710,19 @@ static void shuffled_epochs_reach_a_trainer_process_byte_exact_over_legacy_ipc(v
 static void shuffled_epochs_copied_by_the_trainer_itself_are_byte_exact(void **state)
 {
 	epochs_test("pool = off\n", "ipc=default");
+}
+
+/* Copies ahead of the trainer: an epoch left with batches copied and not
+ * taken, then one with batches held at once (mode=ahead). */
+static void copies_ahead_of_the_trainer_survive_a_left_epoch_and_batches_held_at_once(void **state)
+{
+	const char *args[] = {"mode=ahead", "seed=61", "max_depth=8", NULL};
+
+	need_gpu();
+	start_daemon("pool = off\n", NULL);
+	run_trainer("ahead", args, 120000);
+	stop_daemon();
+	fx.done = true;
 }
 
 /* $PREFETCH_CLIENT_COPY=0: the same with the daemon's copies. */
@@ -2276,6 +2373,7 @@ int main(int argc, char **argv)
 		CASE(shuffled_epochs_reach_a_trainer_process_byte_exact_over_legacy_ipc),
 		CASE(trainer_asking_for_legacy_ipc_gets_exact_epochs_from_an_fd_daemon),
 		CASE(shuffled_epochs_copied_by_the_trainer_itself_are_byte_exact),
+		CASE(copies_ahead_of_the_trainer_survive_a_left_epoch_and_batches_held_at_once),
 		CASE(shuffled_epochs_copied_by_the_daemon_for_a_client_that_will_not_are_byte_exact),
 		CASE(killed_trainers_give_back_all_device_memory_over_fd),
 		CASE(killed_trainers_give_back_all_device_memory_over_legacy_ipc),
