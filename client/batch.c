@@ -831,6 +831,16 @@ static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
 	return data && c->ccopy ? pfc_copy_ahead(c) : 0;
 }
 
+int pfc_handle_unasked(struct pf_client *c, Pf__Envelope *env)
+{
+	if (env->id != 0) {
+		/* The reply to a request that timed out earlier. */
+		pf__envelope__free_unpacked(env, NULL);
+		return 0;
+	}
+	return pfc_handle_push(c, env);
+}
+
 /* Handles one push (id 0); takes env. */
 int pfc_handle_push(struct pf_client *c, Pf__Envelope *env)
 {
@@ -1265,12 +1275,7 @@ int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_
 					   timeout_ms);
 		if (rc)
 			return rc;
-		if (env->id != 0) {
-			/* The reply to a request that timed out earlier. */
-			pf__envelope__free_unpacked(env, NULL);
-			continue;
-		}
-		rc = pfc_handle_push(c, env);
+		rc = pfc_handle_unasked(c, env);
 		if (rc)
 			return rc;
 	}

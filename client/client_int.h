@@ -396,6 +396,9 @@ int pfc_release_queue(struct pf_client *c);
 void pfc_drop_releases(struct pf_client *c);
 void pfc_unmap_arenas(struct pf_client *c, struct pfc_arena *arenas, uint32_t n);
 int pfc_handle_push(struct pf_client *c, Pf__Envelope *env);
+/* A frame no request waits for, taken: a push is handled, the late reply to
+ * a request that timed out dropped. */
+int pfc_handle_unasked(struct pf_client *c, Pf__Envelope *env);
 int pfc_send_probe(struct pf_client *c);
 int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream);
 int pfc_take(struct pf_client *c, struct pf_batch **batch);

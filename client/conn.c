@@ -283,12 +283,7 @@ int pfc_read_buffered(struct pf_client *c)
 		rc = next_buffered(c, &env);
 		if (rc <= 0)
 			return rc;
-		if (env->id != 0) {
-			/* The reply to a request that timed out earlier. */
-			pf__envelope__free_unpacked(env, NULL);
-			continue;
-		}
-		rc = pfc_handle_push(c, env);
+		rc = pfc_handle_unasked(c, env);
 		if (rc)
 			return rc;
 	}
