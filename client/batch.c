@@ -8,10 +8,9 @@
  * governor's `consumed`), with the stall accounting of this client: time
  * blocked inside pf_next (wait) and time between calls (busy).  Releasing
  * sends Release; CUDA batches wait for the trainer's stream first through
- * the pending-release list (struct pfc_release): a mark is recorded on the
- * stream (a completion flag the GPU writes when it gets there, read with no
- * driver call; an event where there are no flags), and the Release goes
- * out from a later call once it has completed.  Client copies start up to
+ * the pending-release list (struct pfc_release): an event is recorded on
+ * the stream, and the Release goes out from a later call once the event has
+ * completed.  Client copies start up to
  * PFC_COPY_AHEAD batches before they are taken (pfc_copy_ahead).  CUDA sessions also send the
  * honest-depth Probe: free device memory at each epoch's second batch (its first step has run),
  * every probe_interval_s the daemon asked for, and on pf_probe.
@@ -41,7 +40,6 @@
 /* ---- slots, arenas, batches -------------------------------------------------- */
 
 static void event_put(void *event);
-static void event_drop(struct pfc_event *e);
 
 void pfc_free_batch(struct pfc_batch *b)
 {
@@ -69,7 +67,6 @@ static int event_get(struct pf_client *c, const char *what, struct pfc_event **o
 	if (!e)
 		return pfc_set_err(c, -ENOMEM, "out of memory");
 	e->c = c;
-	e->flag = -1;
 	rc = pfcuda_event_create(c->cuda, &e->ev, why, sizeof(why));
 	if (rc) {
 		free(e);
@@ -77,40 +74,6 @@ static int event_get(struct pf_client *c, const char *what, struct pfc_event **o
 	}
 	*out = e;
 	return 0;
-}
-
-/* What a release waits for: an idle mark, or a new one while flags remain,
- * else an event.  0, or -errno with c's error set. */
-static int mark_get(struct pf_client *c, const char *what, struct pfc_event **out)
-{
-	struct pfc_event *e = c->marks;
-
-	if (e) {
-		c->marks = e->next;
-		*out = e;
-		return 0;
-	}
-	if (c->marks_on && c->nmarks < PFC_MARKS && (e = calloc(1, sizeof(*e)))) {
-		e->c = c;
-		e->flag = (int32_t)c->nmarks++;
-		*out = e;
-		return 0;
-	}
-	return event_get(c, what, out);
-}
-
-/* Records e (a mark or an event) behind the work queued on stream so far. */
-static int mark_record(struct pf_client *c, struct pfc_event *e, void *stream, char *why,
-		       size_t len)
-{
-	int rc;
-
-	if (e->flag < 0)
-		return pfcuda_event_record(c->cuda, e->ev, stream, why, len);
-	rc = pfcuda_flag_write(c->gather, stream, (uint32_t)e->flag, e->gen + 1, why, len);
-	if (!rc)
-		e->gen++;
-	return rc;
 }
 
 static int event_done(void *event);
@@ -426,8 +389,8 @@ void pfc_drop_releases(struct pf_client *c)
 			continue;
 		}
 		*pp = r->next;
-		if (r->event)
-			event_drop(r->event);
+		if (r->free_event)
+			r->free_event(r->event);
 		free(r);
 	}
 }
@@ -918,32 +881,17 @@ static void maybe_probe(struct pf_client *c)
 static int event_done(void *event)
 {
 	struct pfc_event *e = event;
-	int rc;
+	int rc = pfcuda_event_query(e->c->cuda, e->ev, NULL, 0);
 
-	if (e->flag >= 0)
-		return pfcuda_flag_read(e->c->gather, (uint32_t)e->flag) == e->gen;
-	rc = pfcuda_event_query(e->c->cuda, e->ev, NULL, 0);
 	return rc == 0 ? 1 : rc == -EAGAIN ? 0 : rc;
 }
 
 static void event_put(void *event)
 {
 	struct pfc_event *e = event;
-	struct pfc_event **idle = e->flag >= 0 ? &e->c->marks : &e->c->events;
 
-	e->next = *idle;
-	*idle = e;
-}
-
-/* The event of a release that is dropped: a mark whose write may still be
- * queued is never used again (that late write would overwrite its next
- * use's), an event is (recording one again is defined). */
-static void event_drop(struct pfc_event *e)
-{
-	if (e->flag >= 0 && event_done(e) != 1)
-		free(e);
-	else
-		event_put(e);
+	e->next = e->c->events;
+	e->c->events = e;
 }
 
 /* Queues the release of a device batch behind the work queued on stream so
@@ -957,7 +905,7 @@ int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream)
 
 	if (!r)
 		return pfc_set_err(c, -ENOMEM, "out of memory");
-	rc = mark_get(c, "pf_release", &e);
+	rc = event_get(c, "pf_release", &e);
 	if (rc) {
 		free(r);
 		return rc;
@@ -970,7 +918,7 @@ int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream)
 	    (!b->waited || b->waited_stream != stream || stream == PFC_STREAM_PER_THREAD))
 		rc = pfcuda_stream_wait(c->cuda, stream, b->gather_ev->ev, why, sizeof(why));
 	if (!rc)
-		rc = mark_record(c, e, stream, why, sizeof(why));
+		rc = pfcuda_event_record(c->cuda, e->ev, stream, why, sizeof(why));
 	if (rc) {
 		event_put(e);
 		free(r);
@@ -1074,11 +1022,11 @@ static int copy_batch(struct pf_client *c, struct pfc_batch *b, bool ahead)
 		c->dbuf_free[c->ndbuf_free++] = (uint32_t)j;
 		return pfc_conn_fail(c, -ENOMEM, "out of memory");
 	}
-	/* Behind the copy: the batch's event, which a stream may wait on
-	 * after the slot's Release, which owns the mark, has gone. */
+	/* Two events behind the copy: the batch's, which a stream may wait on
+	 * after the slot's Release (which owns the other) has gone. */
 	rc = event_get(c, "copy", &e);
 	if (!rc) {
-		rc = mark_get(c, "copy", &done);
+		rc = event_get(c, "copy", &done);
 		if (rc)
 			event_put(e);
 	}
@@ -1088,10 +1036,8 @@ static int copy_batch(struct pf_client *c, struct pfc_batch *b, bool ahead)
 		return pfc_conn_fail(c, rc, "%s", c->err);
 	}
 	dst = c->dbufs[j];
-	rc = pfcuda_gather_copy(c->gather, dst, b->host, (size_t)c->slot_bytes, e->ev, why,
-				sizeof(why));
-	if (!rc)
-		rc = mark_record(c, done, pfcuda_gather_stream(c->gather), why, sizeof(why));
+	rc = pfcuda_gather_copy(c->gather, dst, b->host, (size_t)c->slot_bytes, e->ev, done->ev,
+				why, sizeof(why));
 	if (rc) {
 		/* Later copies into it queue behind this one on the same
 		 * stream: it may go back at once. */

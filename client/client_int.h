@@ -54,11 +54,6 @@
  * over a batch already on the device, and its host slot goes back sooner.
  * Each costs one more device buffer of a slot's size. */
 #define PFC_COPY_AHEAD 2
-/* Completion flags, one per mark: a release of a trainer's stream is a
- * flag the GPU writes (cuStreamWriteValue32), read with no driver call,
- * where a cuEventQuery cost 1.2-2.2 us a release (bench/NOTES.md).  A
- * client with more pending releases than this uses events for the rest. */
-#define PFC_MARKS 4096
 /* CU_STREAM_PER_THREAD: one handle, a different stream on each thread. */
 #define PFC_STREAM_PER_THREAD ((const void *)0x2)
 /* Arena ids index a table; the daemon makes a handful per session. */
@@ -180,12 +175,7 @@ struct pfc_slab {
  * for reuse once done.  The same events mark the end of a batch's gather. */
 struct pfc_event {
 	struct pf_client *c; /* borrowed: its owner */
-	void *ev;	     /* owned CUevent; NULL for a mark */
-	/* A mark (what releases wait for, where the gather has completion
-	 * flags): flag `flag` of pf_client.gather, which the last record
-	 * sets to gen once its stream gets there.  -1 for an event. */
-	int32_t flag;
-	uint32_t gen;
+	void *ev;	     /* owned CUevent */
 	struct pfc_event *next;
 };
 
@@ -256,9 +246,6 @@ struct pf_client {
 	char *device;		  /* owned: what the daemon granted */
 	struct pfcuda_dev *cuda;  /* owned: CUDA sessions' device, else NULL */
 	struct pfc_event *events; /* owned: idle events */
-	struct pfc_event *marks;  /* owned: idle marks */
-	uint32_t nmarks;	  /* flags given to marks (never to two) */
-	bool marks_on;		  /* the gather's completion flags opened */
 	/* The client's gather (SessionOpened.pool): the kernel and its stream
 	 * (made at pf_open unless $PREFETCH_CLIENT_GATHER is 0), the pool's
 	 * record layout in a parameter block each batch starts from, and the

@@ -105,8 +105,6 @@ static struct {
 	PFN_cuMemAllocHost_v3020 mem_alloc_host;
 	PFN_cuMemHostGetDevicePointer_v3020 mem_host_get_device_pointer;
 	PFN_cuMemFreeHost_v2000 mem_free_host;
-	/* Completion flags (pfcuda_flags_open): optional, NULL when absent. */
-	PFN_cuStreamWriteValue32_v11070 stream_write_value32;
 	/* Client copies (pfcuda_host_register): optional too. */
 	PFN_cuMemHostRegister_v6050 mem_host_register;
 	PFN_cuMemHostUnregister_v4000 mem_host_unregister;
@@ -235,7 +233,6 @@ static void load(void)
 	SYM(mem_free_host, "cuMemFreeHost");
 	SYM(mem_host_get_device_pointer, "cuMemHostGetDevicePointer");
 	drv.gather = !missing;
-	SYM(stream_write_value32, "cuStreamWriteValue32");
 	SYM(mem_host_register, "cuMemHostRegister");
 	SYM(mem_host_unregister, "cuMemHostUnregister");
 	SYM(device_get_attribute, "cuDeviceGetAttribute");
@@ -651,11 +648,6 @@ struct pfcuda_gather {
 	uint8_t *staging;
 	CUdeviceptr staging_dev;
 	size_t staging_bytes;
-	/* Pinned, mapped: completion flags (pfcuda_flags_open), nflags. */
-	volatile uint32_t *flags;
-	CUdeviceptr flags_dev;
-	uint32_t nflags;
-	bool flags_written; /* a write may be queued on a stream not ours */
 };
 
 static int grow_bases(struct pfcuda_gather *g, uint32_t want, char *msg, size_t msglen);
@@ -726,83 +718,11 @@ void pfcuda_gather_close(struct pfcuda_gather *g)
 			drv.mem_free_host(g->hbases);
 		if (g->staging)
 			drv.mem_free_host(g->staging);
-		if (g->flags) {
-			/* A trainer's stream may still have a write to them
-			 * queued. */
-			if (g->flags_written)
-				drv.ctx_synchronize();
-			drv.mem_free_host((void *)g->flags);
-		}
 		if (g->mod)
 			drv.module_unload(g->mod);
 		pop();
 	}
 	free(g);
-}
-
-void *pfcuda_gather_stream(struct pfcuda_gather *g)
-{
-	return g->stream;
-}
-
-int pfcuda_flags_open(struct pfcuda_gather *g, uint32_t n, char *msg, size_t msglen)
-{
-	CUresult r;
-	int rc;
-
-	if (g->flags)
-		return 0;
-	if (!drv.stream_write_value32) {
-		set_err(msg, msglen, "the CUDA driver lacks cuStreamWriteValue32");
-		return -EOPNOTSUPP;
-	}
-	rc = push(g->d, msg, msglen);
-	if (rc < 0)
-		return rc;
-	r = drv.mem_alloc_host((void **)&g->flags, (size_t)n * sizeof(uint32_t));
-	if (r == CUDA_SUCCESS) {
-		memset((void *)g->flags, 0, (size_t)n * sizeof(uint32_t));
-		r = drv.mem_host_get_device_pointer(&g->flags_dev, (void *)g->flags, 0);
-	}
-	/* One write, seen here once the idle stream has run it: a driver that
-	 * takes the call but never lands the value must not get the flags
-	 * (a release would never be seen done). */
-	if (r == CUDA_SUCCESS)
-		r = drv.stream_write_value32(g->stream, g->flags_dev, 1, 0);
-	if (r == CUDA_SUCCESS)
-		r = drv.stream_synchronize(g->stream);
-	if (r == CUDA_SUCCESS && g->flags[0] != 1)
-		r = CUDA_ERROR_NOT_SUPPORTED;
-	if (r != CUDA_SUCCESS && g->flags) {
-		drv.mem_free_host((void *)g->flags);
-		g->flags = NULL;
-	}
-	pop();
-	if (r != CUDA_SUCCESS)
-		return cu_fail(r, "completion flags (cuStreamWriteValue32)", msg, msglen);
-	g->flags[0] = 0;
-	g->nflags = n;
-	return 0;
-}
-
-uint32_t pfcuda_flag_read(const struct pfcuda_gather *g, uint32_t i)
-{
-	return __atomic_load_n(&g->flags[i], __ATOMIC_ACQUIRE);
-}
-
-int pfcuda_flag_write(struct pfcuda_gather *g, void *stream, uint32_t i, uint32_t value, char *msg,
-		      size_t msglen)
-{
-	CUresult r;
-	int rc = push(g->d, msg, msglen);
-
-	if (rc < 0)
-		return rc;
-	g->flags_written = true;
-	r = drv.stream_write_value32((CUstream)stream, g->flags_dev + i * sizeof(uint32_t), value,
-				     0);
-	pop();
-	return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuStreamWriteValue32", msg, msglen);
 }
 
 int pfcuda_gather_sync(struct pfcuda_gather *g, char *msg, size_t msglen)
@@ -984,7 +904,7 @@ void pfcuda_host_unregister(struct pfcuda_dev *d, void *p)
 }
 
 int pfcuda_gather_copy(struct pfcuda_gather *g, uint64_t dst, const void *src, size_t bytes,
-		       void *event, char *msg, size_t msglen)
+		       void *event, void *event2, char *msg, size_t msglen)
 {
 	CUresult r;
 	int rc = push(g->d, msg, msglen);
@@ -994,6 +914,8 @@ int pfcuda_gather_copy(struct pfcuda_gather *g, uint64_t dst, const void *src, s
 	r = drv.memcpy_htod_async((CUdeviceptr)dst, src, bytes, g->stream);
 	if (r == CUDA_SUCCESS)
 		r = drv.event_record((CUevent)event, g->stream);
+	if (r == CUDA_SUCCESS && event2)
+		r = drv.event_record((CUevent)event2, g->stream);
 	pop();
 	return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuMemcpyHtoDAsync", msg, msglen);
 }
@@ -1163,28 +1085,7 @@ void pfcuda_host_unregister(struct pfcuda_dev *d, void *p)
 }
 
 int pfcuda_gather_copy(struct pfcuda_gather *g, uint64_t dst, const void *src, size_t bytes,
-		       void *event, char *msg, size_t msglen)
-{
-	return NO_CUDA(msg, msglen);
-}
-
-void *pfcuda_gather_stream(struct pfcuda_gather *g)
-{
-	return NULL;
-}
-
-int pfcuda_flags_open(struct pfcuda_gather *g, uint32_t n, char *msg, size_t msglen)
-{
-	return NO_CUDA(msg, msglen);
-}
-
-uint32_t pfcuda_flag_read(const struct pfcuda_gather *g, uint32_t i)
-{
-	return 0;
-}
-
-int pfcuda_flag_write(struct pfcuda_gather *g, void *stream, uint32_t i, uint32_t value, char *msg,
-		      size_t msglen)
+		       void *event, void *event2, char *msg, size_t msglen)
 {
 	return NO_CUDA(msg, msglen);
 }

@@ -148,23 +148,8 @@ bool pfcuda_can_copy_from_host(struct pfcuda_dev *d);
 int pfcuda_host_register(struct pfcuda_dev *d, void *p, size_t bytes, char *msg, size_t msglen);
 void pfcuda_host_unregister(struct pfcuda_dev *d, void *p);
 /* Queues bytes from src (registered host memory) to device address dst
- * on g's stream, then records event after it. */
+ * on g's stream, then records event (and event2, unless NULL) after it. */
 int pfcuda_gather_copy(struct pfcuda_gather *g, uint64_t dst, const void *src, size_t bytes,
-		       void *event, char *msg, size_t msglen);
-/* g's own stream (a CUstream), for work that must follow its copies. */
-void *pfcuda_gather_stream(struct pfcuda_gather *g);
-/* Completion flags: n 32-bit words of pinned, mapped host memory, owned by
- * g.  pfcuda_flag_write queues on stream (as pfcuda_event_record takes it)
- * the write of value to word i, which lands once the work queued there
- * before it has completed (cuStreamWriteValue32, with its memory fence);
- * pfcuda_flag_read reads word i with no driver call, where an event query
- * costs ~1.5 us (bench/NOTES.md).  A word must not be written again while
- * an earlier write to it may still be queued.  pfcuda_flags_open checks
- * one write end to end; -EOPNOTSUPP or another error where the driver
- * cannot (events are then the way). */
-int pfcuda_flags_open(struct pfcuda_gather *g, uint32_t n, char *msg, size_t msglen);
-uint32_t pfcuda_flag_read(const struct pfcuda_gather *g, uint32_t i);
-int pfcuda_flag_write(struct pfcuda_gather *g, void *stream, uint32_t i, uint32_t value, char *msg,
-		      size_t msglen);
+		       void *event, void *event2, char *msg, size_t msglen);
 
 #endif

@@ -242,10 +242,8 @@ PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
 		/* Pool hits are gathered here, in the trainer's context, when
 		 * the kernel loads ($PREFETCH_CLIENT_GATHER=0: never; then, or
 		 * when it does not load, the daemon gathers). */
-		if (!env_says_no("PREFETCH_CLIENT_GATHER") &&
-		    pfcuda_gather_open(c->cuda, &c->gather, NULL, 0) == 0)
-			/* Releases are then marks (batch.c), or events. */
-			c->marks_on = pfcuda_flags_open(c->gather, PFC_MARKS, NULL, 0) == 0;
+		if (!env_says_no("PREFETCH_CLIENT_GATHER"))
+			pfcuda_gather_open(c->cuda, &c->gather, NULL, 0);
 	}
 	rc = keep_open_opts(c, opts);
 	if (!rc)
@@ -894,12 +892,6 @@ PF_API void pf_close(struct pf_client *c)
 
 		c->events = e->next;
 		pfcuda_event_destroy(c->cuda, e->ev);
-		free(e);
-	}
-	while (c->marks) {
-		struct pfc_event *e = c->marks;
-
-		c->marks = e->next;
 		free(e);
 	}
 	pfcuda_close(c->cuda);
