@@ -10,10 +10,10 @@
  * sends Release; CUDA batches wait for the trainer's stream first through
  * the pending-release list (struct pfc_release): an event is recorded on
  * the stream, and the Release goes out from a later call once the event has
- * completed.  Client copies start up to
- * PFC_COPY_AHEAD batches before they are taken (pfc_copy_ahead).  CUDA sessions also send the
- * honest-depth Probe: free device memory at each epoch's second batch (its first step has run),
- * every probe_interval_s the daemon asked for, and on pf_probe.
+ * completed.  Client copies start up to PFC_COPY_AHEAD batches before they
+ * are taken (pfc_copy_ahead).  CUDA sessions also send the honest-depth
+ * Probe: free device memory at each epoch's second batch (its first step
+ * has run), every probe_interval_s the daemon asked for, and on pf_probe.
  *
  * DESIGN: no threads, no locks.  The arena table, the queue, the held list,
  * the pending releases and the idle events are the struct pf_client's,
@@ -100,6 +100,7 @@ static void queue_release(struct pf_client *c, struct pfc_release *r, const stru
 	while (*pp)
 		pp = &(*pp)->next;
 	*pp = r;
+	c->nreleases++;
 }
 
 /* Queues the release of batch b (not taken) for when its gather has
@@ -183,6 +184,7 @@ static int flush(struct pf_client *c, int wait_ms, int64_t fresh_after)
 				continue;
 			}
 			*pp = r->next;
+			c->nreleases--;
 			if (r->dbuf >= 0) {
 				if (c->dbuf_free)
 					c->dbuf_free[c->ndbuf_free++] = (uint32_t)r->dbuf;
@@ -389,6 +391,7 @@ void pfc_drop_releases(struct pf_client *c)
 			continue;
 		}
 		*pp = r->next;
+		c->nreleases--;
 		if (r->free_event)
 			r->free_event(r->event);
 		free(r);
@@ -945,10 +948,10 @@ bool pfc_can_take(const struct pf_client *c)
 }
 
 /* A free device buffer for a client that copies: one given back, else a
- * new one while there are fewer than the session's slots (the trainer can
- * hold no more batches).  Its index, or -errno.  quiet: a buffer that
- * cannot be made returns -ENOMEM and leaves the connection as it is (a
- * copy ahead; pf_next tries again). */
+ * new one while there are fewer than the session's slots (held and copied
+ * ahead).  Its index, or -errno.  quiet (a copy ahead): a device too full
+ * for one more, with some made already, returns -ENOMEM, leaves the
+ * connection as it is, and caps the buffers at those there are. */
 static int take_dbuf(struct pf_client *c, bool quiet)
 {
 	char why[256];
@@ -978,8 +981,12 @@ static int take_dbuf(struct pf_client *c, bool quiet)
 	if (c->ndbufs >= c->dbuf_cap)
 		return pfc_conn_fail(c, -EPROTO, "no device buffer free for a batch");
 	rc = pfcuda_mem_alloc(c->cuda, c->dbuf_bytes, &p, why, sizeof(why));
-	if (rc && quiet)
+	if (rc == -ENOMEM && quiet && c->ndbufs) {
+		/* The device is full: make do with the buffers there are (a
+		 * take waits for one to come back rather than fail). */
+		c->dbuf_cap = c->ndbufs;
 		return -ENOMEM;
+	}
 	if (rc)
 		return pfc_conn_fail(c, rc, "a device buffer of %.1f MiB for a batch: %s",
 				     c->dbuf_bytes / 1048576.0, why);
@@ -1085,6 +1092,19 @@ int pfc_copy_ahead(struct pf_client *c)
 	return 0;
 }
 
+/* A batch off the queue that is not taken after all (the connection is
+ * going).  Its device buffer may go back at once (see copy_batch).  The
+ * slot of one copied already went back with the copy and may be another
+ * batch's by now: it is left as it is. */
+static void drop_untaken(struct pf_client *c, struct pfc_batch *b)
+{
+	if (b->dbuf >= 0)
+		c->dbuf_free[c->ndbuf_free++] = (uint32_t)b->dbuf;
+	else if (b->slot >= 0)
+		c->slot_mine[b->slot] = 0;
+	pfc_free_batch(b);
+}
+
 /* Takes the head of the queue: acks it and hands it to the trainer. */
 int pfc_take(struct pf_client *c, struct pf_batch **batch)
 {
@@ -1099,8 +1119,7 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 	if (c->ccopy && b->slot >= 0 && b->host) {
 		rc = copy_batch(c, b, false);
 		if (rc) {
-			c->slot_mine[b->slot] = 0;
-			pfc_free_batch(b);
+			drop_untaken(c, b);
 			return rc;
 		}
 	}
@@ -1117,13 +1136,8 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 	if (!rc)
 		rc = pfc_uncork(c);
 	if (rc) {
-		/* Not taken: a restarted epoch delivers it again.  Its device
-		 * buffer may go back at once (see copy_batch). */
-		if (b->slot >= 0)
-			c->slot_mine[b->slot] = 0;
-		if (b->dbuf >= 0)
-			c->dbuf_free[c->ndbuf_free++] = (uint32_t)b->dbuf;
-		pfc_free_batch(b);
+		/* Not taken: a restarted epoch delivers it again. */
+		drop_untaken(c, b);
 		return rc;
 	}
 	c->resume_seq = b->pub.seq + 1;
@@ -1146,20 +1160,23 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 		 * or a copy (should the wait fail, the CPU waits instead).  The
 		 * event stays with the batch: its release waits for it too, on
 		 * whatever stream the trainer releases it (pfc_release_after). */
+		char why[256] = "";
+
 		if (c->sync_take ||
 		    pfcuda_stream_wait(c->cuda, c->use_stream, b->gather_ev->ev, NULL, 0))
-			rc = pfcuda_event_sync(c->cuda, b->gather_ev->ev, NULL, 0);
+			rc = pfcuda_event_sync(c->cuda, b->gather_ev->ev, why, sizeof(why));
 		else {
 			b->waited = true;
 			b->waited_stream = c->use_stream;
 		}
 		if (rc) {
-			c->slot_mine[b->slot] = 0;
-			pfc_free_batch(b);
+			uint64_t seq = b->pub.seq;
+
+			drop_untaken(c, b);
 			return pfc_conn_fail(c, rc,
 					     "batch %" PRIu64
-					     ": the copy or gather that assembles it failed",
-					     b->pub.seq);
+					     ": the copy or gather that assembles it failed: %s",
+					     seq, why);
 		}
 	}
 	b->next = c->held;
@@ -1182,8 +1199,11 @@ int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_
 	if (c->dead)
 		return pfc_fail_dead(c);
 	/* A batch ready to take goes first; the releases wait for the
-	 * trainer's next release, or for the wait below. */
-	if (!c->queue.head || !pfc_can_take(c)) {
+	 * trainer's next release, or for the wait below.  Unless more wait
+	 * than a release and the copies ahead account for: a trainer that
+	 * takes several batches before it gives any back (gradient
+	 * accumulation) must not keep the slots its copies are done with. */
+	if (!c->queue.head || !pfc_can_take(c) || c->nreleases > PFC_COPY_AHEAD + 1) {
 		rc = pfc_flush_settled(c);
 		if (rc)
 			return rc;

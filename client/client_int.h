@@ -46,8 +46,9 @@
 /* While releases wait for the GPU, pf_next checks them this often. */
 #define PFC_RELEASE_POLL_NS 200000
 /* A release queued less than this long ago is not asked about by the flush
- * at the start of pf_next (its GPU work has rarely retired yet, and each
- * question costs 1.4 us): the next call's flush, or the wait's, sends it. */
+ * of a release or of a pf_next that flushes (its GPU work has rarely
+ * retired yet, and each question costs 1.4 us): a later flush, or the
+ * wait's, sends it. */
 #define PFC_FRESH_NS 20000
 /* Client copies started before the trainer asks for their batches (as a
  * batch arrives, or when the trainer gives one back): pf_next then hands
@@ -191,11 +192,11 @@ struct pfc_batch {
 	char *message;		     /* owned: an error batch's text */
 	uint64_t bytes;		     /* sample bytes of all fields */
 	uint64_t gen;		     /* the connection it came on (pf_client.gen) */
-	struct pfc_event *gather_ev; /* owned: its gather's end, until taken */
+	struct pfc_event *gather_ev; /* owned: the end of its gather or copy */
 	bool waited;		     /* waited_stream waits for gather_ev (pfc_take) */
 	const void *waited_stream;
 	const uint8_t *host;	 /* client copies: the slot in its host arena */
-	int32_t dbuf;		 /* client copies: its device buffer once taken, else -1 */
+	int32_t dbuf;		 /* client copies: its device buffer once copied, else -1 */
 	struct fifo_node queued; /* in pf_client.queue until taken */
 	struct pfc_batch *next;	 /* in pf_client.held once taken */
 };
@@ -326,7 +327,8 @@ struct pf_client {
 	uint32_t nqueued;
 	struct pfc_batch *held; /* owned: taken, not released */
 	uint32_t nheld;
-	struct pfc_release *releases; /* owned: waiting for the GPU, oldest first */
+	struct pfc_release *releases;
+	uint32_t nreleases; /* in releases */ /* owned: waiting for the GPU, oldest first */
 
 	/* An Error pushed with id 0 (a refused Ack or Release); pf_next
 	 * returns it once. */

@@ -251,11 +251,6 @@ int pfc_send(struct pf_client *c, Pf__Envelope *msg)
 	return send_env(c, msg, pfc_deadline_after(c->timeout_ms));
 }
 
-/*
- * Reads one frame, waiting until deadline.  Returns 0 with *env, -ETIMEDOUT
- * (the connection stays usable; no message set), or the error that broke the
- * connection.
- */
 /* The next frame already received: 1 with *env, 0 for none, or the error
  * that broke the connection. */
 static int next_buffered(struct pf_client *c, Pf__Envelope **env)
@@ -306,6 +301,11 @@ static int poll_until(struct pollfd *pfd, int64_t deadline)
 	return ppoll(pfd, 1, &ts, NULL);
 }
 
+/*
+ * Reads one frame, waiting until deadline.  Returns 0 with *env, -ETIMEDOUT
+ * (the connection stays usable; no message set), or the error that broke the
+ * connection.
+ */
 int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
 {
 	bool polled = false;

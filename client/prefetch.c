@@ -645,11 +645,10 @@ static int after_release(struct pf_client *c, bool full)
 {
 	int rc = full ? pfc_flush_releases(c, 0) : pfc_flush_settled(c);
 
-	if (!rc && c->cuda && !c->dead) {
-		rc = pfc_read_buffered(c);
-		if (!rc)
-			rc = pfc_copy_ahead(c);
-	}
+	/* What goes wrong in there (a frame, another batch's copy) is the
+	 * connection's: the next pf_next says so, this release went well. */
+	if (!rc && c->cuda && !c->dead && !pfc_read_buffered(c))
+		pfc_copy_ahead(c);
 	return rc;
 }
 
