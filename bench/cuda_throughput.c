@@ -7,6 +7,12 @@
  *
  *   build/bench/cuda_throughput [--gib G] [--readers N] [--depth N] [--ipc fd|legacy]
  *                               [--pool-batch ROWS] [--pool-depth N] [--no-pool]
+ *   build/bench/cuda_throughput --gather-only NPY [--readers N]
+ *
+ * --gather-only measures only the readers' ceiling below on NPY (an .npy
+ * of 4 KiB rows, e.g. bench/train_step.py's), with N threads (default: every
+ * CPU online), prints `gather of the shuffled rows, N threads: X GB/s` and
+ * exits: no GPU is used (bench/multi_gpu.py's host limit).
  *
  * It writes a dataset of one '<u1' field whose rows are 4096 bytes of
  * npygen's formula (tools/npygen.h), reads the file once so the page cache
@@ -210,7 +216,9 @@ static void usage(FILE *f)
 		"  --ipc KIND         how device arenas are shared: fd (default) or legacy\n"
 		"  --pool-batch ROWS  pool phase batch size in rows (default %u, at most %u)\n"
 		"  --pool-depth N     pool phase session max_depth (default %u)\n"
-		"  --no-pool          skip the pool phase and its device-to-device reference\n",
+		"  --no-pool          skip the pool phase and its device-to-device reference\n"
+		"  --gather-only NPY  only the readers' gather of NPY's shuffled 4 KiB rows\n"
+		"                     (--readers N threads, default every CPU), then exit\n",
 		DEFAULT_GIB, ROW_BYTES, DEFAULT_DEPTH, POOL_BATCH_ROWS, POOL_BATCH_MAX, POOL_DEPTH);
 }
 
@@ -1199,6 +1207,30 @@ static void show_daemon_timing(const char *log)
 	fclose(f);
 }
 
+/* --gather-only: the readers' ceiling on an existing .npy of 4 KiB rows. */
+static int gather_only_main(const char *path, unsigned threads)
+{
+	struct stat st;
+	double secs = 0;
+
+	if (stat(path, &st) < 0) {
+		td_fail("--gather-only %s: %s", path, strerror(errno));
+		return 1;
+	}
+	if ((uint64_t)st.st_size < 2 * BATCH_BYTES) {
+		td_fail("--gather-only %s: %lld bytes is not a file of 4 KiB rows to gather", path,
+			(long long)st.st_size);
+		return 1;
+	}
+	/* The header (under 4 KiB) comes first: the rows are the last
+	 * size / 4096 of them. */
+	if (ref_gather(path, (uint64_t)st.st_size / ROW_BYTES, threads, &secs) || secs <= 0)
+		return 1;
+	printf("gather of the shuffled rows, %u threads: %.2f GB/s\n", threads,
+	       (double)((uint64_t)st.st_size / ROW_BYTES * ROW_BYTES) / 1e9 / secs);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -1209,6 +1241,7 @@ int main(int argc, char **argv)
 		{"pool-batch", required_argument, NULL, 'b'},
 		{"pool-depth", required_argument, NULL, 'p'},
 		{"no-pool", no_argument, NULL, 'n'},
+		{"gather-only", required_argument, NULL, 'G'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -1232,6 +1265,8 @@ int main(int argc, char **argv)
 	double *next_s = NULL, *busy_s = NULL;
 	char data_path[400], extra[512], datasets[1200], msg[256] = "";
 	bool started = false; /* the daemon was launched: its log is worth showing */
+	bool readers_set = false;
+	const char *gather_only = NULL;
 	int opt, rc = 1, st;
 	cudaError_t e;
 
@@ -1244,6 +1279,7 @@ int main(int argc, char **argv)
 		case 'r':
 			if (td_parse_uint("--readers", optarg, 1, 256, &readers))
 				return 2;
+			readers_set = true;
 			break;
 		case 'd':
 			if (td_parse_uint("--depth", optarg, 1, 4096, &depth))
@@ -1271,6 +1307,7 @@ int main(int argc, char **argv)
 				return 2;
 			break;
 		case 'n': pool = false; break;
+		case 'G': gather_only = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -1279,6 +1316,8 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	if (gather_only)
+		return gather_only_main(gather_only, readers_set ? readers : (unsigned)online);
 	td_catch_signals();
 
 	rows = (uint64_t)(gib * 1073741824.0) / ROW_BYTES;

@@ -6,9 +6,10 @@ the same run, with train_step.py's data (a .npy of --gib GiB of 4 KiB float32 ro
 cache, shuffled 4 MiB batches) and one prefetchd with its default configuration but
 `pool = off` (every byte crosses PCIe: the case that needs the host most):
 
-  host      the host's own limit: the same shuffled 4 KiB rows gathered by one process
-            per usable CPU (numpy take) from the file's mapping into 4 MiB buffers, all at
-            once, nothing else running.  GB/s.
+  host      the host's own limit: the same shuffled 4 KiB rows gathered from the file's
+            mapping into 4 MiB buffers by a thread per usable CPU, with the C code of
+            make bench-cuda's readers' diagnostic (cuda_throughput --gather-only), nothing
+            else running.  GB/s.
   tight     trainers with no compute, through Python, each a process of its own with
             CUDA_VISIBLE_DEVICES set to its GPU (so each opens "cuda:0", which the daemon
             finds by PCI bus id): first one trainer on GPU 0 alone, then ranks 0 and 1 of
@@ -30,6 +31,7 @@ With fewer than two GPUs it runs the single-GPU part and says what it could not 
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -147,38 +149,21 @@ def run_ranks(args, data, sock, gpus, compute, tmp):
     return {"ranks": out, "wall_s": wall, "gbs": sum(r["gbs"] for r in out)}
 
 
-def _gather_worker(path, rows, seed, start, stop, q):
-    import numpy as np
-    mm = np.load(path, mmap_mode="r")
-    rng = np.random.default_rng(seed)
-    idx = [rng.integers(0, rows, ts.BATCH_ROWS) for _ in range(16)]
-    buf = np.empty((ts.BATCH_ROWS, mm.shape[1]), dtype=mm.dtype)
-    while time.time() < start:
-        pass
-    n = 0
-    while time.time() < stop:
-        np.take(mm, idx[n % 16], axis=0, out=buf)
-        n += 1
-    q.put(n)
-
-
-def host_gather(data, seconds=3.0):
-    """One process per usable CPU gathering shuffled rows of the file's mapping into 4 MiB
-    buffers, all at once and nothing else running: the host's limit for the readers."""
-    import multiprocessing as mp
-    ctx = mp.get_context("fork")
+def host_gather(data):
+    """The readers' gather alone, on every usable CPU, with nothing else running: the
+    same C code as make bench-cuda's "gather of the shuffled rows" (cuda_throughput
+    --gather-only), on this bench's file.  A Python gather (numpy take, a process per CPU)
+    made 37 GB/s where one trainer got 51 GB/s: it measured numpy, not the host."""
     ncpu = len(os.sched_getaffinity(0))
-    q = ctx.Queue()
-    start = time.time() + 1.0
-    procs = [ctx.Process(target=_gather_worker,
-                         args=(data["path"], data["rows"], i, start, start + seconds, q))
-             for i in range(ncpu)]
-    for p in procs:
-        p.start()
-    done = sum(q.get() for _ in procs)
-    for p in procs:
-        p.join()
-    return {"threads": ncpu, "gbs": done * ts.BATCH_BYTES / seconds / 1e9}
+    exe = os.path.join(ts.REPO, "build", "bench", "cuda_throughput")
+    p = subprocess.run([exe, "--gather-only", data["path"], "--readers", str(ncpu)],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
+    m = re.search(r"gather of the shuffled rows, (\d+) threads: ([0-9.]+) GB/s",
+                  p.stdout.decode())
+    if p.returncode or not m:
+        raise SystemExit("multi_gpu: %s --gather-only failed (rc %d): %s"
+                         % (exe, p.returncode, p.stderr.decode("utf-8", "replace")[-2000:]))
+    return {"threads": int(m.group(1)), "gbs": float(m.group(2))}
 
 
 def main(argv=None):
@@ -203,7 +188,7 @@ def main(argv=None):
     if args.child:
         return child(args)
     data = ts.prepare_data(args)
-    host = host_gather(data)  # forks: before this process touches CUDA
+    host = host_gather(data)
     import torch
     ngpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if ngpus < 1:
@@ -211,7 +196,7 @@ def main(argv=None):
         return 77
     tmp = tempfile.mkdtemp(prefix="pf-multi-")
     res = {"gpus": ngpus, "host": host}
-    log("host: %d threads gathering shuffled 4 KiB rows: %.2f GB/s"
+    log("host: %d reader threads gathering shuffled 4 KiB rows: %.2f GB/s"
         % (res["host"]["threads"], res["host"]["gbs"]))
     d = ts.Daemon(args, tmp, data, "", False, "multi")
     try:
@@ -225,7 +210,7 @@ def main(argv=None):
         res["status"] = d.status()
     finally:
         d.stop()
-    print("host gather, %d processes: %.2f GB/s (the readers' ceiling on this host)"
+    print("host gather, %d threads: %.2f GB/s (the readers' ceiling on this host)"
           % (res["host"]["threads"], res["host"]["gbs"]))
     print("one trainer, GPU 0, pool off, tight loop: %.2f GB/s" % res["one"]["gbs"])
     rc = 0
