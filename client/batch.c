@@ -204,6 +204,20 @@ static int flush(struct pf_client *c, int wait_ms, int64_t fresh_after)
 	}
 }
 
+/* A batch off the queue that is not taken after all, with nothing sent for
+ * it.  Its device buffer may go back at once: later copies into it queue
+ * behind its copy on the same stream, and the trainer never read it.  The
+ * slot of one copied already went back with the copy (and may be another
+ * batch's by now): it is left as it is. */
+static void drop_untaken(struct pf_client *c, struct pfc_batch *b)
+{
+	if (b->dbuf >= 0)
+		c->dbuf_free[c->ndbuf_free++] = (uint32_t)b->dbuf;
+	else if (b->slot >= 0)
+		c->slot_mine[b->slot] = 0;
+	pfc_free_batch(b);
+}
+
 /* Releases every batch received but not taken (an abandoned or replaced
  * epoch: the daemon expects them back). */
 int pfc_release_queue(struct pf_client *c)
@@ -215,25 +229,19 @@ int pfc_release_queue(struct pf_client *c)
 		struct pfc_batch *b = container_of(n, struct pfc_batch, queued);
 
 		c->nqueued--;
-		if (b->dbuf >= 0) {
-			/* Copied ahead: its slot's Release waits for the copy
-			 * already, and the buffer, which the trainer never read,
-			 * may go back at once (later copies into it queue behind
-			 * this one on the same stream). */
-			c->dbuf_free[c->ndbuf_free++] = (uint32_t)b->dbuf;
-		} else if (b->slot >= 0) {
-			if (!c->dead) {
-				int src = b->gather_ev ? release_after_gather(c, b)
-						       : pfc_send_release(c, b->pub.epoch,
-									  b->pub.seq, b->slot);
+		/* Its slot back, now or once its gather is done; one copied
+		 * ahead has its slot's Release queued behind the copy. */
+		if (b->slot >= 0 && b->dbuf < 0 && !c->dead) {
+			int src = b->gather_ev
+					  ? release_after_gather(c, b)
+					  : pfc_send_release(c, b->pub.epoch, b->pub.seq, b->slot);
 
-				if (src && !rc)
-					rc = src;
-			} else {
-				c->slot_mine[b->slot] = 0;
-			}
+			if (src && !rc)
+				rc = src;
+			pfc_free_batch(b);
+		} else {
+			drop_untaken(c, b);
 		}
-		pfc_free_batch(b);
 	}
 	return rc;
 }
@@ -1092,19 +1100,6 @@ int pfc_copy_ahead(struct pf_client *c)
 	return 0;
 }
 
-/* A batch off the queue that is not taken after all (the connection is
- * going).  Its device buffer may go back at once (see copy_batch).  The
- * slot of one copied already went back with the copy and may be another
- * batch's by now: it is left as it is. */
-static void drop_untaken(struct pf_client *c, struct pfc_batch *b)
-{
-	if (b->dbuf >= 0)
-		c->dbuf_free[c->ndbuf_free++] = (uint32_t)b->dbuf;
-	else if (b->slot >= 0)
-		c->slot_mine[b->slot] = 0;
-	pfc_free_batch(b);
-}
-
 /* Takes the head of the queue: acks it and hands it to the trainer. */
 int pfc_take(struct pf_client *c, struct pf_batch **batch)
 {
@@ -1160,8 +1155,9 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 		 * or a copy (should the wait fail, the CPU waits instead).  The
 		 * event stays with the batch: its release waits for it too, on
 		 * whatever stream the trainer releases it (pfc_release_after). */
-		char why[256] = "";
+		char why[256];
 
+		why[0] = '\0';
 		if (c->sync_take ||
 		    pfcuda_stream_wait(c->cuda, c->use_stream, b->gather_ev->ev, NULL, 0))
 			rc = pfcuda_event_sync(c->cuda, b->gather_ev->ev, why, sizeof(why));

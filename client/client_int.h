@@ -327,8 +327,8 @@ struct pf_client {
 	uint32_t nqueued;
 	struct pfc_batch *held; /* owned: taken, not released */
 	uint32_t nheld;
-	struct pfc_release *releases;
-	uint32_t nreleases; /* in releases */ /* owned: waiting for the GPU, oldest first */
+	struct pfc_release *releases; /* owned: waiting for the GPU, oldest first */
+	uint32_t nreleases;	      /* in releases */
 
 	/* An Error pushed with id 0 (a refused Ack or Release); pf_next
 	 * returns it once. */

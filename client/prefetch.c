@@ -590,6 +590,18 @@ PF_API int pf_next_stream(struct pf_client *c, int timeout_ms, void *stream,
 
 static int release_batch(struct pf_client *c, struct pf_batch *batch, void *stream, bool flush);
 
+/* rc of a release's sends: when they failed because the daemon died, on a
+ * client that reconnects, the slot went with the daemon (as for a batch of
+ * an older connection): an outage, and 0. */
+static int release_outage(struct pf_client *c, int rc)
+{
+	if (rc && c->dead && pfc_reconnecting(c)) {
+		pfc_note_outage(c);
+		return 0;
+	}
+	return rc;
+}
+
 PF_API int pf_release_next(struct pf_client *c, struct pf_batch *release, void *stream,
 			   int timeout_ms, struct pf_batch **batch)
 {
@@ -628,11 +640,7 @@ PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream)
 	pfc_cork(c);
 	rc = release_batch(c, batch, stream, true);
 	/* This call's Releases, in one write. */
-	urc = pfc_uncork(c);
-	if (urc && c->dead && pfc_reconnecting(c)) {
-		pfc_note_outage(c); /* as release_batch does for its own sends */
-		urc = 0;
-	}
+	urc = release_outage(c, pfc_uncork(c));
 	return rc ? rc : urc;
 }
 
@@ -680,12 +688,7 @@ static int release_batch(struct pf_client *c, struct pf_batch *batch, void *stre
 		if (b->gen != c->gen)
 			pfc_retired_put(c, b->gen);
 		pfc_free_batch(b);
-		rc = c->dead ? 0 : after_release(c, flush);
-		if (rc && c->dead && pfc_reconnecting(c)) {
-			pfc_note_outage(c);
-			return 0;
-		}
-		return rc;
+		return release_outage(c, c->dead ? 0 : after_release(c, flush));
 	}
 	/* A batch of a connection that broke, on a client that reconnects:
 	 * its slot died with that daemon, so there is nothing to send, only
@@ -723,13 +726,7 @@ static int release_batch(struct pf_client *c, struct pf_batch *batch, void *stre
 	}
 	if (!rc)
 		rc = after_release(c, flush);
-	if (rc && c->dead && pfc_reconnecting(c)) {
-		/* The daemon died before this release could reach it: the slot
-		 * went with it, as for a batch of an older connection. */
-		pfc_note_outage(c);
-		return 0;
-	}
-	return rc;
+	return release_outage(c, rc);
 }
 
 PF_API int pf_set_depth(struct pf_client *c, uint64_t session, uint32_t target)
