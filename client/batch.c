@@ -27,6 +27,7 @@
 #include "pfcuda.h"
 #include "util.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -155,7 +156,38 @@ int pfc_flush_settled(struct pf_client *c)
 	return c->releases ? flush(c, 0, mono() - PFC_FRESH_NS) : 0;
 }
 
-/* Releases queued after fresh_after count as pending, unasked. */
+/* The streams of one flush pass: on each, the newest release old enough
+ * to ask about, and whether it is known done. */
+struct flush_stream {
+	const void *stream;
+	const struct pfc_release *newest;
+	uint32_t n;	/* releases to ask about on it */
+	bool all_done;	/* newest is done, so every one before it is */
+	bool busy;	/* one is pending: ask no more */
+};
+
+/* The entry of stream in fs[*n], added if there is room; NULL if not. */
+static struct flush_stream *flush_stream(struct flush_stream *fs, uint32_t *n, const void *stream)
+{
+	uint32_t k;
+
+	for (k = 0; k < *n && fs[k].stream != stream; k++)
+		;
+	if (k == *n) {
+		if (*n == FLUSH_STREAMS)
+			return NULL;
+		memset(&fs[k], 0, sizeof(fs[k]));
+		fs[k].stream = stream;
+		(*n)++;
+	}
+	return &fs[k];
+}
+
+/* Releases queued after fresh_after count as pending, unasked.  Events of
+ * one stream complete in the order they were recorded: where several
+ * releases of a stream are to be asked about, the newest is asked first,
+ * and when it is done so are the others, for one query instead of one
+ * each (not for CU_STREAM_PER_THREAD, one handle for a stream per thread). */
 static int flush(struct pf_client *c, int wait_ms, int64_t fresh_after)
 {
 	int64_t deadline = pfc_deadline_after(wait_ms);
@@ -163,23 +195,45 @@ static int flush(struct pf_client *c, int wait_ms, int64_t fresh_after)
 
 	for (;;) {
 		struct pfc_release **pp = &c->releases;
-		const void *busy[FLUSH_STREAMS];
-		uint32_t nbusy = 0;
+		struct flush_stream fs[FLUSH_STREAMS];
+		uint32_t nfs = 0;
 
+		for (const struct pfc_release *r = c->releases; r && r->queued_ns <= fresh_after;
+		     r = r->next) {
+			struct flush_stream *f;
+
+			if (!r->done || r->stream == PFC_STREAM_PER_THREAD)
+				continue;
+			f = flush_stream(fs, &nfs, r->stream);
+			if (f) {
+				f->newest = r;
+				f->n++;
+			}
+		}
+		for (uint32_t k = 0; k < nfs; k++)
+			if (fs[k].n > 1 && fs[k].newest->done(fs[k].newest->event) == 1)
+				fs[k].all_done = true;
 		while (*pp) {
 			struct pfc_release *r = *pp;
+			struct flush_stream *f = NULL;
 			int done = 1;
-			uint32_t k;
 
-			for (k = 0; k < nbusy && busy[k] != r->stream; k++)
-				;
-			if (k < nbusy || r->queued_ns > fresh_after)
+			if (r->queued_ns > fresh_after) {
 				done = 0;
-			else if (r->done)
-				done = r->done(r->event);
+			} else if (r->done) {
+				f = flush_stream(fs, &nfs, r->stream);
+				if (f && f->busy)
+					done = 0;
+				else if (!f || !f->all_done)
+					done = r->done(r->event);
+				if (f && f->newest == r) {
+					f->newest = NULL;
+					f->all_done = false; /* later ones were not asked about */
+				}
+			}
 			if (done == 0) {
-				if (k == nbusy && nbusy < FLUSH_STREAMS)
-					busy[nbusy++] = r->stream;
+				if (f)
+					f->busy = true;
 				pp = &r->next;
 				continue;
 			}
@@ -673,7 +727,54 @@ static int check_gather(struct pf_client *c, const Pf__BatchReady *b, const stru
 	return 0;
 }
 
-/* Queues the batch's assembly on the gather stream, with its end event. */
+int pfc_gather_flush(struct pf_client *c)
+{
+	struct gpu_gather_group p;
+	struct pfc_event *ev[GPU_GATHER_GROUP];
+	void *raw[GPU_GATHER_GROUP];
+	uint32_t n = c->ngroup, k;
+	char why[256];
+	int rc = 0;
+
+	if (!n)
+		return 0;
+	c->ngroup = 0;
+	/* A broken connection's queue is dropped, never taken. */
+	if (c->dead)
+		return pfc_fail_dead(c);
+	memset(&p, 0, sizeof(p));
+	p.g = c->layout;
+	p.n = n;
+	for (k = 0; k < n && !rc; k++) {
+		const struct pfc_batch *b = c->group[k];
+
+		rc = event_get(c, "gather", &ev[k]);
+		if (rc)
+			break;
+		raw[k] = ev[k]->ev;
+		p.slot[k] = c->group_slot[k];
+		p.desc[k] = (uint64_t)(uintptr_t)c->group_ids[k];
+		p.first[k + 1] = p.first[k] + b->pub.count;
+	}
+	if (rc) {
+		while (k-- > 0)
+			event_put(ev[k]);
+		return pfc_conn_fail(c, rc, "%s", c->err);
+	}
+	rc = pfcuda_gather_launch_group(c->gather, &p, raw, why, sizeof(why));
+	if (rc) {
+		while (k-- > 0)
+			event_put(ev[k]);
+		return pfc_conn_fail(c, rc, "gather of %u batches: %s", n, why);
+	}
+	for (k = 0; k < n; k++)
+		c->group[k]->gather_ev = ev[k];
+	return 0;
+}
+
+/* Queues the batch's assembly on the gather stream, with its end event;
+ * while grouping, a batch of hits waits in c->group for one launch with
+ * the others of the pass (pfc_gather_flush). */
 static int launch_gather(struct pf_client *c, struct pfc_batch *q, const Pf__BatchReady *b,
 			 const struct pfc_arena *a)
 {
@@ -683,6 +784,40 @@ static int launch_gather(struct pf_client *c, struct pfc_batch *q, const Pf__Bat
 	char why[256];
 	int rc;
 
+	if (b->gather_ids.len) {
+		/* A batch of hits only: its index came in the message; the
+		 * kernel reads it from the slot's own part of the pinned
+		 * staging, which the slot's next batch reuses only after this
+		 * one's release (which waits for the gather). */
+		size_t per = (size_t)c->open_opts.batch_size * sizeof(uint64_t);
+
+		/* A larger staging replaces the one the waiting indices lie in. */
+		if (per * c->slots > c->staging_bytes && c->ngroup) {
+			rc = pfc_gather_flush(c);
+			if (rc)
+				return rc;
+		}
+		rc = pfcuda_gather_staging(c->gather, per * c->slots, &ids, why, sizeof(why));
+		if (rc)
+			return pfc_conn_fail(c, rc, "gather staging: %s", why);
+		if (per * c->slots > c->staging_bytes)
+			c->staging_bytes = per * c->slots;
+		ids = (uint8_t *)ids + per * (size_t)b->slot;
+		memcpy(ids, b->gather_ids.data, b->gather_ids.len);
+		if (c->grouping && pfcuda_gather_can_group(c->gather)) {
+			c->group[c->ngroup] = q;
+			c->group_ids[c->ngroup] = ids;
+			c->group_slot[c->ngroup] = a->garena.base + b->offset;
+			if (++c->ngroup == GPU_GATHER_GROUP)
+				return pfc_gather_flush(c);
+			return 0;
+		}
+	}
+	/* Launched alone, after those waiting (the stream keeps the order
+	 * the batches arrived in). */
+	rc = pfc_gather_flush(c);
+	if (rc)
+		return rc;
 	rc = event_get(c, "gather", &e);
 	if (rc)
 		return pfc_conn_fail(c, rc, "%s", c->err);
@@ -693,21 +828,6 @@ static int launch_gather(struct pf_client *c, struct pfc_batch *q, const Pf__Bat
 	g.staged = a->garena.base;
 	for (uint32_t f = 0; f < c->nfields; f++)
 		g.staged_off[f] = b->staged_off[f];
-	if (b->gather_ids.len) {
-		/* A batch of hits only: its index came in the message; the
-		 * kernel reads it from the slot's own part of the pinned
-		 * staging, which the slot's next batch reuses only after this
-		 * one's release (which waits for the gather). */
-		size_t per = (size_t)c->open_opts.batch_size * sizeof(uint64_t);
-
-		rc = pfcuda_gather_staging(c->gather, per * c->slots, &ids, why, sizeof(why));
-		if (rc) {
-			event_put(e);
-			return pfc_conn_fail(c, rc, "gather staging: %s", why);
-		}
-		ids = (uint8_t *)ids + per * (size_t)b->slot;
-		memcpy(ids, b->gather_ids.data, b->gather_ids.len);
-	}
 	rc = pfcuda_gather_launch(c->gather, &g, ids, b->gather_ids.len, e->ev, why, sizeof(why));
 	if (rc) {
 		event_put(e);
@@ -820,6 +940,15 @@ int pfc_handle_push(struct pf_client *c, Pf__Envelope *env)
 {
 	int rc = 0;
 
+	/* Gathers waiting for a group launch go first: a slab dropped or
+	 * replaced next must not change what they read. */
+	if (c->ngroup && env->msg_case != PF__ENVELOPE__MSG_BATCH) {
+		rc = pfc_gather_flush(c);
+		if (rc) {
+			pf__envelope__free_unpacked(env, NULL);
+			return rc;
+		}
+	}
 	switch (env->msg_case) {
 	case PF__ENVELOPE__MSG_ARENA: rc = add_arena(c, env->arena); break;
 	case PF__ENVELOPE__MSG_BATCH: rc = add_batch(c, env->batch); break;
@@ -1109,6 +1238,9 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 	int rc;
 
 	c->nqueued--;
+	/* Every pass that takes frames in launches its group before it
+	 * returns: a batch here is never still waiting for its gather. */
+	assert(c->ngroup == 0);
 	/* Before the Ack: a batch that cannot be copied is not taken (a
 	 * reconnection delivers it again).  Most were copied ahead. */
 	if (c->ccopy && b->slot >= 0 && b->host) {
@@ -1237,7 +1369,11 @@ int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_
 					   timeout_ms);
 		if (rc)
 			return rc;
-		rc = pfc_handle_unasked(c, env);
+		/* A session whose batches this client gathers takes this frame
+		 * and the others of the same read in one pass, so that their
+		 * gathers go in one launch.  Others take one frame at a time: a
+		 * frame after a batch is only read once that batch is taken. */
+		rc = c->gathers ? pfc_take_in(c, env) : pfc_handle_unasked(c, env);
 		if (rc)
 			return rc;
 	}

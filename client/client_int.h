@@ -39,6 +39,9 @@
  * largest batch (8M picks of 8 bytes) with room to spare.  The daemon's
  * max_frame bounds what the daemon receives, not this. */
 #define PFC_MAX_RX_FRAME (128u << 20)
+/* Bytes one read of the socket asks for: the 16 frames of 16 KiB a
+ * daemon sends ahead at its default depth, in one read. */
+#define PFC_RX_FILL (256u << 10)
 /* Batches received but not yet taken.  The daemon's target bounds this far
  * lower (a few slots); more than this is a daemon bug, treated as a protocol
  * error rather than as a reason to grow without limit. */
@@ -55,6 +58,12 @@
  * over a batch already on the device, and its host slot goes back sooner.
  * Each costs one more device buffer of a slot's size. */
 #define PFC_COPY_AHEAD 2
+/* A release (pf_release, pf_release_next) that finds fewer batches than
+ * this queued reads the socket without waiting, so that the next batches'
+ * copies or gathers start there and not in the trainer's next pf_next
+ * (bench/NOTES.md, run 33: every slow hand-off found the queue empty and
+ * received, handled and copied its batch itself). */
+#define PFC_READ_AHEAD PFC_COPY_AHEAD
 /* CU_STREAM_PER_THREAD: one handle, a different stream on each thread. */
 #define PFC_STREAM_PER_THREAD ((const void *)0x2)
 /* Arena ids index a table; the daemon makes a handful per session. */
@@ -256,6 +265,18 @@ struct pf_client {
 	struct gpu_gather layout;
 	struct pfc_slab *pool_slabs; /* owned, npool_slabs */
 	uint32_t npool_slabs;
+	/* Batches of pool hits taken in by one pass over the received frames
+	 * (pfc_take_in, while grouping) wait here to be gathered in one
+	 * launch (pfc_gather_flush, at the latest when the pass ends):
+	 * borrowed, queued batches, with the host addresses of their indices
+	 * in the staging buffer, whose size (staging_bytes) a pending group
+	 * must not outgrow. */
+	bool grouping;
+	uint32_t ngroup;
+	struct pfc_batch *group[GPU_GATHER_GROUP];
+	const void *group_ids[GPU_GATHER_GROUP];
+	uint64_t group_slot[GPU_GATHER_GROUP]; /* device address of each one's slot */
+	size_t staging_bytes;
 	void *use_stream; /* pf_next_stream: the stream the next batch is used on */
 	bool sync_take;	  /* pf_next: wait on the CPU for the batch's copy or gather */
 	/* Client copies (SessionOpened.client_copy): batches come in host
@@ -364,9 +385,16 @@ int pfc_conn_fail(struct pf_client *c, int rc, const char *fmt, ...)
 int pfc_fail_dead(struct pf_client *c);
 int pfc_sane_code(int32_t code);
 int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env);
-/* Handles every frame already received, without a system call: 0, or the
- * error that broke the connection. */
+/* Handles first (when not NULL; taken) and then every frame already
+ * received, without a system call, the gathers of the batches among them
+ * grouped into as few launches as may be: 0, or the error that broke the
+ * connection. */
+int pfc_take_in(struct pf_client *c, Pf__Envelope *first);
+/* pfc_take_in(c, NULL). */
 int pfc_read_buffered(struct pf_client *c);
+/* Reads what the socket holds now, without waiting, and takes it in (as
+ * pfc_read_buffered): 0, or the error that broke the connection. */
+int pfc_read_now(struct pf_client *c);
 struct pf_client *pfc_client_new(const char *where);
 int pfc_hello(struct pf_client *c, int timeout_ms);
 
@@ -395,6 +423,9 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch);
  * up to PFC_COPY_AHEAD not taken yet.  0, or the error that broke the
  * connection. */
 int pfc_copy_ahead(struct pf_client *c);
+/* Launches the gathers waiting in c->group (none on a broken connection,
+ * whose queue is never taken from): 0, or the error that broke it. */
+int pfc_gather_flush(struct pf_client *c);
 int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_t *blocked_since);
 
 /* ---- reconnect.c: the session across daemon restarts ---------------------- */

@@ -267,21 +267,61 @@ static int next_buffered(struct pf_client *c, Pf__Envelope **env)
 			     c->where);
 }
 
-int pfc_read_buffered(struct pf_client *c)
+int pfc_take_in(struct pf_client *c, Pf__Envelope *first)
 {
-	for (;;) {
-		Pf__Envelope *env;
-		int rc;
+	int rc = 0, frc;
 
-		if (c->dead)
-			return pfc_fail_dead(c);
+	c->grouping = true;
+	if (first)
+		rc = pfc_handle_unasked(c, first);
+	while (!rc) {
+		Pf__Envelope *env;
+
+		if (c->dead) {
+			rc = pfc_fail_dead(c);
+			break;
+		}
 		rc = next_buffered(c, &env);
 		if (rc <= 0)
-			return rc;
+			break;
 		rc = pfc_handle_unasked(c, env);
-		if (rc)
-			return rc;
 	}
+	c->grouping = false;
+	frc = pfc_gather_flush(c);
+	return rc ? rc : frc;
+}
+
+int pfc_read_buffered(struct pf_client *c)
+{
+	return pfc_take_in(c, NULL);
+}
+
+/* A failed fill of the receive buffer (n < 0, not -EAGAIN): the error that
+ * breaks the connection. */
+static int fill_failed(struct pf_client *c, long n)
+{
+	if (n == -ECONNRESET)
+		return peer_closed(c);
+	if (n == -EMFILE || n == -EPROTO)
+		return pfc_conn_fail(c, -EPROTO,
+				     "%s sent more file descriptors than this client keeps",
+				     c->where);
+	return pfc_conn_fail(c, (int)n, "cannot receive from %s: %s", c->where,
+			     strerror((int)-n));
+}
+
+int pfc_read_now(struct pf_client *c)
+{
+	long n;
+
+	if (c->dead)
+		return pfc_fail_dead(c);
+	n = wire_rx_fill(&c->rx, c->sock);
+	if (n == 0)
+		return peer_closed(c);
+	if (n < 0 && n != -EAGAIN)
+		return fill_failed(c, n);
+	return pfc_take_in(c, NULL);
 }
 
 /* poll() with a deadline to the nanosecond (poll's own timeout counts in
@@ -329,10 +369,10 @@ int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
 			n = wire_rx_fill(&c->rx, c->sock);
 			if (n > 0)
 				continue;
-			if (n == 0 || n == -ECONNRESET)
+			if (n == 0)
 				return peer_closed(c);
 			if (n != -EAGAIN)
-				goto fill_failed;
+				return fill_failed(c, n);
 		}
 		/* Nothing to read: releases whose work is done (those that were
 		 * too fresh to ask about, pfc_flush_settled, included) and what
@@ -353,16 +393,10 @@ int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
 		if (rc == 0)
 			return -ETIMEDOUT;
 		n = wire_rx_fill(&c->rx, c->sock);
-		if (n == 0 || n == -ECONNRESET)
+		if (n == 0)
 			return peer_closed(c);
-	fill_failed:
-		if (n == -EMFILE || n == -EPROTO)
-			return pfc_conn_fail(c, -EPROTO,
-					     "%s sent more file descriptors than this client keeps",
-					     c->where);
 		if (n < 0 && n != -EAGAIN)
-			return pfc_conn_fail(c, (int)n, "cannot receive from %s: %s", c->where,
-					     strerror((int)-n));
+			return fill_failed(c, n);
 	}
 }
 
@@ -473,6 +507,7 @@ struct pf_client *pfc_client_new(const char *where)
 		return NULL;
 	}
 	wire_rx_init(&c->rx, PFC_MAX_RX_FRAME);
+	c->rx.fill_bytes = PFC_RX_FILL;
 	c->max_frame = WIRE_MAX_FRAME_DEFAULT;
 	c->timeout_ms = PFC_TIMEOUT_MS_DEFAULT;
 	c->gen = 1;

@@ -639,6 +639,7 @@ struct pfcuda_gather {
 	struct pfcuda_dev *d; /* borrowed */
 	CUmodule mod;
 	CUfunction fn;
+	CUfunction fn_group; /* pf_gather_group; NULL: one launch a batch */
 	CUstream stream;  /* non-blocking: ordered with the trainer's only by events */
 	uint64_t *hbases; /* pinned host copy of the slab bases, cap entries */
 	CUdeviceptr dbases;
@@ -681,6 +682,10 @@ int pfcuda_gather_open(struct pfcuda_dev *d, struct pfcuda_gather **out, char *m
 		what = "cuModuleGetFunction(pf_gather)";
 	else if ((r = drv.stream_create(&g->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
 		what = "cuStreamCreate";
+	/* Optional: without it every batch is a launch of its own. */
+	if (r == CUDA_SUCCESS &&
+	    drv.module_get_function(&g->fn_group, g->mod, "pf_gather_group") != CUDA_SUCCESS)
+		g->fn_group = NULL;
 	pop();
 	if (r != CUDA_SUCCESS) {
 		rc = cu_fail(r, what, msg, msglen);
@@ -860,6 +865,44 @@ int pfcuda_gather_launch(struct pfcuda_gather *g, struct gpu_gather *p, const vo
 		r = drv.event_record((CUevent)event, g->stream);
 	pop();
 	return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuLaunchKernel(pf_gather)", msg, msglen);
+}
+
+bool pfcuda_gather_can_group(const struct pfcuda_gather *g)
+{
+	return g->fn_group != NULL;
+}
+
+int pfcuda_gather_launch_group(struct pfcuda_gather *g, struct gpu_gather_group *p,
+			       void *const *events, char *msg, size_t msglen)
+{
+	void *args[] = {p};
+	CUresult r = CUDA_SUCCESS;
+	int rc;
+
+	if (!g->fn_group || p->n == 0 || p->n > GPU_GATHER_GROUP) {
+		set_err(msg, msglen, "no group gather of %u batches", p->n);
+		return -EINVAL;
+	}
+	p->g.bases = g->dbases;
+	p->g.nbases = g->cap;
+	p->g.admit = 0;
+	p->g.nstaged = 0;
+	/* Each index is read where it lies in the pinned staging. */
+	for (uint32_t k = 0; k < p->n; k++)
+		p->desc[k] = g->staging_dev + (CUdeviceptr)((const uint8_t *)(uintptr_t)p->desc[k] -
+							    g->staging);
+	rc = push(g->d, msg, msglen);
+	if (rc < 0)
+		return rc;
+	if (p->first[p->n])
+		r = drv.launch_kernel(g->fn_group, p->first[p->n], 1, 1, GATHER_BLOCK, 1, 1, 0,
+				      g->stream, args, NULL);
+	/* One event a batch, all at the same point of the stream: each batch
+	 * keeps its own, as a batch launched alone does. */
+	for (uint32_t k = 0; r == CUDA_SUCCESS && k < p->n; k++)
+		r = drv.event_record((CUevent)events[k], g->stream);
+	pop();
+	return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuLaunchKernel(pf_gather_group)", msg, msglen);
 }
 
 bool pfcuda_can_copy_from_host(struct pfcuda_dev *d)
@@ -1093,5 +1136,16 @@ int pfcuda_gather_copy(struct pfcuda_gather *g, uint64_t dst, const void *src, s
 bool pfcuda_can_copy_from_host(struct pfcuda_dev *d)
 {
 	return false;
+}
+
+bool pfcuda_gather_can_group(const struct pfcuda_gather *g)
+{
+	return false;
+}
+
+int pfcuda_gather_launch_group(struct pfcuda_gather *g, struct gpu_gather_group *p,
+			       void *const *events, char *msg, size_t msglen)
+{
+	return NO_CUDA(msg, msglen);
 }
 #endif

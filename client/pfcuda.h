@@ -135,6 +135,16 @@ int pfcuda_gather_staging(struct pfcuda_gather *g, size_t bytes, void **host, ch
  * the staging buffer, left alone until the event) instead of p->desc. */
 int pfcuda_gather_launch(struct pfcuda_gather *g, struct gpu_gather *p, const void *ids,
 			 size_t ids_bytes, void *event, char *msg, size_t msglen);
+/* Whether g's module has the group kernel (pfcuda_gather_launch_group). */
+struct gpu_gather_group;
+bool pfcuda_gather_can_group(const struct pfcuda_gather *g);
+/* Queues p->n batches of pool hits in one launch (gather.h's struct
+ * gpu_gather_group: p->g in entry mode, its bases, nbases, admit and
+ * nstaged filled in here; each desc[k] the host address of batch k's index
+ * inside the staging buffer, left alone until its event), then records
+ * events[k] for batch k, all after it.  -EINVAL without the group kernel. */
+int pfcuda_gather_launch_group(struct pfcuda_gather *g, struct gpu_gather_group *p,
+			       void *const *events, char *msg, size_t msglen);
 /* Makes stream (NULL: the legacy default stream) wait for event. */
 int pfcuda_stream_wait(struct pfcuda_dev *d, void *stream, void *event, char *msg, size_t msglen);
 

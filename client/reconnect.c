@@ -213,6 +213,7 @@ static int reconnect_once(struct pf_client *c, int64_t giveup, bool *final)
 	/* A fresh connection: what the broken one left unread goes with it. */
 	wire_rx_free(&c->rx);
 	wire_rx_init(&c->rx, PFC_MAX_RX_FRAME);
+	c->rx.fill_bytes = PFC_RX_FILL;
 	c->sock = sock;
 	c->dead = 0;
 	c->dead_msg[0] = '\0';

@@ -100,6 +100,50 @@ static __device__ __forceinline__ void copy_row(uint64_t dst, uint64_t src, uint
 		copy_elems((unsigned char *)dst, (const unsigned char *)src, bytes);
 }
 
+/* Row b of a batch whose slot is at slot and whose sources are desc[]: one
+ * block copies every field of it.  g is a kernel parameter (never copied
+ * to local memory: the field loop indexes its arrays in place). */
+static __device__ __forceinline__ void assemble_row(const struct gpu_gather &g, uint64_t slot,
+						    uint64_t desc, uint64_t b, uint32_t nfields)
+{
+	uint64_t src = ((const uint64_t *)desc)[b];
+
+	if (g.table) {
+		/* src is a pick: its sample's record comes from the table (an
+		 * out-of-range entry is never staged). */
+		if (src >= g.table_n)
+			src %= g.table_n;
+		src = ((const uint64_t *)g.table)[src] & ~GPU_GATHER_STAGED;
+	}
+
+	if (src & GPU_GATHER_STAGED) {
+		const uint64_t k = src & ~GPU_GATHER_STAGED;
+
+		if (k >= g.nstaged)
+			return;
+		for (uint32_t f = 0; f < nfields; f++)
+			copy_row(slot + g.slot_off[f] + b * g.row_bytes[f],
+				 g.staged + g.staged_off[f] + k * g.row_bytes[f], g.row_bytes[f]);
+	} else if (g.bases) {
+		const uint64_t slab = src >> g.slab_shift;
+		uint64_t rec;
+
+		if (slab >= g.nbases)
+			return;
+		rec = ((const uint64_t *)g.bases)[slab];
+		if (!rec)
+			return;
+		rec += (src & ((1ull << g.slab_shift) - 1)) * g.rec_stride;
+		for (uint32_t f = 0; f < nfields; f++)
+			copy_row(slot + g.slot_off[f] + b * g.row_bytes[f], rec + g.rec_off[f],
+				 g.row_bytes[f]);
+	} else if (src) {
+		for (uint32_t f = 0; f < nfields; f++)
+			copy_row(slot + g.slot_off[f] + b * g.row_bytes[f], src + g.rec_off[f],
+				 g.row_bytes[f]);
+	}
+}
+
 /* __grid_constant__: g stays in the kernel parameter space and is indexed
  * there (the field loop indexes its arrays), never copied to local memory. */
 GATHER_LINKAGE __global__ void __launch_bounds__(GATHER_THREADS)
@@ -110,43 +154,7 @@ GATHER_LINKAGE __global__ void __launch_bounds__(GATHER_THREADS)
 	const uint64_t b = blockIdx.x;
 
 	if (b < g.count) {
-		uint64_t src = ((const uint64_t *)g.desc)[b];
-
-		if (g.table) {
-			/* src is a pick: its sample's record comes from the
-			 * table (an out-of-range entry is never staged). */
-			if (src >= g.table_n)
-				src %= g.table_n;
-			src = ((const uint64_t *)g.table)[src] & ~GPU_GATHER_STAGED;
-		}
-
-		if (src & GPU_GATHER_STAGED) {
-			const uint64_t k = src & ~GPU_GATHER_STAGED;
-
-			if (k >= g.nstaged)
-				return;
-			for (uint32_t f = 0; f < nfields; f++)
-				copy_row(g.slot + g.slot_off[f] + b * g.row_bytes[f],
-					 g.staged + g.staged_off[f] + k * g.row_bytes[f],
-					 g.row_bytes[f]);
-		} else if (g.bases) {
-			const uint64_t slab = src >> g.slab_shift;
-			uint64_t rec;
-
-			if (slab >= g.nbases)
-				return;
-			rec = ((const uint64_t *)g.bases)[slab];
-			if (!rec)
-				return;
-			rec += (src & ((1ull << g.slab_shift) - 1)) * g.rec_stride;
-			for (uint32_t f = 0; f < nfields; f++)
-				copy_row(g.slot + g.slot_off[f] + b * g.row_bytes[f],
-					 rec + g.rec_off[f], g.row_bytes[f]);
-		} else if (src) {
-			for (uint32_t f = 0; f < nfields; f++)
-				copy_row(g.slot + g.slot_off[f] + b * g.row_bytes[f],
-					 src + g.rec_off[f], g.row_bytes[f]);
-		}
+		assemble_row(g, g.slot, g.desc, b, nfields);
 	} else if (g.admit) {
 		const uint64_t k = b - g.count;
 		const uint64_t rec = ((const uint64_t *)g.admit)[k];
@@ -158,6 +166,29 @@ GATHER_LINKAGE __global__ void __launch_bounds__(GATHER_THREADS)
 				 g.staged + g.staged_off[f] + k * g.row_bytes[f], g.row_bytes[f]);
 	}
 }
+
+#ifdef GATHER_MODULE
+/* Several batches of hits in one launch (gather.h's struct
+ * gpu_gather_group): block b finds its batch among at most
+ * GPU_GATHER_GROUP in the parameter space, then assembles its row as the
+ * one-batch kernel does.  A group with staged rows or admissions is not
+ * made (the host launches those batches on their own). */
+extern "C" __global__ void __launch_bounds__(GATHER_THREADS)
+	pf_gather_group(const __grid_constant__ struct gpu_gather_group gg)
+{
+	const uint32_t nfields =
+		gg.g.nfields < GPU_GATHER_MAX_FIELDS ? gg.g.nfields : GPU_GATHER_MAX_FIELDS;
+	const uint32_t n = gg.n < GPU_GATHER_GROUP ? gg.n : GPU_GATHER_GROUP;
+	const uint32_t b = blockIdx.x;
+	uint32_t k = 0;
+
+	while (k + 1 < n && b >= gg.first[k + 1])
+		k++;
+	if (b < gg.first[k] || b >= gg.first[k + 1])
+		return;
+	assemble_row(gg.g, gg.slot[k], gg.desc[k], b - gg.first[k], nfields);
+}
+#endif
 
 #ifndef GATHER_MODULE
 /* Queues the kernel on cuda_stream (a cudaStream_t); returns the launch's

@@ -56,4 +56,26 @@ struct gpu_gather {
 	uint64_t rec_stride;
 };
 
+/* Batches one launch of the client's group kernel assembles at most. */
+#define GPU_GATHER_GROUP 8
+
+/*
+ * Several batches of pool hits gathered in one launch (libprefetch's
+ * pf_gather_group): a launch costs the trainer's thread 3.5-4.6 us on an
+ * H200 (bench/NOTES.md, run 19), about as much as the rest of a batch's
+ * hand-off, while the batches that arrive in one read of the socket are
+ * often several.  g holds the layout and the slab bases (entry mode, as for
+ * one batch); its slot, desc and count are unused.  Batch k's rows are the
+ * blocks first[k] .. first[k+1] - 1: row b - first[k] of slot[k], its
+ * source entry desc[k][b - first[k]].  Staged rows are not allowed (a batch
+ * with misses is launched on its own).
+ */
+struct gpu_gather_group {
+	struct gpu_gather g;
+	uint32_t n;				/* batches, 1 .. GPU_GATHER_GROUP */
+	uint32_t first[GPU_GATHER_GROUP + 1]; /* first[n]: blocks of the launch */
+	uint64_t slot[GPU_GATHER_GROUP];
+	uint64_t desc[GPU_GATHER_GROUP];
+};
+
 #endif

@@ -147,13 +147,13 @@ long wire_rx_fill(struct wire_rx *rx, int sock)
 	} ctl;
 	struct iovec iov;
 	struct msghdr msg = {0};
-	size_t want = 64 * 1024;
+	size_t want = rx->fill_bytes ? rx->fill_bytes : 64 * 1024;
 	ssize_t n;
 	int rc;
 
-	/* 64 KiB per read takes many small pushes at once; the buffer stays
-	 * below one maximal frame plus this, since the caller drains whole
-	 * frames after every fill. */
+	/* 64 KiB (or fill_bytes) per read takes many small pushes at once;
+	 * the buffer stays below one maximal frame plus this, since the
+	 * caller drains whole frames after every fill. */
 	rc = rx_reserve(rx, want);
 	if (rc)
 		return rc;

@@ -69,6 +69,11 @@ struct wire_rx {
 	 * comes is handed here, which owns it from then on, and the fill
 	 * fails with -EPROTO.  NULL: they are kept for wire_rx_take_fd. */
 	void (*fd_sink)(int fd);
+	/* Bytes one fill asks for: 64 KiB unless set after wire_rx_init
+	 * (the client asks for more: a frame of 1024 picks and their gather
+	 * ids is 16 KiB, and a read should take in all the daemon has sent
+	 * ahead, so that their gathers go in few launches). */
+	size_t fill_bytes;
 };
 
 void wire_rx_init(struct wire_rx *rx, size_t max_frame);
