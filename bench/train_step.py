@@ -26,7 +26,8 @@ One run on a GPU machine, everything measured in the same run:
             x tensor taken, nothing else), against `make bench-cuda`'s delivered rate from
             --cuda-bench run in this call; and the Python per-batch cost beyond pf_next
             (the time of a loop iteration less the time inside libprefetch's pf_release_next,
-            which releases the batch before and takes the next).
+            which releases the batch before and takes the next), from one more epoch with
+            that timer in place (the rate comes from the epochs without it).
   sweep     readers x ring_bytes over a grid, tight loop with the pool off, next to the
             default (auto) configuration: the default's rate over the best's.
   checks    a verification epoch per prefetchd loader: every pick once, the float64 sum of
@@ -241,9 +242,9 @@ class PfNextTimer:
     def __getattr__(self, name):
         return getattr(self._lib, name)
 
-    def pf_release_next(self, *a):
+    def pf_release_next_addr(self, *a):
         t0 = time.perf_counter()
-        rc = self._lib.pf_release_next(*a)
+        rc = self._lib.pf_release_next_addr(*a)
         self.inside += time.perf_counter() - t0
         return rc
 
@@ -500,8 +501,6 @@ def run_prefetchd(ctx, tag, pool, daemon_lines, compute, epochs, check=True, tig
                 if p.get("rows") != ctx["data"]["rows"]:
                     log("%s: pool holds %s of %d rows after warm-up" % (tag, p.get("rows"),
                                                                        ctx["data"]["rows"]))
-            timer = PfNextTimer(loader._libref)
-            loader._libref = timer
             per_epoch = []
             nb = 0
             for e in range(1, epochs + 1):
@@ -534,20 +533,36 @@ def run_prefetchd(ctx, tag, pool, daemon_lines, compute, epochs, check=True, tig
                     for b in loader.epoch(e):
                         b["x"]
                         n += 1
-                t_sync = time.perf_counter()
                 torch.cuda.synchronize()
                 per_epoch.append((time.perf_counter() - t0, n))
-                timer.other += time.perf_counter() - t_sync
                 nb += n
-            loader._libref = timer._lib
             if compute and ctx.get("timeline"):
                 res["gpu"] = timeline(ctx["timeline"], n, ctx["timeline_cpu"])
             total = sum(t for t, _ in per_epoch)
             res["epochs"] = [(round(t, 4), n) for t, n in per_epoch]
             res["step_s"] = total / nb
             res["gbs"] = nb * BATCH_BYTES / total / 1e9
-            res["py_us"] = (total - timer.inside - timer.other) / nb * 1e6
-            res["pf_next_us"] = timer.inside / nb * 1e6
+            if not compute:
+                # Where a batch's time goes, from one more epoch with the time inside
+                # libprefetch taken apart (the timer costs a little itself, so the
+                # rate above comes from the epochs without it).
+                timer = PfNextTimer(loader._libref)
+                loader._libref = timer
+                n = 0
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for b in loader.epoch(epochs + 1):
+                    b["x"]
+                    n += 1
+                t_sync = time.perf_counter()
+                torch.cuda.synchronize()
+                t_all = time.perf_counter() - t0
+                timer.other += time.perf_counter() - t_sync
+                loader._libref = timer._lib
+                res["timed_gbs"] = n * BATCH_BYTES / t_all / 1e9
+                res["py_us"] = (t_all - timer.inside - timer.other) / n * 1e6
+                res["pf_next_us"] = timer.inside / n * 1e6
+                epochs += 1
             st = d.status()
             s = [x for x in st.get("sessions", []) if x.get("name") == "train_step-" + tag]
             if s:

@@ -158,6 +158,7 @@ STRUCTS = {
 
 _client_p = ctypes.c_void_p  # struct pf_client *, opaque
 _batch_p = ctypes.POINTER(Batch)
+Batch_p = _batch_p
 
 # name: (restype, argtypes)
 _PROTOTYPES = {
@@ -249,6 +250,14 @@ def _load():
                               "PREFETCH_LIB at a current one)" % (path, name)) from None
             fn.restype = restype
             fn.argtypes = argtypes
+        # pf_release_next once more, for the Loader's loop: the batches go
+        # in and out as plain addresses (a c_void_p it reuses), which costs
+        # Python less per batch than a new POINTER(Batch) and its contents.
+        fn = lib._FuncPtr(("pf_release_next", lib))
+        fn.restype = ctypes.c_int
+        fn.argtypes = [_client_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                       ctypes.POINTER(ctypes.c_void_p)]
+        lib.pf_release_next_addr = fn
         return lib
     raise OSError("libprefetch not found; tried: " + "; ".join(tried) +
                   ". Build it with `make` (a checkout finds its build/libprefetch.so) and set "

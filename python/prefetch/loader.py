@@ -69,6 +69,7 @@ from . import _lib
 # for a stalled daemon is seen within this time (a signal only reaches
 # Python code once the C call returns).
 _WAIT_SLICE_MS = 200
+_ETIMEDOUT = errno.ETIMEDOUT
 # Views kept for reuse (Loader._view): a few per slot and field.
 _MAX_VIEWS = 4096
 # Skipped error batches kept in Loader.skipped_errors (the count has no cap).
@@ -189,22 +190,32 @@ class Batch(Mapping):
     this one is released (see the module's release rule); ``batch[field]``
     after the release raises RuntimeError."""
 
-    __slots__ = ("_loader", "_ptr", "_data", "_cache", "on_device", "count", "seq", "epoch",
-                 "picks", "__weakref__")
+    __slots__ = ("_loader", "_ptr", "_data", "_cache", "_picks_raw", "_picks", "on_device",
+                 "count", "seq", "epoch", "__weakref__")
 
-    def __init__(self, loader, ptr):
-        b = ptr.contents
+    def __init__(self, loader, addr):
+        b = _lib.Batch.from_address(addr)
         self._loader = loader
-        self._ptr = ptr  # None once released
+        self._ptr = addr  # the struct pf_batch's address; None once released
         self._data = b.data
         self._cache = None
-        self.on_device: bool = bool(b.on_device)
+        self.on_device: bool = b.on_device
         self.count: int = b.count
         self.seq: int = b.seq
         self.epoch: int = b.epoch
-        # A copy, kept after the release frees b.
-        self.picks: np.ndarray = np.frombuffer(bytearray(ctypes.string_at(b.picks, 8 * b.count)),
-                                               dtype=np.uint64)
+        # The picks' bytes, copied now (the release frees them); the array
+        # is made from them on first use, which a loop that never looks at
+        # them does not pay for.
+        self._picks_raw = ctypes.string_at(b.picks, 8 * b.count)
+        self._picks = None
+
+    @property
+    def picks(self) -> np.ndarray:
+        """The schedule-space indices of the samples (uint64, a copy of this
+        batch's own, kept after the release)."""
+        if self._picks is None:
+            self._picks = np.frombuffer(bytearray(self._picks_raw), dtype=np.uint64)
+        return self._picks
 
     @property
     def released(self) -> bool:
@@ -431,7 +442,10 @@ class Loader:
         self._owner = None  # the _Client that closes it
         self._held = None  # the batch last yielded, until released
         self._active = None  # token of the epoch generator that may call pf_next
-        self._views = {}  # (address, field, rows) -> array or tensor (Loader._view)
+        self._views = {}  # (address, field, rows) -> maker of its view (Loader._view)
+        # pf_release_next's output, reused by every call (Loader._next).
+        self._out = ctypes.c_void_p()
+        self._out_ref = ctypes.byref(self._out)
         self._last_started = None  # the session's last epoch, which later ones exceed
         self._torch = None
 
@@ -553,12 +567,9 @@ class Loader:
         than the rest of a batch); a view read after its batch's release
         shows whatever the slot holds, as the release rule says."""
         key = (addr, index, count)
-        view = self._views.get(key)
-        if view is not None:
-            # A new object over the same memory each time: what a trainer
-            # does to one batch's tensor (requires_grad_, an in-place
-            # reshape) must not reach the next batch in that slot.
-            return self._fresh(view)
+        fresh = self._views.get(key)
+        if fresh is not None:
+            return fresh()
         dtype, shape = self._layout[index]
         full = (count,) + shape
         if self.device == "host":
@@ -570,15 +581,19 @@ class Loader:
                 view = self._torch.as_tensor(view, device=self._torch_device)
         if len(self._views) >= _MAX_VIEWS:
             self._views.clear()  # a reconnect moved the arenas: start again
-        self._views[key] = view
-        return self._fresh(view)
-
-    def _fresh(self, view):
-        """A new tensor or numpy array over the memory of a cached view (a
-        DeviceArray, a plain descriptor, is handed out as it is)."""
+        # Kept as what makes each batch's object: a new tensor or numpy
+        # array over the same memory each time, since what a trainer does
+        # to one batch's tensor (requires_grad_, an in-place reshape) must
+        # not reach the next batch in that slot.  A DeviceArray, a plain
+        # descriptor, is handed out as it is.
         if isinstance(view, DeviceArray):
-            return view
-        return view.detach() if self._torch is not None else view.view()
+            fresh = (lambda v=view: v)
+        elif self._torch is not None:
+            fresh = view.detach
+        else:
+            fresh = view.view
+        self._views[key] = fresh
+        return fresh()
 
     def _stream(self):
         """The cudaStream_t a CUDA release waits for: torch's current stream
@@ -588,10 +603,11 @@ class Loader:
         return self._raw_stream(self._device_index) or None
 
     def _forget(self, batch):
-        """Marks batch released here and returns its pointer for the library.
-        Forgotten even if the library's call then fails: it has either
-        dropped the batch (a broken connection) or keeps it until pf_close,
-        and it refuses a batch it does not hold, so nothing is freed twice."""
+        """Marks batch released here and returns its address for the
+        library.  Forgotten even if the library's call then fails: it has
+        either dropped the batch (a broken connection) or keeps it until
+        pf_close, and it refuses a batch it does not hold, so nothing is
+        freed twice."""
         ptr, batch._ptr = batch._ptr, None
         batch._cache = None
         if self._held is batch:
@@ -602,28 +618,34 @@ class Loader:
         ptr = self._forget(batch)
         if self._client is None:
             return
-        rc = self._libref.pf_release(self._client, ptr,
+        rc = self._libref.pf_release(self._client, ctypes.cast(ptr, _lib.Batch_p),
                                      self._stream() if batch.on_device else None)
         self._check(rc)
 
     def _next(self, held=None):
         """pf_release_next in slices (see _WAIT_SLICE_MS), giving back `held`
-        (the batch in hand) in the same call; a batch pointer, or None at the
-        end of the epoch."""
-        ptr = ctypes.POINTER(_lib.Batch)()
-        waited = 0.0
+        (the batch in hand) in the same call; a batch's address, or None at
+        the end of the epoch.  Run once a batch: kept lean."""
         # CUDA: the batch is used on torch's current stream, which
         # libprefetch orders after the batch's assembly, and the one given
         # back is released behind it.
-        stream = self._stream()
-        release = self._forget(held) if held is not None else None
+        stream = self._raw_stream(self._device_index) or None if self._torch is not None \
+            else None
+        release = None
+        if held is not None:
+            release, held._ptr, held._cache = held._ptr, None, None
+            if self._held is held:
+                self._held = None
+        fn = self._libref.pf_release_next_addr
+        out = self._out
+        waited = 0.0
         while True:
-            rc = self._libref.pf_release_next(self._client, release, stream, _WAIT_SLICE_MS,
-                                              ctypes.byref(ptr))
+            rc = fn(self._client, release, stream, _WAIT_SLICE_MS, self._out_ref)
             release = None
-            if rc != -errno.ETIMEDOUT:
-                self._check(rc)
-                return ptr if ptr else None
+            if rc != -_ETIMEDOUT:
+                if rc:
+                    self._check(rc)
+                return out.value
             waited += _WAIT_SLICE_MS / 1000.0
             if self.timeout is not None and waited >= self.timeout:
                 raise PrefetchError(rc, "no batch from prefetchd within %g s" % self.timeout)
