@@ -703,6 +703,59 @@ static int past_end(const struct ds_field *field, const struct ds_shard *shard, 
 	return -EIO;
 }
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
+/* Experiment (bench/NOTES.md, run 34): $PREFETCHD_NT_COPY=1 copies rows of
+ * mapped shards with non-temporal stores, which write the ring without
+ * reading its lines first: the readers' gather and the copy engine's DMA
+ * share host memory bandwidth (run 33), and a normal store reads each line
+ * it writes. */
+static int nt_copy = -1;
+
+static bool use_nt_copy(void)
+{
+	int v = __atomic_load_n(&nt_copy, __ATOMIC_RELAXED);
+
+	if (v < 0) {
+		const char *e = getenv("PREFETCHD_NT_COPY");
+
+		v = e && *e == '1';
+		__atomic_store_n(&nt_copy, v, __ATOMIC_RELAXED);
+	}
+	return v;
+}
+
+/* memcpy, or with non-temporal stores where both ends allow it. */
+static void copy_run(uint8_t *dst, const uint8_t *src, uint64_t bytes, bool nt)
+{
+#if defined(__x86_64__)
+	if (nt && bytes >= 256 && !(((uintptr_t)dst | (uintptr_t)src | bytes) & 15)) {
+		for (uint64_t i = 0; i < bytes; i += 64) {
+			__m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+			__m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+			__m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+			__m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+
+			if (i + 64 > bytes) {
+				for (uint64_t j = i; j < bytes; j += 16)
+					_mm_stream_si128((__m128i *)(dst + j),
+							 _mm_loadu_si128((const __m128i *)(src + j)));
+				break;
+			}
+			_mm_stream_si128((__m128i *)(dst + i), a);
+			_mm_stream_si128((__m128i *)(dst + i + 16), b);
+			_mm_stream_si128((__m128i *)(dst + i + 32), c);
+			_mm_stream_si128((__m128i *)(dst + i + 48), d);
+		}
+		return;
+	}
+#endif
+	(void)nt;
+	memcpy(dst, src, bytes);
+}
+
 /*
  * Copies the runs of samples[0..n) that live in mapped shards to dst; runs
  * of other shards are left to read_unmapped.  Returns 0, or -EIO after a
@@ -741,11 +794,17 @@ static int copy_mapped(const struct ds_field *field, const uint64_t *samples, si
 		/* The handler must see the shard before the copy's first load;
 		 * volatile alone would not stop memcpy moving above it. */
 		__atomic_signal_fence(__ATOMIC_SEQ_CST);
-		memcpy(dst + i * row_bytes,
-		       shard->map + shard->data_offset +
-			       (samples[i] - shard->first_row) * field->row_stride,
-		       run * row_bytes);
+		copy_run(dst + i * row_bytes,
+			 shard->map + shard->data_offset +
+				 (samples[i] - shard->first_row) * field->row_stride,
+			 run * row_bytes, use_nt_copy());
 	}
+#if defined(__x86_64__)
+	/* Non-temporal stores are weakly ordered: done before the batch is
+	 * handed on. */
+	if (use_nt_copy())
+		_mm_sfence();
+#endif
 	__atomic_signal_fence(__ATOMIC_SEQ_CST);
 	guard = NULL;
 	g->shard = NULL;
