@@ -232,9 +232,10 @@ PF_API bool pf_error_batch(const struct pf_client *c);
  * that (cuStreamWaitEvent; the CPU does not block), so work queued on it
  * after this returns sees the data.  Use the batch on another
  * non-blocking stream only after making that one wait for `stream`.
- * Copies from host arenas start up to two batches ahead of the trainer
- * (as batches arrive, and when one is released), so a ready batch is
- * usually on the device already when this is called. */
+ * Copies from host arenas and gathers start ahead of the trainer (as
+ * batches arrive, and when one is released: a release reads the socket
+ * without waiting when fewer than two batches are queued), so a ready
+ * batch is usually on the device already when this is called. */
 PF_API int pf_next_stream(struct pf_client *c, int timeout_ms, void *stream,
 			  struct pf_batch **batch);
 /* pf_release(c, release, stream) when release is not NULL, then
