@@ -227,6 +227,9 @@ struct pf_client {
 	bool corked;  /* pfc_cork: one-way messages wait in out */
 	uint8_t *out; /* owned: frames waiting for pfc_uncork */
 	size_t out_len, out_cap;
+	/* out_len when out holds nothing but the Ack of the batch pf_next
+	 * just took, left to go with the next write (pfc_take); else 0. */
+	size_t out_acked;
 	uint64_t last_id;   /* ids of requests: last_id + 1 is the next */
 	int timeout_ms;	    /* for replies to requests, > 0 */
 	char daemon[64];    /* HelloReply.daemon */
@@ -395,6 +398,10 @@ int pfc_read_buffered(struct pf_client *c);
 /* Reads what the socket holds now, without waiting, and takes it in (as
  * pfc_read_buffered): 0, or the error that broke the connection. */
 int pfc_read_now(struct pf_client *c);
+/* Whether the daemon's end of the socket is still open, asked without
+ * waiting and without writing: 0, or the error that broke the connection
+ * (as a failed write would have said). */
+int pfc_check_peer(struct pf_client *c);
 struct pf_client *pfc_client_new(const char *where);
 int pfc_hello(struct pf_client *c, int timeout_ms);
 

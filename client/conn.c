@@ -310,6 +310,25 @@ static int fill_failed(struct pf_client *c, long n)
 			     strerror((int)-n));
 }
 
+int pfc_check_peer(struct pf_client *c)
+{
+	struct pollfd pfd = {.fd = c->sock, .events = POLLRDHUP};
+	int n;
+
+	if (c->dead)
+		return pfc_fail_dead(c);
+	do
+		n = poll(&pfd, 1, 0);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return pfc_conn_fail(c, -errno, "poll: %s", strerror(errno));
+	/* A unix socket whose peer has closed polls as hung up at once, even
+	 * with frames of it still unread. */
+	if (pfd.revents & (POLLHUP | POLLRDHUP | POLLERR))
+		return peer_closed(c);
+	return 0;
+}
+
 int pfc_read_now(struct pf_client *c)
 {
 	long n;

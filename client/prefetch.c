@@ -576,14 +576,19 @@ PF_API int pf_next_stream(struct pf_client *c, int timeout_ms, void *stream,
 	*batch = NULL;
 	if (c->have_last_return)
 		c->busy_s += (entry - c->last_return_ns) / 1e9;
+	c->out_acked = 0;
 	rc = next_batch(c, timeout_ms, batch);
 	/* The time after an epoch's end (evaluation, checkpointing) is not
 	 * time spent consuming batches, so it does not count as busy. */
 	c->have_last_return = rc != 0 || *batch != NULL;
-	/* Releases still corked (no batch was taken, which sends them with
-	 * its Ack): a failure is the connection's, as pfc_flush_releases'. */
-	if (pfc_uncork(c) && !rc && !*batch)
+	/* What is still corked goes now (a failure is the connection's, as
+	 * pfc_flush_releases'), unless it is only the Ack pfc_take left for
+	 * the next write. */
+	if (*batch && c->out_acked && c->out_len == c->out_acked)
+		c->corked = false;
+	else if (pfc_uncork(c) && !rc && !*batch)
 		rc = pfc_fail_dead(c);
+	c->out_acked = 0;
 	c->last_return_ns = mono();
 	return rc;
 }

@@ -703,57 +703,35 @@ static int past_end(const struct ds_field *field, const struct ds_shard *shard, 
 	return -EIO;
 }
 
-#if defined(__x86_64__)
-#include <emmintrin.h>
-#endif
+/* Experiment (bench/NOTES.md, run 35): $PREFETCHD_PREFETCH=N starts the
+ * loads of the first N cache lines of the row after next while a row is
+ * copied.  A shuffled row is a new page: its first lines, and the page
+ * walk before them, are a stall the hardware prefetcher cannot hide. */
+static int row_prefetch = -1;
 
-/* Experiment (bench/NOTES.md, run 34): $PREFETCHD_NT_COPY=1 copies rows of
- * mapped shards with non-temporal stores, which write the ring without
- * reading its lines first: the readers' gather and the copy engine's DMA
- * share host memory bandwidth (run 33), and a normal store reads each line
- * it writes. */
-static int nt_copy = -1;
-
-static bool use_nt_copy(void)
+static int prefetch_lines(void)
 {
-	int v = __atomic_load_n(&nt_copy, __ATOMIC_RELAXED);
+	int v = __atomic_load_n(&row_prefetch, __ATOMIC_RELAXED);
 
 	if (v < 0) {
-		const char *e = getenv("PREFETCHD_NT_COPY");
+		const char *e = getenv("PREFETCHD_PREFETCH");
 
-		v = e && *e == '1';
-		__atomic_store_n(&nt_copy, v, __ATOMIC_RELAXED);
+		v = e ? atoi(e) : 0;
+		if (v < 0 || v > 64)
+			v = 0;
+		__atomic_store_n(&row_prefetch, v, __ATOMIC_RELAXED);
 	}
 	return v;
 }
 
-/* memcpy, or with non-temporal stores where both ends allow it. */
-static void copy_run(uint8_t *dst, const uint8_t *src, uint64_t bytes, bool nt)
+/* Where sample s of field lies in its mapped shard, or NULL. */
+static const uint8_t *mapped_row(const struct ds_field *field, uint64_t s)
 {
-#if defined(__x86_64__)
-	if (nt && bytes >= 256 && !(((uintptr_t)dst | (uintptr_t)src | bytes) & 15)) {
-		for (uint64_t i = 0; i < bytes; i += 64) {
-			__m128i a = _mm_loadu_si128((const __m128i *)(src + i));
-			__m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
-			__m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
-			__m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+	const struct ds_shard *shard = ds_find_shard(field, s);
 
-			if (i + 64 > bytes) {
-				for (uint64_t j = i; j < bytes; j += 16)
-					_mm_stream_si128((__m128i *)(dst + j),
-							 _mm_loadu_si128((const __m128i *)(src + j)));
-				break;
-			}
-			_mm_stream_si128((__m128i *)(dst + i), a);
-			_mm_stream_si128((__m128i *)(dst + i + 16), b);
-			_mm_stream_si128((__m128i *)(dst + i + 32), c);
-			_mm_stream_si128((__m128i *)(dst + i + 48), d);
-		}
-		return;
-	}
-#endif
-	(void)nt;
-	memcpy(dst, src, bytes);
+	if (!shard->map)
+		return NULL;
+	return shard->map + shard->data_offset + (s - shard->first_row) * field->row_stride;
 }
 
 /*
@@ -786,25 +764,27 @@ static int copy_mapped(const struct ds_field *field, const uint64_t *samples, si
 	guard = g;
 	for (i = 0; i < n; i += run) {
 		const struct ds_shard *shard = ds_find_shard(field, samples[i]);
+		int pf = prefetch_lines();
 
 		run = run_length(field, shard, samples + i, n - i);
 		if (!shard->map)
 			continue;
 		g->shard = shard;
 		/* The handler must see the shard before the copy's first load;
-		 * volatile alone would not stop memcpy moving above it. */
+		 * volatile alone would not stop memcpy moving above it.  A
+		 * prefetch never faults, so it may name a row past a cut. */
 		__atomic_signal_fence(__ATOMIC_SEQ_CST);
-		copy_run(dst + i * row_bytes,
-			 shard->map + shard->data_offset +
-				 (samples[i] - shard->first_row) * field->row_stride,
-			 run * row_bytes, use_nt_copy());
+		if (pf && i + run + 1 < n) {
+			const uint8_t *next = mapped_row(field, samples[i + run + 1]);
+
+			for (int l = 0; next && l < pf && (uint64_t)l * 64 < row_bytes; l++)
+				__builtin_prefetch(next + l * 64);
+		}
+		memcpy(dst + i * row_bytes,
+		       shard->map + shard->data_offset +
+			       (samples[i] - shard->first_row) * field->row_stride,
+		       run * row_bytes);
 	}
-#if defined(__x86_64__)
-	/* Non-temporal stores are weakly ordered: done before the batch is
-	 * handed on. */
-	if (use_nt_copy())
-		_mm_sfence();
-#endif
 	__atomic_signal_fence(__ATOMIC_SEQ_CST);
 	guard = NULL;
 	g->shard = NULL;
