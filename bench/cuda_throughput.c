@@ -432,7 +432,8 @@ static int ref_h2d_registered(const uint8_t *src, uint64_t pin_bytes, uint64_t b
 
 /* Diagnostic reference: the readers' work without the daemon.  `threads`
  * threads take 4 MiB batches of shuffled rows in turn and memcpy each row
- * from a read-only mapping of the file into a batch buffer of their own. */
+ * from a read-only mapping of the file into a batch buffer of their own,
+ * prefetching as the readers do. */
 struct gather {
 	const uint8_t *file; /* mapping: header, then rows */
 	uint64_t data_off;
@@ -458,10 +459,18 @@ static void *gather_main(void *arg)
 		uint64_t first = k * BATCH_ROWS;
 		uint64_t n = g->rows - first < BATCH_ROWS ? g->rows - first : BATCH_ROWS;
 
-		for (uint64_t i = 0; i < n; i++)
+		for (uint64_t i = 0; i < n; i++) {
+			/* As the readers do (daemon/dataset.c): the first
+			 * lines of the row after next are loaded meanwhile. */
+			if (i + 2 < n)
+				for (int l = 0; l < 4; l++)
+					__builtin_prefetch(g->file + g->data_off +
+							   (uint64_t)g->perm[first + i + 2] * ROW_BYTES +
+							   l * 64);
 			memcpy(dst + i * ROW_BYTES,
 			       g->file + g->data_off + (uint64_t)g->perm[first + i] * ROW_BYTES,
 			       ROW_BYTES);
+		}
 	}
 	return NULL;
 }

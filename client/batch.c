@@ -1229,12 +1229,41 @@ int pfc_copy_ahead(struct pf_client *c)
 	return 0;
 }
 
+/* Queues the Ack of batch b (corked, it waits for the next write). */
+static int send_ack(struct pf_client *c, struct pfc_batch *b)
+{
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__Ack ack = PF__ACK__INIT;
+
+	ack.epoch = b->pub.epoch;
+	ack.seq = b->pub.seq;
+	ack.wait_s = c->wait_s;
+	ack.busy_s = c->busy_s;
+	env.msg_case = PF__ENVELOPE__MSG_ACK;
+	env.ack = &ack;
+	return pfc_send(c, &env);
+}
+
+int pfc_ack_ahead(struct pf_client *c)
+{
+	struct pfc_batch *b;
+	int rc;
+
+	if (!c->queue.head || c->dead)
+		return 0;
+	b = container_of(c->queue.head, struct pfc_batch, queued);
+	if (b->acked || b->slot < 0 || (c->ccopy && b->dbuf < 0))
+		return 0;
+	rc = send_ack(c, b);
+	if (!rc)
+		b->acked = true;
+	return rc;
+}
+
 /* Takes the head of the queue: acks it and hands it to the trainer. */
 int pfc_take(struct pf_client *c, struct pf_batch **batch)
 {
 	struct pfc_batch *b = container_of(fifo_pop(&c->queue), struct pfc_batch, queued);
-	Pf__Envelope env = PF__ENVELOPE__INIT;
-	Pf__Ack ack = PF__ACK__INIT;
 	int rc;
 
 	c->nqueued--;
@@ -1251,34 +1280,20 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 		}
 	}
 
-	ack.epoch = b->pub.epoch;
-	ack.seq = b->pub.seq;
-	ack.wait_s = c->wait_s;
-	ack.busy_s = c->busy_s;
-	env.msg_case = PF__ENVELOPE__MSG_ACK;
-	env.ack = &ack;
 	/* With the Releases pf_next has corked, in one write, now: a batch
-	 * whose Ack cannot go is not taken.  A CUDA session's Ack that would
-	 * go alone waits for the next write instead (the batch's release, at
-	 * the latest before the client blocks or asks anything): the write
-	 * and the daemon's wake-up it causes were 5 us of a 15 us hand-off
-	 * (bench/NOTES.md, run 33), the governor hears of the take one
-	 * message later, and a poll that asks nothing of the daemon says
-	 * whether it is still there, as the write would have. */
-	if (c->cuda && c->out_len == 0) {
-		rc = pfc_send(c, &env);
-		if (!rc)
-			rc = pfc_check_peer(c);
-		if (!rc)
-			c->out_acked = c->out_len;
+	 * whose Ack cannot go is not taken.  One acked at the release before
+	 * it (pfc_ack_ahead) needs no Ack of its own: whatever is corked goes
+	 * now, and with nothing to write a poll, which asks nothing of the
+	 * daemon, says whether it is still there, as the write would have. */
+	if (b->acked) {
+		rc = c->out_len ? pfc_uncork(c) : pfc_check_peer(c);
 	} else {
-		rc = pfc_send(c, &env);
+		rc = send_ack(c, b);
 		if (!rc)
 			rc = pfc_uncork(c);
 	}
 	if (rc) {
 		/* Not taken: a restarted epoch delivers it again. */
-		c->out_acked = 0;
 		drop_untaken(c, b);
 		return rc;
 	}

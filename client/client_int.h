@@ -203,6 +203,7 @@ struct pfc_batch {
 	uint64_t gen;		     /* the connection it came on (pf_client.gen) */
 	struct pfc_event *gather_ev; /* owned: the end of its gather or copy */
 	bool waited;		     /* waited_stream waits for gather_ev (pfc_take) */
+	bool acked;		     /* its Ack went at the release before (pfc_ack_ahead) */
 	const void *waited_stream;
 	const uint8_t *host;	 /* client copies: the slot in its host arena */
 	int32_t dbuf;		 /* client copies: its device buffer once copied, else -1 */
@@ -227,9 +228,6 @@ struct pf_client {
 	bool corked;  /* pfc_cork: one-way messages wait in out */
 	uint8_t *out; /* owned: frames waiting for pfc_uncork */
 	size_t out_len, out_cap;
-	/* out_len when out holds nothing but the Ack of the batch pf_next
-	 * just took, left to go with the next write (pfc_take); else 0. */
-	size_t out_acked;
 	uint64_t last_id;   /* ids of requests: last_id + 1 is the next */
 	int timeout_ms;	    /* for replies to requests, > 0 */
 	char daemon[64];    /* HelloReply.daemon */
@@ -430,6 +428,12 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch);
  * up to PFC_COPY_AHEAD not taken yet.  0, or the error that broke the
  * connection. */
 int pfc_copy_ahead(struct pf_client *c);
+/* CUDA sessions, at a release: acks the head of the queue now, with the
+ * release's write, when it is a batch on the device (or on its way there),
+ * so that the pf_next that takes it writes nothing (pfc_take).  The daemon
+ * hears of the take one call early, as a trainer that releases a batch
+ * takes the next at once.  0, or the error of a failed encoding. */
+int pfc_ack_ahead(struct pf_client *c);
 /* Launches the gathers waiting in c->group (none on a broken connection,
  * whose queue is never taken from): 0, or the error that broke it. */
 int pfc_gather_flush(struct pf_client *c);

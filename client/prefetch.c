@@ -576,19 +576,14 @@ PF_API int pf_next_stream(struct pf_client *c, int timeout_ms, void *stream,
 	*batch = NULL;
 	if (c->have_last_return)
 		c->busy_s += (entry - c->last_return_ns) / 1e9;
-	c->out_acked = 0;
 	rc = next_batch(c, timeout_ms, batch);
 	/* The time after an epoch's end (evaluation, checkpointing) is not
 	 * time spent consuming batches, so it does not count as busy. */
 	c->have_last_return = rc != 0 || *batch != NULL;
-	/* What is still corked goes now (a failure is the connection's, as
-	 * pfc_flush_releases'), unless it is only the Ack pfc_take left for
-	 * the next write. */
-	if (*batch && c->out_acked && c->out_len == c->out_acked)
-		c->corked = false;
-	else if (pfc_uncork(c) && !rc && !*batch)
+	/* Releases still corked (no batch was taken, which sends them with
+	 * its Ack): a failure is the connection's, as pfc_flush_releases'. */
+	if (pfc_uncork(c) && !rc && !*batch)
 		rc = pfc_fail_dead(c);
-	c->out_acked = 0;
 	c->last_return_ns = mono();
 	return rc;
 }
@@ -670,8 +665,9 @@ static int after_release(struct pf_client *c, bool full)
 	/* What goes wrong in there (a frame, another batch's copy) is the
 	 * connection's: the next pf_next says so, this release went well. */
 	if (!rc && c->cuda && !c->dead &&
-	    !(c->nqueued < PFC_READ_AHEAD ? pfc_read_now(c) : pfc_read_buffered(c)))
-		pfc_copy_ahead(c);
+	    !(c->nqueued < PFC_READ_AHEAD ? pfc_read_now(c) : pfc_read_buffered(c)) &&
+	    !pfc_copy_ahead(c))
+		pfc_ack_ahead(c);
 	return rc;
 }
 
