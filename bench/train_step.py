@@ -29,7 +29,8 @@ One run on a GPU machine, everything measured in the same run:
             which releases the batch before and takes the next), from one more epoch with
             that timer in place (the rate comes from the epochs without it).
   sweep     readers x ring_bytes over a grid, tight loop with the pool off, next to the
-            default (auto) configuration: the default's rate over the best's.
+            default (auto) configuration; then the default and the best point of that pass
+            measured again in turn, 3 times each: the default's median rate over the best's.
   checks    a verification epoch per prefetchd loader: every pick once, the float64 sum of
             every delivered value equal to the file's, the first and last row of every 64th
             batch equal to the file's rows.  A failed check exits 1.
@@ -808,6 +809,28 @@ def main(argv=None):
             except Exception as e:  # noqa: BLE001
                 log("sweep %s failed: %s" % (tag, e))
     results["sweep"] = sweep
+    # One pass of 2 epochs a point moves by +-10% on the lent machine (bench/NOTES.md, run
+    # 36), and the best of 16 such figures is the luckiest one.  So the default and the
+    # point the pass found best are measured again, in turn, 3 times each, and compared
+    # by their medians.
+    confirm = {}
+    dflt_pass = [x for x in sweep if x[0] == "default"]
+    if dflt_pass and len(sweep) > 1:
+        best_pass = max(sweep, key=lambda x: x[1])
+        if best_pass[0] != "default":
+            lines = {"default": ""}
+            r, g = best_pass[0][1:].split("-")
+            lines[best_pass[0]] = "readers = %s\nring_bytes = %s\n" % (r, g)
+            for _ in range(3):
+                for tag in ("default", best_pass[0]):
+                    try:
+                        res = run_prefetchd(ctx, "confirm-" + tag, False, lines[tag], False, 2,
+                                            check=False)
+                        confirm.setdefault(tag, []).append(res["gbs"])
+                        log("confirm %s: %.2f GB/s" % (tag, res["gbs"]))
+                    except Exception as e:  # noqa: BLE001
+                        log("confirm %s failed: %s" % (tag, e))
+    results["sweep_confirm"] = confirm
 
     # ---- report ----
     gpu = (loaders.get("pool=off") or {}).get("gpu_desc", "?")
@@ -869,12 +892,23 @@ def main(argv=None):
         dflt = [x for x in sweep if x[0] == "default"]
         print("sweep (tight loop, pool off): " + ", ".join("%s %.1f" % (x[0], x[1])
                                                             for x in sweep))
-        if dflt:
-            ratio = dflt[0][1] / best[1]
-            print("default (readers %s, ring %.0f MiB) %.2f GB/s = %.3f of the best, %s "
-                  "%.2f GB/s (target >= 0.90: %s)" % (dflt[0][2], dflt[0][3] or 0, dflt[0][1],
-                                                     ratio, best[0], best[1],
-                                                     "met" if ratio >= 0.90 else "missed"))
+        if dflt and best[0] == "default":
+            print("default (readers %s, ring %.0f MiB) %.2f GB/s is the best of the sweep "
+                  "(target >= 0.90: met)" % (dflt[0][2], dflt[0][3] or 0, dflt[0][1]))
+        elif dflt:
+            print("one pass: default %.2f GB/s = %.3f of the best, %s %.2f GB/s" % (
+                dflt[0][1], dflt[0][1] / best[1], best[0], best[1]))
+            cd, cbst = confirm.get("default", []), confirm.get(best[0], [])
+            if cd and cbst:
+                md = sorted(cd)[len(cd) // 2]
+                mb = sorted(cbst)[len(cbst) // 2]
+                ratio = md / mb
+                print("default (readers %s, ring %.0f MiB) %.2f GB/s = %.3f of the best, %s "
+                      "%.2f GB/s (medians of %d runs each, in turn: %s against %s; target >= "
+                      "0.90: %s)" % (dflt[0][2], dflt[0][3] or 0, md, ratio, best[0], mb,
+                                     len(cd), " ".join("%.1f" % x for x in cd),
+                                     " ".join("%.1f" % x for x in cbst),
+                                     "met" if ratio >= 0.90 else "missed"))
     for tag in ("pool=off", "pool=on"):
         r = loaders.get(tag) or {}
         if "step_s" in r:
