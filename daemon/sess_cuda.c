@@ -613,8 +613,9 @@ void sess_cuda_push_pool(struct sess *s)
 	 * batch (16 slabs of 256 MiB for 4 GiB, 0.15 ms each).  At StartEpoch,
 	 * not at open: a trainer that opens its Loader and then builds its
 	 * model for a minute does not hold slabs the pool may have to give
-	 * back meanwhile.  A slab dropped later is announced gone like any
-	 * other. */
+	 * back meanwhile.  During an epoch, the slabs it fills follow as each
+	 * batch goes (sess_pump).  A slab dropped later is announced gone like
+	 * any other. */
 	if (!c->gather)
 		return;
 	for (uint32_t j = 0; j < c->pool->nslabs; j++) {

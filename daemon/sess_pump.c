@@ -399,6 +399,8 @@ void sess_pump(struct sess *s)
 again:
 	while (s->next_send < s->nbatches &&
 	       (sl = find_slot(s, s->epoch, s->next_send, SLOT_READY))) {
+		bool fills;
+
 		/* Flow control: a client that reads slower than its batches
 		 * come (big batches of small samples) gets them as fast as
 		 * it reads; the server kicks the pump when it has read. */
@@ -409,9 +411,18 @@ again:
 			return;
 		}
 		work += (uint64_t)batch_count(s, sl->seq) * sizeof(uint64_t);
+		/* A batch with staged rows may have admitted some into new
+		 * slabs: those go to a client that gathers as they fill, not
+		 * all at the next StartEpoch.  Each costs the trainer 0.15-0.4
+		 * ms to map (16 of 256 MiB for 4 GiB), which the filling epoch
+		 * hides and the first warm one would pay (bench/NOTES.md, run
+		 * 37: 24 ms against 17 for the next). */
+		fills = s->gpu >= 0 && sl->plan.nstaged > 0;
 		if (send_batch(s, sl))
 			return;
 		s->next_send++;
+		if (fills)
+			sess_cuda_push_pool(s);
 	}
 	if (s->next_send == s->nbatches && (!s->paced || s->paced_end)) {
 		s->running = false;
