@@ -112,7 +112,8 @@ CTL_OBJ     := $(patsubst %.c,$(B)/%.o,client/prefetchctl.c $(wildcard client/ct
 #   tests/unit/         one module (or a few) linked with the fake GPU
 #   tests/integration/  a real prefetchd driven through libprefetch
 #   tests/cuda/         the same on a real GPU (they skip without one)
-#   tests/mocks/        the fake GPU;  tests/lib/  testutil, shared with bench/
+#   tests/mocks/        the fake GPU (gpu_fake.c) and the client's fake CUDA
+#                       side (pfcuda_fake.c);  tests/lib/  testutil, shared with bench/
 UNIT_TESTS  := $(patsubst tests/unit/%.c,$(B)/tests/%,$(wildcard tests/unit/test_*.c))
 INTEG_TESTS := $(patsubst tests/integration/%.c,$(B)/tests/%,$(wildcard tests/integration/test_*.c))
 CUDA_TESTS  := $(patsubst tests/cuda/%.c,$(B)/tests/%,$(wildcard tests/cuda/test_*.c))
@@ -120,6 +121,14 @@ CUDA_TESTS  := $(patsubst tests/cuda/%.c,$(B)/tests/%,$(wildcard tests/cuda/test
 GPU_TESTS   := $(filter $(B)/tests/test_cuda_gather,$(CUDA_TESTS))
 TEST_UTIL   := $(patsubst %.c,$(B)/%.o,$(wildcard tests/lib/*.c))
 GPU_FAKE    := $(B)/tests/mocks/gpu_fake.o
+# The client's side of the same: libprefetch's objects with the fake CUDA
+# side (tests/mocks/pfcuda_fake.c) in place of client/cuda.c and its
+# embedded kernel, for the unit tests of the client's device paths, which
+# link it instead of libprefetch.a and no daemon.
+PFCUDA_FAKE := $(B)/tests/mocks/pfcuda_fake.o
+CLIENT_FAKE_OBJ := $(filter-out $(B)/client/cuda.o $(B)/client/gather_fatbin.o,$(CLIENT_OBJ)) \
+           $(PFCUDA_FAKE)
+CLIENT_FAKE_TESTS := $(B)/tests/test_client_cuda $(B)/tests/test_pfcuda_fake
 # Programs the tests run, not tests (run.sh is not given them):
 # build/tests/bystander is tests/lib/bystander.c from the command line, for
 # the Python tests (tests/integration/bystander_main.c).
@@ -143,8 +152,10 @@ $(B)/gen/%.pb-c.c $(B)/gen/%.pb-c.h: proto/%.proto
 $(DAEMON_OBJ) $(filter-out $(GATHER_OBJ),$(GPU_OBJ)) $(CLIENT_OBJ) $(B)/daemon/main.o $(CTL_OBJ) \
 $(B)/proto/wire.o $(TEST_UTIL): $(GEN_H)
 $(B)/tests/%.o $(B)/bench/%.o $(B)/tools/%.o: $(GEN_H)
-# Tests and benches share tests/lib and tools/npygen.h.
+# Tests and benches share tests/lib and tools/npygen.h; tests the fakes'
+# own hooks (tests/mocks/*.h).
 $(B)/tests/%.o $(B)/bench/%.o: ALL_CFLAGS += -Itests/lib -Itools
+$(B)/tests/%.o: ALL_CFLAGS += -Itests/mocks
 
 # ---- compile ---------------------------------------------------------------
 $(B)/gen/%.o: $(B)/gen/%.c
@@ -203,8 +214,14 @@ FORCE:
 # Unit tests link the daemon core against the fake GPU; integration and CUDA
 # tests drive the real daemon through libprefetch.  (Static pattern rules: a
 # plain `test_integration%` would not match test_integration itself.)
-$(UNIT_TESTS): $(B)/tests/%: $(B)/tests/unit/%.o $(DAEMON_OBJ) $(GPU_FAKE) $(WIRE_OBJ) $(TEST_UTIL) $(B)/libprefetch.a
+$(filter-out $(CLIENT_FAKE_TESTS),$(UNIT_TESTS)): $(B)/tests/%: $(B)/tests/unit/%.o $(DAEMON_OBJ) $(GPU_FAKE) \
+		$(WIRE_OBJ) $(TEST_UTIL) $(B)/libprefetch.a
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) -ldl $(LDLIBS)
+# ... except the client's device paths, on the fake CUDA side (no daemon, no
+# driver to load, and the same with CUDA=0).
+$(CLIENT_FAKE_TESTS): $(B)/tests/%: $(B)/tests/unit/%.o $(CLIENT_FAKE_OBJ) $(WIRE_OBJ)
+	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(shell pkg-config --libs libprotobuf-c) \
+	  $(CMOCKA_LIBS) $(LDLIBS)
 $(INTEG_TESTS): $(B)/tests/%: $(B)/tests/integration/%.o $(TEST_UTIL) $(B)/libprefetch.a $(B)/prefetchd
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) -ldl $(LDLIBS)
 # The block_shuffle test compares what the daemon delivers with the order
