@@ -572,15 +572,22 @@ void pfcuda_fake_reset(void)
 	lock();
 	set_defaults();
 	/* The trainer's streams go with their queued work unrun: a read
-	 * queued by an earlier test writes into memory that is gone. */
+	 * queued by an earlier test writes into memory that is gone.  A gather
+	 * stream still here is a client that a failed test never closed: its
+	 * work is dropped too, or the next test's syncs would run it (and
+	 * count its faults). */
 	for (struct fstream **pp = &fake.streams; *pp;) {
-		if ((*pp)->trainer) {
-			struct fstream *s = *pp;
+		struct fstream *s = *pp;
 
+		if (s->trainer) {
 			stream_drop(s);
 			continue;
 		}
-		pp = &(*pp)->next;
+		for (size_t i = 0; i < s->nops; i++)
+			op_free(&s->ops[i]);
+		s->done += s->nops;
+		s->nops = 0;
+		pp = &s->next;
 	}
 	while (fake.tombs) {
 		struct tombstone *t = fake.tombs;
