@@ -465,7 +465,8 @@ static void *gather_main(void *arg)
 			if (i + 2 < n)
 				for (int l = 0; l < 4; l++)
 					__builtin_prefetch(g->file + g->data_off +
-							   (uint64_t)g->perm[first + i + 2] * ROW_BYTES +
+							   (uint64_t)g->perm[first + i + 2] *
+								   ROW_BYTES +
 							   l * 64);
 			memcpy(dst + i * ROW_BYTES,
 			       g->file + g->data_off + (uint64_t)g->perm[first + i] * ROW_BYTES,

@@ -161,9 +161,10 @@ int pfc_flush_settled(struct pf_client *c)
 struct flush_stream {
 	const void *stream;
 	const struct pfc_release *newest;
-	uint32_t n;	/* releases to ask about on it */
-	bool all_done;	/* newest is done, so every one before it is */
-	bool busy;	/* one is pending: ask no more */
+	uint32_t n;	     /* releases to ask about on it */
+	bool all_done;	     /* newest is done, so every one before it is */
+	bool newest_pending; /* newest was asked about and is not done */
+	bool busy;	     /* one is pending: ask no more */
 };
 
 /* The entry of stream in fs[*n], added if there is room; NULL if not. */
@@ -210,9 +211,14 @@ static int flush(struct pf_client *c, int wait_ms, int64_t fresh_after)
 				f->n++;
 			}
 		}
-		for (uint32_t k = 0; k < nfs; k++)
-			if (fs[k].n > 1 && fs[k].newest->done(fs[k].newest->event) == 1)
+		for (uint32_t k = 0; k < nfs; k++) {
+			if (fs[k].n <= 1)
+				continue;
+			if (fs[k].newest->done(fs[k].newest->event) == 1)
 				fs[k].all_done = true;
+			else
+				fs[k].newest_pending = true;
+		}
 		while (*pp) {
 			struct pfc_release *r = *pp;
 			struct flush_stream *f = NULL;
@@ -222,8 +228,8 @@ static int flush(struct pf_client *c, int wait_ms, int64_t fresh_after)
 				done = 0;
 			} else if (r->done) {
 				f = flush_stream(fs, &nfs, r->stream);
-				if (f && f->busy)
-					done = 0;
+				if (f && (f->busy || (f->newest == r && f->newest_pending)))
+					done = 0; /* asked already, this pass */
 				else if (!f || !f->all_done)
 					done = r->done(r->event);
 				if (f && f->newest == r) {

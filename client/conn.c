@@ -306,8 +306,7 @@ static int fill_failed(struct pf_client *c, long n)
 		return pfc_conn_fail(c, -EPROTO,
 				     "%s sent more file descriptors than this client keeps",
 				     c->where);
-	return pfc_conn_fail(c, (int)n, "cannot receive from %s: %s", c->where,
-			     strerror((int)-n));
+	return pfc_conn_fail(c, (int)n, "cannot receive from %s: %s", c->where, strerror((int)-n));
 }
 
 int pfc_check_peer(struct pf_client *c)

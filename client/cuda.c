@@ -640,8 +640,8 @@ struct pfcuda_gather {
 	CUmodule mod;
 	CUfunction fn;
 	CUfunction fn_group; /* pf_gather_group; NULL: one launch a batch */
-	CUstream stream;  /* non-blocking: ordered with the trainer's only by events */
-	uint64_t *hbases; /* pinned host copy of the slab bases, cap entries */
+	CUstream stream;     /* non-blocking: ordered with the trainer's only by events */
+	uint64_t *hbases;    /* pinned host copy of the slab bases, cap entries */
 	CUdeviceptr dbases;
 	uint32_t cap;
 	/* Pinned, mapped: batches' inline indices, which the kernel reads
@@ -889,8 +889,8 @@ int pfcuda_gather_launch_group(struct pfcuda_gather *g, struct gpu_gather_group 
 	p->g.nstaged = 0;
 	/* Each index is read where it lies in the pinned staging. */
 	for (uint32_t k = 0; k < p->n; k++)
-		p->desc[k] = g->staging_dev + (CUdeviceptr)((const uint8_t *)(uintptr_t)p->desc[k] -
-							    g->staging);
+		p->desc[k] = g->staging_dev +
+			     (CUdeviceptr)((const uint8_t *)(uintptr_t)p->desc[k] - g->staging);
 	rc = push(g->d, msg, msglen);
 	if (rc < 0)
 		return rc;

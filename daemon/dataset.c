@@ -764,8 +764,8 @@ static int copy_mapped(const struct ds_field *field, const uint64_t *samples, si
 		if (i + run + 1 < n) {
 			const uint8_t *next = mapped_row(field, samples[i + run + 1]);
 
-			for (int l = 0; next && l < ROW_PREFETCH_LINES && (uint64_t)l * 64 < row_bytes;
-			     l++)
+			for (int l = 0;
+			     next && l < ROW_PREFETCH_LINES && (uint64_t)l * 64 < row_bytes; l++)
 				__builtin_prefetch(next + l * 64);
 		}
 		memcpy(dst + i * row_bytes,

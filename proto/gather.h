@@ -72,7 +72,7 @@ struct gpu_gather {
  */
 struct gpu_gather_group {
 	struct gpu_gather g;
-	uint32_t n;				/* batches, 1 .. GPU_GATHER_GROUP */
+	uint32_t n;			      /* batches, 1 .. GPU_GATHER_GROUP */
 	uint32_t first[GPU_GATHER_GROUP + 1]; /* first[n]: blocks of the launch */
 	uint64_t slot[GPU_GATHER_GROUP];
 	uint64_t desc[GPU_GATHER_GROUP];
