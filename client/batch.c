@@ -751,31 +751,27 @@ int pfc_gather_flush(struct pf_client *c)
 	memset(&p, 0, sizeof(p));
 	p.g = c->layout;
 	p.n = n;
-	for (k = 0; k < n && !rc; k++) {
-		const struct pfc_batch *b = c->group[k];
-
+	for (k = 0; k < n; k++) {
 		rc = event_get(c, "gather", &ev[k]);
-		if (rc)
-			break;
+		if (rc) {
+			snprintf(why, sizeof(why), "%.200s", c->err);
+			goto fail;
+		}
 		raw[k] = ev[k]->ev;
 		p.slot[k] = c->group_slot[k];
 		p.desc[k] = (uint64_t)(uintptr_t)c->group_ids[k];
-		p.first[k + 1] = p.first[k] + b->pub.count;
-	}
-	if (rc) {
-		while (k-- > 0)
-			event_put(ev[k]);
-		return pfc_conn_fail(c, rc, "%s", c->err);
+		p.first[k + 1] = p.first[k] + c->group[k]->pub.count;
 	}
 	rc = pfcuda_gather_launch_group(c->gather, &p, raw, why, sizeof(why));
-	if (rc) {
-		while (k-- > 0)
-			event_put(ev[k]);
-		return pfc_conn_fail(c, rc, "gather of %u batches: %s", n, why);
-	}
+	if (rc)
+		goto fail;
 	for (k = 0; k < n; k++)
 		c->group[k]->gather_ev = ev[k];
 	return 0;
+fail:
+	while (k-- > 0)
+		event_put(ev[k]);
+	return pfc_conn_fail(c, rc, "gather of %u batches: %s", n, why);
 }
 
 /* Queues the batch's assembly on the gather stream, with its end event;
@@ -797,17 +793,12 @@ static int launch_gather(struct pf_client *c, struct pfc_batch *q, const Pf__Bat
 		 * one's release (which waits for the gather). */
 		size_t per = (size_t)c->open_opts.batch_size * sizeof(uint64_t);
 
-		/* A larger staging replaces the one the waiting indices lie in. */
-		if (per * c->slots > c->staging_bytes && c->ngroup) {
-			rc = pfc_gather_flush(c);
-			if (rc)
-				return rc;
-		}
+		/* The size asked for changes only with the session (pf_open, a
+		 * reconnection), never inside a pass: a staging buffer the
+		 * waiting group's indices lie in is never replaced here. */
 		rc = pfcuda_gather_staging(c->gather, per * c->slots, &ids, why, sizeof(why));
 		if (rc)
 			return pfc_conn_fail(c, rc, "gather staging: %s", why);
-		if (per * c->slots > c->staging_bytes)
-			c->staging_bytes = per * c->slots;
 		ids = (uint8_t *)ids + per * (size_t)b->slot;
 		memcpy(ids, b->gather_ids.data, b->gather_ids.len);
 		if (c->grouping && pfcuda_gather_can_group(c->gather)) {

@@ -270,14 +270,12 @@ struct pf_client {
 	 * (pfc_take_in, while grouping) wait here to be gathered in one
 	 * launch (pfc_gather_flush, at the latest when the pass ends):
 	 * borrowed, queued batches, with the host addresses of their indices
-	 * in the staging buffer, whose size (staging_bytes) a pending group
-	 * must not outgrow. */
+	 * in the staging buffer. */
 	bool grouping;
 	uint32_t ngroup;
 	struct pfc_batch *group[GPU_GATHER_GROUP];
 	const void *group_ids[GPU_GATHER_GROUP];
 	uint64_t group_slot[GPU_GATHER_GROUP]; /* device address of each one's slot */
-	size_t staging_bytes;
 	void *use_stream; /* pf_next_stream: the stream the next batch is used on */
 	bool sync_take;	  /* pf_next: wait on the CPU for the batch's copy or gather */
 	/* Client copies (SessionOpened.client_copy): batches come in host

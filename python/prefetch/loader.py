@@ -629,13 +629,8 @@ class Loader:
         # CUDA: the batch is used on torch's current stream, which
         # libprefetch orders after the batch's assembly, and the one given
         # back is released behind it.
-        stream = self._raw_stream(self._device_index) or None if self._torch is not None \
-            else None
-        release = None
-        if held is not None:
-            release, held._ptr, held._cache = held._ptr, None, None
-            if self._held is held:
-                self._held = None
+        stream = self._stream()
+        release = self._forget(held) if held is not None else None
         fn = self._libref.pf_release_next_addr
         out = self._out
         waited = 0.0
