@@ -132,7 +132,7 @@ class Daemon:
         logf = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen([args.prefetchd_bin, "-c", self.conf] +
-                                         (["-v"] if args.diag else []),
+                                         (["-v"] if args.diag or args.keep_logs else []),
                                          stdin=subprocess.DEVNULL, stdout=logf,
                                          stderr=subprocess.STDOUT, close_fds=True)
         finally:
@@ -272,6 +272,9 @@ def timeline(evs, n, cpu):
             "step_us_p99": st[int(n * 0.99)], "gap_us_mean": sum(gaps) / max(1, len(gaps)),
             "gaps_over_20us": sum(1 for g in gaps if g > 20),
             "gap_us_total": sum(gaps), "lead_p50": leads[n // 2],
+            # First step's start to the last one's end, on the GPU: the epoch's wall time
+            # less this is its start (the first batch) and end.
+            "span_us": evs[0].elapsed_time(evs[2 * n - 1]) * 1e3,
             "big_gaps": big[:40]}
 
 
@@ -679,6 +682,8 @@ def parse_args(argv):
     ap.add_argument("--diag-more", default="")
     ap.add_argument("--diag", action="store_true",
                     help="also: pool on gathered by the daemon, in-process copies")
+    ap.add_argument("--keep-logs", metavar="DIR",
+                    help="daemons log verbosely (-v), and their logs are copied into DIR")
     ap.add_argument("--mps-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json")
     return ap.parse_args(argv)
@@ -918,6 +923,11 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1, default=str)
+    if args.keep_logs:
+        os.makedirs(args.keep_logs, exist_ok=True)
+        for name in os.listdir(tmp):
+            if name.endswith(".log"):
+                shutil.copy(os.path.join(tmp, name), args.keep_logs)
     shutil.rmtree(tmp, ignore_errors=True)
     return 1 if failed else 0
 

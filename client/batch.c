@@ -740,6 +740,7 @@ int pfc_gather_flush(struct pf_client *c)
 	void *raw[GPU_GATHER_GROUP];
 	uint32_t n = c->ngroup, k;
 	char why[256];
+	int64_t t0;
 	int rc = 0;
 
 	if (!n)
@@ -762,9 +763,13 @@ int pfc_gather_flush(struct pf_client *c)
 		p.desc[k] = (uint64_t)(uintptr_t)c->group_ids[k];
 		p.first[k + 1] = p.first[k] + c->group[k]->pub.count;
 	}
+	t0 = PFC_T0(c);
 	rc = pfcuda_gather_launch_group(c->gather, &p, raw, why, sizeof(why));
+	PFC_TADD(c, launch_ns, t0);
 	if (rc)
 		goto fail;
+	c->counts.launches++;
+	c->counts.grouped += n;
 	for (k = 0; k < n; k++)
 		c->group[k]->gather_ev = ev[k];
 	return 0;
@@ -784,6 +789,7 @@ static int launch_gather(struct pf_client *c, struct pfc_batch *q, const Pf__Bat
 	struct pfc_event *e;
 	void *ids = NULL;
 	char why[256];
+	int64_t t0;
 	int rc;
 
 	if (b->gather_ids.len) {
@@ -825,7 +831,11 @@ static int launch_gather(struct pf_client *c, struct pfc_batch *q, const Pf__Bat
 	g.staged = a->garena.base;
 	for (uint32_t f = 0; f < c->nfields; f++)
 		g.staged_off[f] = b->staged_off[f];
+	t0 = PFC_T0(c);
 	rc = pfcuda_gather_launch(c->gather, &g, ids, b->gather_ids.len, e->ev, why, sizeof(why));
+	PFC_TADD(c, launch_ns, t0);
+	c->counts.launches++;
+	c->counts.grouped++;
 	if (rc) {
 		event_put(e);
 		return pfc_conn_fail(c, rc, "epoch %" PRIu64 " batch %" PRIu64 ": gather: %s",
@@ -867,9 +877,12 @@ static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
 				     c->where, PFC_MAX_QUEUED);
 
 	extra = data ? c->nfields * sizeof(void *) + b->count * sizeof(uint64_t) : 0;
-	q = calloc(1, sizeof(*q) + extra);
+	/* The tail (field pointers, picks) is written whole below: only the
+	 * struct is zeroed, not 8 KiB of picks a batch. */
+	q = malloc(sizeof(*q) + extra);
 	if (!q)
 		return pfc_conn_fail(c, -ENOMEM, "out of memory");
+	memset(q, 0, sizeof(*q));
 	tail = (uint8_t *)(q + 1);
 	q->gen = c->gen;
 	q->dbuf = -1;
@@ -948,7 +961,14 @@ int pfc_handle_push(struct pf_client *c, Pf__Envelope *env)
 	}
 	switch (env->msg_case) {
 	case PF__ENVELOPE__MSG_ARENA: rc = add_arena(c, env->arena); break;
-	case PF__ENVELOPE__MSG_BATCH: rc = add_batch(c, env->batch); break;
+	case PF__ENVELOPE__MSG_BATCH: {
+		int64_t t0 = PFC_T0(c);
+
+		c->counts.frames++;
+		rc = add_batch(c, env->batch);
+		PFC_TADD(c, batch_ns, t0);
+		break;
+	}
 	case PF__ENVELOPE__MSG_POOL_SLAB: rc = add_pool_slab(c, env->pool_slab); break;
 	case PF__ENVELOPE__MSG_POOL_SLAB_GONE: rc = pool_slab_gone(c, env->pool_slab_gone); break;
 	case PF__ENVELOPE__MSG_END:
@@ -1018,8 +1038,11 @@ static void maybe_probe(struct pf_client *c)
 static int event_done(void *event)
 {
 	struct pfc_event *e = event;
+	int64_t t0 = PFC_T0(e->c);
 	int rc = pfcuda_event_query(e->c->cuda, e->ev, NULL, 0);
 
+	PFC_TADD(e->c, event_ns, t0);
+	e->c->counts.queries++;
 	return rc == 0 ? 1 : rc == -EAGAIN ? 0 : rc;
 }
 
@@ -1038,6 +1061,7 @@ int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream)
 	struct pfc_release *r = calloc(1, sizeof(*r));
 	struct pfc_event *e;
 	char why[256];
+	int64_t t0;
 	int rc;
 
 	if (!r)
@@ -1051,11 +1075,16 @@ int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream)
 	 * too, even if the trainer releases it on another stream (on the one
 	 * pf_next ordered after the gather, it is already; but the per-thread
 	 * default stream is another stream on another thread). */
+	t0 = PFC_T0(c);
 	if (b->gather_ev &&
-	    (!b->waited || b->waited_stream != stream || stream == PFC_STREAM_PER_THREAD))
+	    (!b->waited || b->waited_stream != stream || stream == PFC_STREAM_PER_THREAD)) {
 		rc = pfcuda_stream_wait(c->cuda, stream, b->gather_ev->ev, why, sizeof(why));
+		c->counts.waits++;
+	}
 	if (!rc)
 		rc = pfcuda_event_record(c->cuda, e->ev, stream, why, sizeof(why));
+	PFC_TADD(c, event_ns, t0);
+	c->counts.records++;
 	if (rc) {
 		event_put(e);
 		free(r);
@@ -1179,6 +1208,7 @@ static int copy_batch(struct pf_client *c, struct pfc_batch *b, bool ahead)
 	dst = c->dbufs[j];
 	rc = pfcuda_gather_copy(c->gather, dst, b->host, (size_t)c->slot_bytes, e->ev, done->ev,
 				why, sizeof(why));
+	c->counts.copies++;
 	if (rc) {
 		/* Later copies into it queue behind this one on the same
 		 * stream: it may go back at once. */
@@ -1316,9 +1346,15 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 		 * whatever stream the trainer releases it (pfc_release_after). */
 		char why[256];
 
+		int64_t t0 = PFC_T0(c);
+		bool waited;
+
 		why[0] = '\0';
-		if (c->sync_take ||
-		    pfcuda_stream_wait(c->cuda, c->use_stream, b->gather_ev->ev, NULL, 0))
+		c->counts.waits += !c->sync_take;
+		waited = !c->sync_take &&
+			 !pfcuda_stream_wait(c->cuda, c->use_stream, b->gather_ev->ev, NULL, 0);
+		PFC_TADD(c, event_ns, t0);
+		if (!waited)
 			rc = pfcuda_event_sync(c->cuda, b->gather_ev->ev, why, sizeof(why));
 		else {
 			b->waited = true;

@@ -32,6 +32,8 @@
  * overrides it. */
 #define PFC_TIMEOUT_MS_DEFAULT 10000
 #define PFC_TIMEOUT_ENV	       "PREFETCHD_TIMEOUT_MS"
+/* Set and not "0": pf_close prints what the client did (struct pfc_counts). */
+#define PFC_COUNTERS_ENV       "PREFETCH_CLIENT_COUNTERS"
 /* Hello gets its own, shorter limit: a socket that accepts but never answers
  * (a stale path, the wrong program) should fail pf_connect quickly. */
 #define PFC_HELLO_TIMEOUT_MS 5000
@@ -366,7 +368,31 @@ struct pf_client {
 	double busy_s;
 	bool have_last_return;
 	int64_t last_return_ns;
+
+	/* What the client did, counted for $PREFETCH_CLIENT_COUNTERS (printed
+	 * by pf_close): where a batch's time goes, without a profiler. */
+	struct pfc_counts {
+		uint64_t sends, reads, empty_reads, polls; /* system calls */
+		uint64_t frames;			   /* BatchReady taken in */
+		uint64_t launches, grouped;		   /* gathers: launches, batches */
+		uint64_t copies, records, waits, queries;  /* copies, event calls */
+		/* Time in them (only with $PREFETCH_CLIENT_COUNTERS): sends,
+		 * reads, frames decoded, BatchReady handled (its gather or
+		 * copy included), gather launches, event records, waits and
+		 * queries. */
+		uint64_t send_ns, read_ns, decode_ns, batch_ns, launch_ns, event_ns;
+	} counts;
+	bool timing; /* $PREFETCH_CLIENT_COUNTERS: counts' times are kept */
 };
+
+/* The start of a timed span of counts (0 when c keeps no times). */
+#define PFC_T0(c) ((c)->timing ? mono() : 0)
+/* Adds the span since t0 to counts.field. */
+#define PFC_TADD(c, field, t0)                                 \
+	do {                                                   \
+		if ((c)->timing)                               \
+			(c)->counts.field += (uint64_t)(mono() - (t0)); \
+	} while (0)
 
 /* util.h's clock, signed: deadlines here are int64_t with -1 for none, and
  * differences of two readings may be taken either way round. */

@@ -144,8 +144,21 @@ static int peer_closed(struct pf_client *c)
 
 /* Writes len bytes of frames, waiting until deadline; what names them in an
  * error.  A partial write is the end of the connection. */
+static int send_bytes_now(struct pf_client *c, const uint8_t *frame, size_t len,
+			  int64_t deadline, const char *what);
+
 static int send_bytes(struct pf_client *c, const uint8_t *frame, size_t len, int64_t deadline,
 		      const char *what)
+{
+	int64_t t0 = PFC_T0(c);
+	int rc = send_bytes_now(c, frame, len, deadline, what);
+
+	PFC_TADD(c, send_ns, t0);
+	return rc;
+}
+
+static int send_bytes_now(struct pf_client *c, const uint8_t *frame, size_t len,
+			  int64_t deadline, const char *what)
 {
 	size_t off = 0;
 
@@ -154,6 +167,7 @@ static int send_bytes(struct pf_client *c, const uint8_t *frame, size_t len, int
 		struct pollfd pfd = {.fd = c->sock, .events = POLLOUT};
 		int ready;
 
+		c->counts.sends++;
 		if (n > 0) {
 			off += (size_t)n;
 			continue;
@@ -255,8 +269,10 @@ int pfc_send(struct pf_client *c, Pf__Envelope *msg)
  * that broke the connection. */
 static int next_buffered(struct pf_client *c, Pf__Envelope **env)
 {
+	int64_t t0 = PFC_T0(c);
 	int rc = wire_rx_next(&c->rx, env);
 
+	PFC_TADD(c, decode_ns, t0);
 	if (rc >= 0)
 		return rc;
 	if (rc == -EMSGSIZE)
@@ -309,6 +325,19 @@ static int fill_failed(struct pf_client *c, long n)
 	return pfc_conn_fail(c, (int)n, "cannot receive from %s: %s", c->where, strerror((int)-n));
 }
 
+/* One read of what the socket holds (wire_rx_fill), counted. */
+static long rx_fill(struct pf_client *c)
+{
+	int64_t t0 = PFC_T0(c);
+	long n = wire_rx_fill(&c->rx, c->sock);
+
+	PFC_TADD(c, read_ns, t0);
+	c->counts.reads++;
+	if (n == -EAGAIN)
+		c->counts.empty_reads++;
+	return n;
+}
+
 int pfc_check_peer(struct pf_client *c)
 {
 	struct pollfd pfd = {.fd = c->sock, .events = POLLRDHUP};
@@ -316,6 +345,7 @@ int pfc_check_peer(struct pf_client *c)
 
 	if (c->dead)
 		return pfc_fail_dead(c);
+	c->counts.polls++;
 	do
 		n = poll(&pfd, 1, 0);
 	while (n < 0 && errno == EINTR);
@@ -334,7 +364,7 @@ int pfc_read_now(struct pf_client *c)
 
 	if (c->dead)
 		return pfc_fail_dead(c);
-	n = wire_rx_fill(&c->rx, c->sock);
+	n = rx_fill(c);
 	if (n == 0)
 		return peer_closed(c);
 	if (n < 0 && n != -EAGAIN)
@@ -384,7 +414,7 @@ int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
 		 * instead of two on the hand-off of a ready batch. */
 		if (!polled) {
 			polled = true;
-			n = wire_rx_fill(&c->rx, c->sock);
+			n = rx_fill(c);
 			if (n > 0)
 				continue;
 			if (n == 0)
@@ -403,6 +433,7 @@ int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
 		pfd.fd = c->sock;
 		pfd.events = POLLIN;
 		pfd.revents = 0;
+		c->counts.polls++;
 		rc = poll_until(&pfd, deadline);
 		if (rc < 0 && errno == EINTR)
 			continue;
@@ -410,7 +441,7 @@ int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
 			return pfc_conn_fail(c, -errno, "poll: %s", strerror(errno));
 		if (rc == 0)
 			return -ETIMEDOUT;
-		n = wire_rx_fill(&c->rx, c->sock);
+		n = rx_fill(c);
 		if (n == 0)
 			return peer_closed(c);
 		if (n < 0 && n != -EAGAIN)
@@ -513,12 +544,14 @@ struct pf_client *pfc_client_new(const char *where)
 {
 	struct pf_client *c = calloc(1, sizeof(*c));
 	const char *env = getenv(PFC_TIMEOUT_ENV);
+	const char *counters = getenv(PFC_COUNTERS_ENV);
 	char *end;
 	long ms;
 
 	if (!c)
 		return NULL;
 	c->sock = -1;
+	c->timing = counters && *counters && strcmp(counters, "0") != 0;
 	c->where = strdup(where);
 	if (!c->where) {
 		free(c);

@@ -161,7 +161,6 @@ static int keep_open_opts(struct pf_client *c, const struct pf_open_opts *opts)
 	return 0;
 }
 
-/* OpenSession with the kept options. */
 /* $name is "0": the trainer turned that off. */
 static bool env_says_no(const char *name)
 {
@@ -170,6 +169,7 @@ static bool env_says_no(const char *name)
 	return v && strcmp(v, "0") == 0;
 }
 
+/* OpenSession with the kept options. */
 int pfc_send_open(struct pf_client *c, Pf__Envelope **reply)
 {
 	const struct pf_open_opts *o = &c->open_opts;
@@ -844,10 +844,33 @@ PF_API int pf_stats(const struct pf_client *c, struct pf_stats *out)
 	return 0;
 }
 
+/* $PREFETCH_CLIENT_COUNTERS: what this client did, per batch taken, on
+ * stderr at pf_close. */
+static void print_counts(const struct pf_client *c)
+{
+	const struct pfc_counts *k = &c->counts;
+	double n = c->batches ? (double)c->batches : 1.0;
+
+	if (!c->timing)
+		return;
+	fprintf(stderr,
+		"libprefetch: %" PRIu64 " batches taken; per batch: %.2f sends (%.2f us), "
+		"%.2f reads (%.2f empty; %.2f us), %.2f polls, %.2f frames (decoded in %.2f us, "
+		"handled in %.2f us), %.2f gather launches (%.2f batches a launch; %.2f us), "
+		"%.2f copies, %.2f event records, %.2f stream waits, %.2f event queries "
+		"(events %.2f us)\n",
+		c->batches, k->sends / n, k->send_ns / n / 1e3, k->reads / n, k->empty_reads / n,
+		k->read_ns / n / 1e3, k->polls / n, k->frames / n, k->decode_ns / n / 1e3,
+		k->batch_ns / n / 1e3, k->launches / n,
+		k->launches ? (double)k->grouped / k->launches : 0.0, k->launch_ns / n / 1e3,
+		k->copies / n, k->records / n, k->waits / n, k->queries / n, k->event_ns / n / 1e3);
+}
+
 PF_API void pf_close(struct pf_client *c)
 {
 	if (!c)
 		return;
+	print_counts(c);
 	/* Closing the socket returns every slot anyway; the explicit releases
 	 * keep the daemon's accounting exact until then.  Pending device
 	 * releases get a bounded wait so that the daemon does not rewrite a

@@ -33,6 +33,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -1080,6 +1081,73 @@ static void pooled_epoch_over_legacy_arenas_is_exact_once_per_pick_in_fewer_laun
 	pooled_epoch(POOL_LEGACY, 2);
 }
 
+/* $PREFETCH_CLIENT_COUNTERS: the line pf_close prints counts what the
+ * device side saw (launches, batches a launch, stream waits, queries), one
+ * frame a batch, and no copies for a pooled session. */
+static void client_counters_say_what_the_device_side_saw(void **unused)
+{
+	bool seen[MAX_SAMPLES] = {false};
+	struct pfcuda_fake_counts n;
+	struct pf_client *c;
+	struct fake *f;
+	struct pf_batch *b;
+	char line[1024] = "";
+	unsigned long long batches = 0;
+	double v[16] = {0};
+	FILE *out = tmpfile();
+	int saved, got;
+
+	assert_non_null(out);
+	setenv("PREFETCH_CLIENT_COUNTERS", "1", 1);
+	f = fake_session(&(struct script){.mode = POOL_FD}, &c);
+	unsetenv("PREFETCH_CLIENT_COUNTERS");
+	assert_int_equal(start(c, PF_ORDER_SHUFFLE, 5), 0);
+	b = take_checked(c, STREAM_S, seen);
+	assert_non_null(b);
+	assert_int_equal(pf_release(c, b, STREAM_S), 0);
+	assert_int_equal(drain_epoch(c, STREAM_S, seen), 5);
+	/* pf_close prints before it lets anything go. */
+	pfcuda_fake_counts(&n);
+	fflush(stderr);
+	saved = dup(2);
+	assert_true(saved >= 0);
+	assert_int_equal(dup2(fileno(out), 2), 2);
+	fake_finish(f, c);
+	fflush(stderr);
+	dup2(saved, 2);
+	close(saved);
+	rewind(out);
+	while (fgets(line, sizeof(line), out) && !strstr(line, "libprefetch:"))
+		;
+	fclose(out);
+	got = sscanf(line,
+		     "libprefetch: %llu batches taken; per batch: %lf sends (%lf us), %lf reads "
+		     "(%lf empty; %lf us), %lf polls, %lf frames (decoded in %lf us, handled in "
+		     "%lf us), %lf gather launches (%lf batches a launch; %lf us), %lf copies, %lf "
+		     "event records, %lf stream waits, %lf event queries",
+		     &batches, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9],
+		     &v[10], &v[11], &v[12], &v[13], &v[14], &v[15]);
+	if (got != 17)
+		fail_msg("pf_close printed no counters line (%d fields of 17): %s", got, line);
+	assert_int_equal(batches, 6);
+	/* Per batch, to 2 decimals: times 6 within 0.03 of the count. */
+#define ASSERT_PER_BATCH(x, count)                                                      \
+	do {                                                                            \
+		if (fabs((x) * 6 - (double)(count)) > 0.031)                           \
+			fail_msg("%s: %.2f a batch, the device side saw %llu in 6", #count, \
+				 (x), (unsigned long long)(count));                   \
+	} while (0)
+	ASSERT_PER_BATCH(v[6], 6);
+	ASSERT_PER_BATCH(v[9], n.launches + n.group_launches);
+	ASSERT_PER_BATCH(v[12], n.copies);
+	ASSERT_PER_BATCH(v[14], n.stream_waits);
+	ASSERT_PER_BATCH(v[15], n.event_queries);
+#undef ASSERT_PER_BATCH
+	assert_true(fabs(v[10] - 6.0 / (double)(n.launches + n.group_launches)) < 0.006);
+	assert_true(v[0] > 0 && v[2] > 0 && v[13] >= 1.0);
+	assert_every_pick_once(seen, 44);
+}
+
 /* A batch with misses cannot join a group (its index and staged rows are
  * in the slot's tail): the hits before it go first, it goes alone, the
  * hits after it follow, in the order the batches came. */
@@ -1460,6 +1528,7 @@ int main(void)
 		cmocka_unit_test(
 			batch_with_staged_rows_between_hits_keeps_stream_order_and_is_exact),
 		cmocka_unit_test(pooled_release_waits_for_the_trainers_stream_work_on_it),
+		cmocka_unit_test(client_counters_say_what_the_device_side_saw),
 		cmocka_unit_test(releases_of_one_stream_are_settled_by_one_query_of_the_newest),
 		cmocka_unit_test(slab_gone_while_gathers_that_read_it_are_queued_faults_nothing),
 		cmocka_unit_test(slab_replaced_while_gathers_read_the_old_one_faults_nothing),
