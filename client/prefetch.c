@@ -244,6 +244,8 @@ PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
 		 * when it does not load, the daemon gathers). */
 		if (!env_says_no("PREFETCH_CLIENT_GATHER"))
 			pfcuda_gather_open(c->cuda, &c->gather, NULL, 0);
+		/* $PREFETCH_CLIENT_MARKS=0: releases wait for events. */
+		c->no_marks = env_says_no("PREFETCH_CLIENT_MARKS");
 	}
 	rc = keep_open_opts(c, opts);
 	if (!rc)
