@@ -169,6 +169,14 @@ static bool env_says_no(const char *name)
 	return v && strcmp(v, "0") == 0;
 }
 
+/* $name is "1": the trainer asked for that. */
+static bool env_says_yes(const char *name)
+{
+	const char *v = getenv(name);
+
+	return v && strcmp(v, "1") == 0;
+}
+
 /* OpenSession with the kept options. */
 int pfc_send_open(struct pf_client *c, Pf__Envelope **reply)
 {
@@ -244,8 +252,11 @@ PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
 		 * when it does not load, the daemon gathers). */
 		if (!env_says_no("PREFETCH_CLIENT_GATHER"))
 			pfcuda_gather_open(c->cuda, &c->gather, NULL, 0);
-		/* $PREFETCH_CLIENT_MARKS=0: releases wait for events. */
-		c->no_marks = env_says_no("PREFETCH_CLIENT_MARKS");
+		/* Releases wait for events unless $PREFETCH_CLIENT_MARKS=1:
+		 * a mark's write, a memory barrier on the trainer's stream
+		 * after every step, cost a compute-bound step +1.7-3.3%
+		 * against +0.5-1.0% with events (bench/NOTES.md, run 43). */
+		c->no_marks = !env_says_yes("PREFETCH_CLIENT_MARKS");
 	}
 	rc = keep_open_opts(c, opts);
 	if (!rc)

@@ -1145,8 +1145,9 @@ static void client_counters_say_what_the_device_side_saw(void **unused)
 	ASSERT_PER_BATCH(v[16], n.mark_records);
 #undef ASSERT_PER_BATCH
 	assert_true(fabs(v[10] - 6.0 / (double)(n.launches + n.group_launches)) < 0.006);
-	/* Every release on the trainer's stream waits for a mark. */
-	assert_true(v[0] > 0 && v[2] > 0 && v[13] >= 1.0 && v[16] >= 1.0);
+	/* Every release on the trainer's stream waits for an event (marks
+	 * only when asked for). */
+	assert_true(v[0] > 0 && v[2] > 0 && v[13] >= 1.0 && v[16] == 0.0);
 	assert_every_pick_once(seen, 44);
 }
 
@@ -1236,10 +1237,12 @@ static void pooled_release_waits_for_the_trainers_stream_work_on_it(void **unuse
 	fake_finish(f, c);
 }
 
-/* marks: releases wait for marks (a driver with cuStreamWriteValue32),
- * else for events. */
-static void releases_settled_by_the_newest(bool marks)
+/* ask: the trainer asked for marks ($PREFETCH_CLIENT_MARKS=1); driver:
+ * the driver has them (cuStreamWriteValue32).  Releases wait for marks
+ * when both, else for events. */
+static void releases_settled_by_the_newest(bool ask, bool driver)
 {
+	const bool marks = ask && driver;
 	bool seen[MAX_SAMPLES] = {false};
 	struct pfcuda_fake_counts before, after;
 	struct pf_client *c;
@@ -1248,10 +1251,13 @@ static void releases_settled_by_the_newest(bool marks)
 	struct seen sn[4];
 	int token = 0;
 
+	if (ask)
+		setenv("PREFETCH_CLIENT_MARKS", "1", 1);
 	f = fake_session(&(struct script){.mode = POOL_FD}, &c);
+	unsetenv("PREFETCH_CLIENT_MARKS");
 	/* After the session's reset of the fake; marks are made at the first
 	 * release. */
-	pfcuda_fake_set_marks(marks);
+	pfcuda_fake_set_marks(driver);
 
 	assert_int_equal(start(c, PF_ORDER_SEQUENTIAL, 0), 0);
 	for (int i = 0; i < 3; i++) {
@@ -1288,13 +1294,18 @@ static void releases_settled_by_the_newest(bool marks)
 
 static void releases_of_one_stream_are_settled_by_one_check_of_the_newest_mark(void **unused)
 {
-	releases_settled_by_the_newest(true);
+	releases_settled_by_the_newest(true, true);
 }
 
 static void releases_of_one_stream_are_settled_by_one_query_of_the_newest(void **unused)
 {
-	/* A driver without cuStreamWriteValue32: events. */
-	releases_settled_by_the_newest(false);
+	/* The default: events. */
+	releases_settled_by_the_newest(false, true);
+}
+
+static void marks_asked_of_a_driver_without_them_are_events(void **unused)
+{
+	releases_settled_by_the_newest(true, false);
 }
 
 /* The test asks the fake daemon for slab 1's PoolSlabGone (or a new
@@ -1539,8 +1550,7 @@ static void device_too_full_for_another_buffer_makes_do_with_those_there_are(voi
 	assert_int_equal(drain_epoch(c, STREAM_S, seen), 5);
 	assert_every_pick_once(seen, 44);
 	pfcuda_fake_counts(&n);
-	/* The arena, one buffer, the marks. */
-	assert_int_equal(n.live_maps - f->live_maps0, 1 + 1 + 1);
+	assert_int_equal(n.live_maps - f->live_maps0, 1 + 1); /* the arena, one buffer */
 	assert_int_equal(n.copies, 6);
 	fake_finish(f, c);
 }
@@ -1558,6 +1568,7 @@ int main(void)
 		cmocka_unit_test(client_counters_say_what_the_device_side_saw),
 		cmocka_unit_test(releases_of_one_stream_are_settled_by_one_check_of_the_newest_mark),
 		cmocka_unit_test(releases_of_one_stream_are_settled_by_one_query_of_the_newest),
+		cmocka_unit_test(marks_asked_of_a_driver_without_them_are_events),
 		cmocka_unit_test(slab_gone_while_gathers_that_read_it_are_queued_faults_nothing),
 		cmocka_unit_test(slab_replaced_while_gathers_read_the_old_one_faults_nothing),
 		cmocka_unit_test(slab_gone_in_the_read_of_its_batches_launches_their_gathers_first),
