@@ -143,6 +143,7 @@ struct ev {
 	uint64_t epoch;
 	uint64_t seq;
 	int32_t slot;
+	uint64_t gathers; /* EV_RELEASE: batches the fake device had gathered by then */
 };
 
 struct script {
@@ -666,11 +667,14 @@ static void fake_handle(struct fake *f, const Pf__Envelope *env)
 		break;
 	case PF__ENVELOPE__MSG_RELEASE: {
 		const Pf__Release *r = env->release;
+		struct pfcuda_fake_counts k;
 
+		pfcuda_fake_counts(&k);
 		fake_log(f, (struct ev){.kind = EV_RELEASE,
 					.epoch = r->epoch,
 					.seq = r->seq,
-					.slot = r->slot});
+					.slot = r->slot,
+					.gathers = k.gathers_run});
 		if (r->slot < 0 || (uint32_t)r->slot >= f->s.slots || !f->slot[r->slot].busy ||
 		    f->slot[r->slot].epoch != r->epoch || f->slot[r->slot].seq != r->seq)
 			fake_fail(f,
@@ -848,6 +852,23 @@ static struct ev nth_ev(struct fake *f, enum ev_kind kind, int i)
 	pthread_mutex_lock(&f->mu);
 	for (int k = 0; k < f->nlog; k++)
 		if (f->log[k].kind == kind && i-- == 0) {
+			e = f->log[k];
+			break;
+		}
+	pthread_mutex_unlock(&f->mu);
+	return e;
+}
+
+/* The Release of batch seq of epoch, as the fake logged it (kind EV_KINDS:
+ * none yet). */
+static struct ev release_ev(struct fake *f, uint64_t epoch, uint64_t seq)
+{
+	struct ev e = {.kind = EV_KINDS};
+
+	pthread_mutex_lock(&f->mu);
+	for (int k = 0; k < f->nlog; k++)
+		if (f->log[k].kind == EV_RELEASE && f->log[k].epoch == epoch &&
+		    f->log[k].seq == seq) {
 			e = f->log[k];
 			break;
 		}
@@ -1079,6 +1100,70 @@ static void pooled_epoch_over_legacy_arenas_is_exact_once_per_pick_in_fewer_laun
 {
 	/* And events that are not done at the first query. */
 	pooled_epoch(POOL_LEGACY, 2);
+}
+
+/* A batch taken for one stream and released on another: the release's
+ * stream waits for the batch's gather first, so the slot does not go back
+ * while the gather may still write it (nothing else ran the gather here:
+ * the stream it was taken for never ran). */
+static void pooled_batch_released_on_another_stream_waits_for_its_gather(void **unused)
+{
+	bool seen[MAX_SAMPLES] = {false};
+	struct pfcuda_fake_counts n;
+	struct pf_client *c;
+	struct fake *f = fake_session(&(struct script){.mode = POOL_FD}, &c);
+	struct pf_batch *b0;
+
+	assert_int_equal(start(c, PF_ORDER_SEQUENTIAL, 0), 0);
+	assert_int_equal(pf_next_stream(c, 2000, STREAM_S, &b0), 0);
+	assert_non_null(b0);
+	pfcuda_fake_counts(&n);
+	assert_int_equal(n.gathers_run, 0);
+	for (uint32_t k = 0; k < b0->count; k++)
+		seen[b0->picks[k]] = true; /* its bytes are not this test's */
+	assert_int_equal(pf_release(c, b0, STREAM_T), 0);
+	assert_true(wait_released(f, 0, 0));
+	assert_true(release_ev(f, 0, 0).gathers >= 1);
+	assert_int_equal(drain_epoch(c, STREAM_S, seen), 5);
+	assert_every_pick_once(seen, 44);
+	fake_finish(f, c);
+}
+
+/* An epoch abandoned with batches received and their gathers still queued
+ * (one launch each): each goes back to the daemon only once its gather has
+ * run, and the next epoch is exact. */
+static void pooled_epoch_abandoned_with_gathers_queued_gives_slots_back_after_them(void **unused)
+{
+	bool seen[MAX_SAMPLES] = {false};
+	struct pfcuda_fake_counts n;
+	struct pf_client *c;
+	struct fake *f = fake_session(&(struct script){.mode = POOL_FD}, &c);
+	struct pf_batch *b0;
+
+	pfcuda_fake_set_group(0);
+	assert_int_equal(start(c, PF_ORDER_SEQUENTIAL, 0), 0);
+	b0 = take_checked(c, STREAM_S, NULL); /* runs batch 0's gather, not the others' */
+	assert_non_null(b0);
+	pfcuda_fake_counts(&n);
+	assert_int_equal(n.gathers_run, 1);
+	assert_int_equal(pf_release(c, b0, STREAM_S), 0);
+	assert_int_equal(pf_abandon(c), 0);
+	assert_int_equal(start(c, PF_ORDER_SHUFFLE, 3), 0);
+	assert_int_equal(drain_epoch(c, STREAM_S, seen), 6);
+	assert_every_pick_once(seen, 44);
+	/* Batches 1..3 of the abandoned epoch had come with batch 0. */
+	for (uint64_t seq = 1; seq <= 3; seq++) {
+		struct ev e = release_ev(f, 0, seq);
+
+		if (e.kind != EV_RELEASE)
+			fail_msg("batch %llu of the abandoned epoch never went back",
+				 (unsigned long long)seq);
+		if (e.gathers < seq + 1)
+			fail_msg("batch %llu went back with %llu batches gathered: before its "
+				 "gather ran",
+				 (unsigned long long)seq, (unsigned long long)e.gathers);
+	}
+	fake_finish(f, c);
 }
 
 /* $PREFETCH_CLIENT_COUNTERS: the line pf_close prints counts what the
@@ -1565,6 +1650,9 @@ int main(void)
 		cmocka_unit_test(
 			batch_with_staged_rows_between_hits_keeps_stream_order_and_is_exact),
 		cmocka_unit_test(pooled_release_waits_for_the_trainers_stream_work_on_it),
+		cmocka_unit_test(pooled_batch_released_on_another_stream_waits_for_its_gather),
+		cmocka_unit_test(
+			pooled_epoch_abandoned_with_gathers_queued_gives_slots_back_after_them),
 		cmocka_unit_test(client_counters_say_what_the_device_side_saw),
 		cmocka_unit_test(releases_of_one_stream_are_settled_by_one_check_of_the_newest_mark),
 		cmocka_unit_test(releases_of_one_stream_are_settled_by_one_query_of_the_newest),
