@@ -125,6 +125,8 @@ class Daemon:
         self.sock = os.path.join(tmpdir, "pf-%s.sock" % tag)
         self.conf = os.path.join(tmpdir, "pf-%s.conf" % tag)
         self.log_path = os.path.join(tmpdir, "pf-%s.log" % tag)
+        # (The other benches that use this class have no --keep-logs.)
+        self.keep = getattr(args, "keep_logs", None)
         with open(self.conf, "w") as f:
             f.write("# bench/train_step.py: %s\n[daemon]\nsocket = %s\n%s\n"
                     "[dataset.bench]\nformat = npy\nfield.x = %s\npool = %s\n"
@@ -132,7 +134,7 @@ class Daemon:
         logf = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen([args.prefetchd_bin, "-c", self.conf] +
-                                         (["-v"] if args.diag or args.keep_logs else []),
+                                         (["-v"] if args.diag or self.keep else []),
                                          stdin=subprocess.DEVNULL, stdout=logf,
                                          stderr=subprocess.STDOUT, close_fds=True)
         finally:
@@ -162,6 +164,9 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.keep:  # --keep-logs: here, so that a run that failed keeps them too
+            os.makedirs(self.keep, exist_ok=True)
+            shutil.copy(self.log_path, self.keep)
 
 
 # ---- the step ---------------------------------------------------------------------------
@@ -683,7 +688,8 @@ def parse_args(argv):
     ap.add_argument("--diag", action="store_true",
                     help="also: pool on gathered by the daemon, in-process copies")
     ap.add_argument("--keep-logs", metavar="DIR",
-                    help="daemons log verbosely (-v), and their logs are copied into DIR")
+                    help="daemons log verbosely (-v, which costs them a little: a diagnostic "
+                    "run, not a measurement to report), and their logs are copied into DIR")
     ap.add_argument("--mps-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json")
     return ap.parse_args(argv)
@@ -923,11 +929,6 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1, default=str)
-    if args.keep_logs:
-        os.makedirs(args.keep_logs, exist_ok=True)
-        for name in os.listdir(tmp):
-            if name.endswith(".log"):
-                shutil.copy(os.path.join(tmp, name), args.keep_logs)
     shutil.rmtree(tmp, ignore_errors=True)
     return 1 if failed else 0
 

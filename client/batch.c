@@ -834,13 +834,13 @@ static int launch_gather(struct pf_client *c, struct pfc_batch *q, const Pf__Bat
 	t0 = PFC_T0(c);
 	rc = pfcuda_gather_launch(c->gather, &g, ids, b->gather_ids.len, e->ev, why, sizeof(why));
 	PFC_TADD(c, launch_ns, t0);
-	c->counts.launches++;
-	c->counts.grouped++;
 	if (rc) {
 		event_put(e);
 		return pfc_conn_fail(c, rc, "epoch %" PRIu64 " batch %" PRIu64 ": gather: %s",
 				     b->epoch, b->seq, why);
 	}
+	c->counts.launches++;
+	c->counts.grouped++;
 	q->gather_ev = e;
 	return 0;
 }
@@ -1058,17 +1058,27 @@ static void event_put(void *event)
  * buffers, are far fewer; past this, releases use events. */
 #define PFC_MARKS 512
 
+/* A mark never reports an error: a context broken for good leaves its
+ * releases pending (pf_close then waits its timeout), where an event query
+ * would fail.  One reason marks are not the default. */
 static int mark_done(void *mark)
 {
 	const struct pfc_mark *m = mark;
 
+	m->c->counts.mark_checks++;
 	return pfcuda_mark_done(m->c->marks, m->i, m->value);
 }
 
+/* Back to the idle marks, once its write has landed.  One dropped while
+ * its write is still queued (a release let go of on a broken connection)
+ * is set aside for good: reused at once, on another stream, its old write
+ * could land after the new one and hide it. */
 static void mark_put(void *mark)
 {
 	struct pfc_mark *m = mark;
 
+	if (!pfcuda_mark_done(m->c->marks, m->i, m->value))
+		return;
 	m->c->mark_free[m->c->nmark_free++] = m->i;
 }
 
@@ -1164,8 +1174,6 @@ int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream)
 		rc = pfcuda_event_record(c->cuda, e->ev, stream, why, sizeof(why));
 	}
 	PFC_TADD(c, event_ns, t0);
-	c->counts.records++;
-	c->counts.marks += m != NULL;
 	if (rc) {
 		if (e)
 			event_put(e);
@@ -1173,6 +1181,8 @@ int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream)
 		return pfc_set_err(c, rc, "pf_release: cannot record on stream %p: %s", stream,
 				   why);
 	}
+	c->counts.records++;
+	c->counts.marks += m != NULL;
 	/* Client copies: only the buffer comes back. */
 	queue_release(c, r, b, m ? (void *)m : (void *)e, stream, b->dbuf);
 	if (m) {
@@ -1295,7 +1305,7 @@ static int copy_batch(struct pf_client *c, struct pfc_batch *b, bool ahead)
 	dst = c->dbufs[j];
 	rc = pfcuda_gather_copy(c->gather, dst, b->host, (size_t)c->slot_bytes, e->ev, done->ev,
 				why, sizeof(why));
-	c->counts.copies++;
+	c->counts.copies += rc == 0;
 	if (rc) {
 		/* Later copies into it queue behind this one on the same
 		 * stream: it may go back at once. */

@@ -393,7 +393,8 @@ struct pf_client {
 		uint64_t frames;			   /* BatchReady taken in */
 		uint64_t launches, grouped;		   /* gathers: launches, batches */
 		uint64_t copies, records, waits, queries;  /* copies, event calls */
-		uint64_t marks; /* of the records, marks (pfc_mark) */
+		uint64_t marks;	      /* of the records, marks (pfc_mark) */
+		uint64_t mark_checks; /* marks read (free, unlike event queries) */
 		/* Time in them (only with $PREFETCH_CLIENT_COUNTERS): sends,
 		 * reads, frames decoded, BatchReady handled (its gather or
 		 * copy included), gather launches, event records, waits and
