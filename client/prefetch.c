@@ -254,8 +254,9 @@ PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
 			pfcuda_gather_open(c->cuda, &c->gather, NULL, 0);
 		/* Releases wait for events unless $PREFETCH_CLIENT_MARKS=1:
 		 * a mark's write, a memory barrier on the trainer's stream
-		 * after every step, cost a compute-bound step +1.7-3.3%
-		 * against +0.5-1.0% with events (bench/NOTES.md, run 43). */
+		 * after every step, cost a compute-bound step +3.32% and
+		 * +1.71% (pool off, on) against +0.96% and +0.54% with events
+		 * (bench/NOTES.md, run 43). */
 		c->no_marks = !env_says_yes("PREFETCH_CLIENT_MARKS");
 	}
 	rc = keep_open_opts(c, opts);
