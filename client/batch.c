@@ -1054,105 +1054,23 @@ static void event_put(void *event)
 	e->c->events = e;
 }
 
-/* Marks at most a client has in flight: a session's slots, plus device
- * buffers, are far fewer; past this, releases use events. */
-#define PFC_MARKS 512
-
-/* A mark never reports an error: a context broken for good leaves its
- * releases pending (pf_close then waits its timeout), where an event query
- * would fail.  One reason marks are not the default. */
-static int mark_done(void *mark)
-{
-	const struct pfc_mark *m = mark;
-
-	m->c->counts.mark_checks++;
-	return pfcuda_mark_done(m->c->marks, m->i, m->value);
-}
-
-/* Back to the idle marks, once its write has landed.  One dropped while
- * its write is still queued (a release let go of on a broken connection)
- * is set aside for good: reused at once, on another stream, its old write
- * could land after the new one and hide it. */
-static void mark_put(void *mark)
-{
-	struct pfc_mark *m = mark;
-
-	if (!pfcuda_mark_done(m->c->marks, m->i, m->value))
-		return;
-	m->c->mark_free[m->c->nmark_free++] = m->i;
-}
-
-/* Makes the client's marks; false (events from now on) where the driver
- * cannot write from a stream, or memory is short. */
-static bool marks_open(struct pf_client *c)
-{
-	if (pfcuda_marks_open(c->cuda, PFC_MARKS, &c->marks, NULL, 0) == 0) {
-		c->mark = calloc(PFC_MARKS, sizeof(*c->mark));
-		c->mark_free = calloc(PFC_MARKS, sizeof(*c->mark_free));
-		if (c->mark && c->mark_free) {
-			for (uint32_t i = 0; i < PFC_MARKS; i++) {
-				c->mark[i].c = c;
-				c->mark[i].i = i;
-				c->mark_free[i] = PFC_MARKS - 1 - i;
-			}
-			c->nmark_free = PFC_MARKS;
-			return true;
-		}
-	}
-	pfc_close_marks(c);
-	c->no_marks = true;
-	return false;
-}
-
-void pfc_close_marks(struct pf_client *c)
-{
-	pfcuda_marks_close(c->marks);
-	free(c->mark);
-	free(c->mark_free);
-	c->marks = NULL;
-	c->mark = NULL;
-	c->mark_free = NULL;
-	c->nmark_free = 0;
-}
-
-/* An idle mark recorded on stream, or NULL: none idle, or no marks here
- * (the caller records an event, and says what went wrong if that fails
- * too).  A driver that cannot write from a stream is asked once. */
-static struct pfc_mark *mark_record(struct pf_client *c, void *stream)
-{
-	struct pfc_mark *m;
-	int rc;
-
-	if (c->no_marks || (!c->marks && !marks_open(c)) || !c->nmark_free)
-		return NULL;
-	m = &c->mark[c->mark_free[c->nmark_free - 1]];
-	if (++c->mark_value == 0)
-		c->mark_value = 1;
-	rc = pfcuda_mark_record(c->marks, m->i, c->mark_value, stream, NULL, 0);
-	if (rc) {
-		if (rc == -EOPNOTSUPP)
-			c->no_marks = true;
-		return NULL;
-	}
-	c->nmark_free--;
-	m->value = c->mark_value;
-	return m;
-}
-
 /* Queues the release of a device batch behind the work queued on stream so
- * far: done once a mark, else an event, recorded there has come.  0, or
- * -errno with the batch still held by the caller. */
+ * far.  0, or -errno with the batch still held by the caller. */
 int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream)
 {
 	struct pfc_release *r = calloc(1, sizeof(*r));
-	struct pfc_event *e = NULL;
-	struct pfc_mark *m = NULL;
+	struct pfc_event *e;
 	char why[256];
 	int64_t t0;
-	int rc = 0;
+	int rc;
 
 	if (!r)
 		return pfc_set_err(c, -ENOMEM, "out of memory");
+	rc = event_get(c, "pf_release", &e);
+	if (rc) {
+		free(r);
+		return rc;
+	}
 	/* The slot is rewritten after this release: its gather must be done
 	 * too, even if the trainer releases it on another stream (on the one
 	 * pf_next ordered after the gather, it is already; but the per-thread
@@ -1164,31 +1082,16 @@ int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream)
 		c->counts.waits++;
 	}
 	if (!rc)
-		m = mark_record(c, stream);
-	if (!rc && !m) {
-		rc = event_get(c, "pf_release", &e);
-		if (rc) {
-			free(r);
-			return rc;
-		}
 		rc = pfcuda_event_record(c->cuda, e->ev, stream, why, sizeof(why));
-	}
 	PFC_TADD(c, event_ns, t0);
 	if (rc) {
-		if (e)
-			event_put(e);
+		event_put(e);
 		free(r);
 		return pfc_set_err(c, rc, "pf_release: cannot record on stream %p: %s", stream,
 				   why);
 	}
 	c->counts.records++;
-	c->counts.marks += m != NULL;
-	/* Client copies: only the buffer comes back. */
-	queue_release(c, r, b, m ? (void *)m : (void *)e, stream, b->dbuf);
-	if (m) {
-		r->done = mark_done;
-		r->free_event = mark_put;
-	}
+	queue_release(c, r, b, e, stream, b->dbuf); /* client copies: only the buffer comes back */
 	return 0;
 }
 
@@ -1442,7 +1345,6 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 		 * event stays with the batch: its release waits for it too, on
 		 * whatever stream the trainer releases it (pfc_release_after). */
 		char why[256];
-
 		int64_t t0 = PFC_T0(c);
 		bool waited;
 

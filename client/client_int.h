@@ -191,16 +191,6 @@ struct pfc_event {
 	struct pfc_event *next;
 };
 
-/* A release's mark (pfcuda_marks): done once mark i of the client's reads
- * value.  What a release on the trainer's stream waits for where the
- * driver writes from a stream: reading it costs nothing, where each event
- * query costs 1.4-2 us. */
-struct pfc_mark {
-	struct pf_client *c; /* borrowed: its owner */
-	uint32_t i;
-	uint32_t value;
-};
-
 /*
  * A batch from the moment its BatchReady arrives until it is released (data
  * batches) or taken (error batches).  One allocation: the struct, then the
@@ -269,13 +259,6 @@ struct pf_client {
 	char *device;		  /* owned: what the daemon granted */
 	struct pfcuda_dev *cuda;  /* owned: CUDA sessions' device, else NULL */
 	struct pfc_event *events; /* owned: idle events */
-	/* Marks, made at the first release (pfc_mark_record). */
-	struct pfcuda_marks *marks; /* owned */
-	struct pfc_mark *mark;	    /* owned: PFC_MARKS, mark[i].i == i */
-	uint32_t *mark_free;	    /* owned: indices of idle marks */
-	uint32_t nmark_free;
-	uint32_t mark_value; /* the last value given to a mark */
-	bool no_marks;	     /* the driver cannot write from a stream: events only */
 	/* The client's gather (SessionOpened.pool): the kernel and its stream
 	 * (made at pf_open unless $PREFETCH_CLIENT_GATHER is 0), the pool's
 	 * record layout in a parameter block each batch starts from, and the
@@ -393,8 +376,6 @@ struct pf_client {
 		uint64_t frames;			   /* BatchReady taken in */
 		uint64_t launches, grouped;		   /* gathers: launches, batches */
 		uint64_t copies, records, waits, queries;  /* copies, event calls */
-		uint64_t marks;	      /* of the records, marks (pfc_mark) */
-		uint64_t mark_checks; /* marks read (free, unlike event queries) */
 		/* Time in them (only with $PREFETCH_CLIENT_COUNTERS): sends,
 		 * reads, frames decoded, BatchReady handled (its gather or
 		 * copy included), gather launches, event records, waits and
@@ -466,8 +447,6 @@ int pfc_handle_push(struct pf_client *c, Pf__Envelope *env);
 int pfc_handle_unasked(struct pf_client *c, Pf__Envelope *env);
 int pfc_send_probe(struct pf_client *c);
 int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream);
-/* Frees the marks (pf_close, once no release holds one). */
-void pfc_close_marks(struct pf_client *c);
 int pfc_take(struct pf_client *c, struct pf_batch **batch);
 /* Client copies: starts the copies of the batches at the head of the queue,
  * up to PFC_COPY_AHEAD not taken yet.  0, or the error that broke the

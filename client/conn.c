@@ -142,11 +142,11 @@ static int peer_closed(struct pf_client *c)
 	return pfc_conn_fail(c, -ECONNRESET, "%s went away (the connection closed)", c->where);
 }
 
-/* Writes len bytes of frames, waiting until deadline; what names them in an
- * error.  A partial write is the end of the connection. */
 static int send_bytes_now(struct pf_client *c, const uint8_t *frame, size_t len,
 			  int64_t deadline, const char *what);
 
+/* Writes len bytes of frames, waiting until deadline; what names them in an
+ * error.  A partial write is the end of the connection. */
 static int send_bytes(struct pf_client *c, const uint8_t *frame, size_t len, int64_t deadline,
 		      const char *what)
 {

@@ -109,8 +109,6 @@ static struct {
 	PFN_cuMemHostRegister_v6050 mem_host_register;
 	PFN_cuMemHostUnregister_v4000 mem_host_unregister;
 	PFN_cuDeviceGetAttribute_v2000 device_get_attribute;
-	/* Marks (pfcuda_marks_*): optional, events stand in without it. */
-	PFN_cuStreamWriteValue32_v11070 stream_write_value32;
 } drv;
 
 static int cu_errno(CUresult r)
@@ -238,7 +236,6 @@ static void load(void)
 	SYM(mem_host_register, "cuMemHostRegister");
 	SYM(mem_host_unregister, "cuMemHostUnregister");
 	SYM(device_get_attribute, "cuDeviceGetAttribute");
-	SYM(stream_write_value32, "cuStreamWriteValue32");
 	drv.rc = 0;
 #undef SYM
 }
@@ -978,101 +975,6 @@ int pfcuda_stream_wait(struct pfcuda_dev *d, void *stream, void *event, char *ms
 	return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuStreamWaitEvent", msg, msglen);
 }
 
-/* ---- marks -------------------------------------------------------------------- */
-
-struct pfcuda_marks {
-	struct pfcuda_dev *d;	  /* borrowed */
-	volatile uint32_t *words; /* owned, cuMemAllocHost: the stream writes them */
-	CUdeviceptr dev;	  /* words, as the device addresses them */
-	uint32_t n;
-};
-
-int pfcuda_marks_open(struct pfcuda_dev *d, uint32_t n, struct pfcuda_marks **out, char *msg,
-		      size_t msglen)
-{
-	const char *what = "cuMemAllocHost";
-	struct pfcuda_marks *m;
-	void *h = NULL;
-	CUresult r;
-	int rc;
-
-	*out = NULL;
-	if (!drv.stream_write_value32) {
-		set_err(msg, msglen, "this CUDA driver cannot write memory from a stream "
-				     "(no cuStreamWriteValue32)");
-		return -EOPNOTSUPP;
-	}
-	m = calloc(1, sizeof(*m));
-	if (!m) {
-		set_err(msg, msglen, "out of memory");
-		return -ENOMEM;
-	}
-	rc = push(d, msg, msglen);
-	if (rc < 0) {
-		free(m);
-		return rc;
-	}
-	r = drv.mem_alloc_host(&h, (size_t)n * sizeof(uint32_t));
-	if (r == CUDA_SUCCESS) {
-		what = "cuMemHostGetDevicePointer";
-		r = drv.mem_host_get_device_pointer(&m->dev, h, 0);
-		if (r != CUDA_SUCCESS)
-			drv.mem_free_host(h);
-	}
-	pop();
-	if (r != CUDA_SUCCESS) {
-		free(m);
-		return cu_fail(r, what, msg, msglen);
-	}
-	memset(h, 0, (size_t)n * sizeof(uint32_t));
-	m->d = d;
-	m->words = h;
-	m->n = n;
-	*out = m;
-	return 0;
-}
-
-int pfcuda_mark_record(struct pfcuda_marks *m, uint32_t i, uint32_t value, void *stream,
-		       char *msg, size_t msglen)
-{
-	CUresult r;
-	int rc;
-
-	if (i >= m->n || value == 0) {
-		set_err(msg, msglen, "mark %u of %u, value %u: out of range", i, m->n, value);
-		return -EINVAL;
-	}
-	/* Cleared before the write is queued (the queueing is a fence):
-	 * a write of this mark's earlier use has landed, or carries
-	 * another value. */
-	__atomic_store_n(&m->words[i], 0, __ATOMIC_RELAXED);
-	rc = push(m->d, msg, msglen);
-	if (rc < 0)
-		return rc;
-	r = drv.stream_write_value32((CUstream)stream, m->dev + i * sizeof(uint32_t), value,
-				     CU_STREAM_WRITE_VALUE_DEFAULT);
-	pop();
-	return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuStreamWriteValue32", msg, msglen);
-}
-
-int pfcuda_mark_done(struct pfcuda_marks *m, uint32_t i, uint32_t value)
-{
-	return i < m->n && __atomic_load_n(&m->words[i], __ATOMIC_ACQUIRE) == value;
-}
-
-void pfcuda_marks_close(struct pfcuda_marks *m)
-{
-	if (!m)
-		return;
-	/* A write still queued must not land in freed memory. */
-	if (push(m->d, NULL, 0) == 0) {
-		drv.ctx_synchronize();
-		drv.mem_free_host((void *)m->words);
-		pop();
-	}
-	free(m);
-}
-
 #else /* !PF_CUDA: built without the CUDA toolkit */
 
 #include <unistd.h>
@@ -1132,28 +1034,6 @@ int pfcuda_event_create(struct pfcuda_dev *d, void **ev, char *msg, size_t msgle
 int pfcuda_event_record(struct pfcuda_dev *d, void *ev, void *stream, char *msg, size_t msglen)
 {
 	return NO_CUDA(msg, msglen);
-}
-
-int pfcuda_marks_open(struct pfcuda_dev *d, uint32_t n, struct pfcuda_marks **out, char *msg,
-		      size_t msglen)
-{
-	*out = NULL;
-	return NO_CUDA(msg, msglen);
-}
-
-int pfcuda_mark_record(struct pfcuda_marks *m, uint32_t i, uint32_t value, void *stream,
-		       char *msg, size_t msglen)
-{
-	return NO_CUDA(msg, msglen);
-}
-
-int pfcuda_mark_done(struct pfcuda_marks *m, uint32_t i, uint32_t value)
-{
-	return 0;
-}
-
-void pfcuda_marks_close(struct pfcuda_marks *m)
-{
 }
 
 int pfcuda_event_query(struct pfcuda_dev *d, void *ev, char *msg, size_t msglen)

@@ -88,24 +88,6 @@ int pfcuda_event_sync(struct pfcuda_dev *d, void *ev, char *msg, size_t msglen);
 /* NULL is a no-op. */
 void pfcuda_event_destroy(struct pfcuda_dev *d, void *ev);
 
-/* Marks: release events the CPU reads for free.  A mark is a 32-bit word
- * of pinned host memory that a stream writes (cuStreamWriteValue32) once
- * the work queued on it before has run; pfcuda_mark_done reads the word,
- * where cuEventQuery costs 1.4-2 us (bench/NOTES.md).  n marks;
- * -EOPNOTSUPP where the driver cannot write from a stream (events then). */
-struct pfcuda_marks;
-int pfcuda_marks_open(struct pfcuda_dev *d, uint32_t n, struct pfcuda_marks **out, char *msg,
-		      size_t msglen);
-/* Mark i reads value (not 0) once the work queued on stream (as for
- * pfcuda_event_record) so far has run.  Mark i's earlier use must be done,
- * or never be asked about again. */
-int pfcuda_mark_record(struct pfcuda_marks *m, uint32_t i, uint32_t value, void *stream,
-		       char *msg, size_t msglen);
-/* 1 when mark i reads value, else 0.  Never blocks. */
-int pfcuda_mark_done(struct pfcuda_marks *m, uint32_t i, uint32_t value);
-/* Waits for the writes still queued, then frees the marks.  NULL: no-op. */
-void pfcuda_marks_close(struct pfcuda_marks *m);
-
 /* Waits for all work queued in d's primary context (pf_close, before it
  * unmaps arenas that queued work might still read). */
 int pfcuda_sync(struct pfcuda_dev *d, char *msg, size_t msglen);

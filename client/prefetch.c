@@ -169,14 +169,6 @@ static bool env_says_no(const char *name)
 	return v && strcmp(v, "0") == 0;
 }
 
-/* $name is "1": the trainer asked for that. */
-static bool env_says_yes(const char *name)
-{
-	const char *v = getenv(name);
-
-	return v && strcmp(v, "1") == 0;
-}
-
 /* OpenSession with the kept options. */
 int pfc_send_open(struct pf_client *c, Pf__Envelope **reply)
 {
@@ -252,12 +244,6 @@ PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
 		 * when it does not load, the daemon gathers). */
 		if (!env_says_no("PREFETCH_CLIENT_GATHER"))
 			pfcuda_gather_open(c->cuda, &c->gather, NULL, 0);
-		/* Releases wait for events unless $PREFETCH_CLIENT_MARKS=1:
-		 * a mark's write, a memory barrier on the trainer's stream
-		 * after every step, cost a compute-bound step +3.32% and
-		 * +1.71% (pool off, on) against +0.96% and +0.54% with events
-		 * (bench/NOTES.md, run 43). */
-		c->no_marks = !env_says_yes("PREFETCH_CLIENT_MARKS");
 	}
 	rc = keep_open_opts(c, opts);
 	if (!rc)
@@ -871,14 +857,13 @@ static void print_counts(const struct pf_client *c)
 		"libprefetch: %" PRIu64 " batches taken; per batch: %.2f sends (%.2f us), "
 		"%.2f reads (%.2f empty; %.2f us), %.2f polls, %.2f frames (decoded in %.2f us, "
 		"handled in %.2f us), %.2f gather launches (%.2f batches a launch; %.2f us), "
-		"%.2f copies, %.2f event records (%.2f of them marks), %.2f stream waits, "
-		"%.2f event queries (events %.2f us), %.2f mark checks\n",
+		"%.2f copies, %.2f event records, %.2f stream waits, %.2f event queries "
+		"(events %.2f us)\n",
 		c->batches, k->sends / n, k->send_ns / n / 1e3, k->reads / n, k->empty_reads / n,
 		k->read_ns / n / 1e3, k->polls / n, k->frames / n, k->decode_ns / n / 1e3,
 		k->batch_ns / n / 1e3, k->launches / n,
 		k->launches ? (double)k->grouped / k->launches : 0.0, k->launch_ns / n / 1e3,
-		k->copies / n, k->records / n, k->marks / n, k->waits / n, k->queries / n,
-		k->event_ns / n / 1e3, k->mark_checks / n);
+		k->copies / n, k->records / n, k->waits / n, k->queries / n, k->event_ns / n / 1e3);
 }
 
 PF_API void pf_close(struct pf_client *c)
@@ -932,7 +917,6 @@ PF_API void pf_close(struct pf_client *c)
 		free(r);
 	}
 	pfcuda_gather_close(c->gather);
-	pfc_close_marks(c);
 	while (c->events) {
 		struct pfc_event *e = c->events;
 

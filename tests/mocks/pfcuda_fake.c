@@ -101,7 +101,6 @@ enum op_kind {
 	OP_GROUP,
 	OP_WAIT,
 	OP_BUSY,
-	OP_WRITE, /* a mark: the 32-bit value src into host word dst */
 };
 
 struct fstream;
@@ -140,16 +139,6 @@ struct pfcuda_dev {
 	int ordinal;
 };
 
-struct pfcuda_marks {
-	struct pfcuda_marks *next; /* in fake.marks */
-	uint32_t *words;	   /* owned mapping, a pinned region */
-	size_t map;
-	uint32_t n;
-	struct fstream **stream; /* owned: where mark i was last recorded, or NULL */
-	uint64_t *at;		 /* owned: the stream's ops before that record */
-	int *pending;		 /* owned: checks left that say not done */
-};
-
 struct pfcuda_gather {
 	struct pfcuda_dev *d;	/* borrowed */
 	struct fstream *stream; /* owned (in fake.streams) */
@@ -180,8 +169,6 @@ static struct {
 	struct tombstone *tombs;     /* owned */
 	struct fstream *streams;     /* owned: trainer streams; gather streams borrowed */
 	struct fevent *events;	     /* borrowed: live events */
-	struct pfcuda_marks *marks;  /* borrowed: live marks */
-	bool no_marks;		     /* pfcuda_marks_open says -EOPNOTSUPP */
 	struct {
 		uint64_t serial;
 		int fd; /* owned duplicate */
@@ -201,7 +188,6 @@ static void set_defaults(void)
 	fake.host_copy = true;
 	fake.group = true;
 	fake.fail_allocs = 0;
-	fake.no_marks = false;
 	fake.free_bytes = FAKE_DEFAULT_MEM;
 	fake.total_bytes = FAKE_DEFAULT_MEM;
 }
@@ -519,16 +505,6 @@ static void exec(struct op *op)
 	case OP_GROUP: run_group(op->g, op->pg); break;
 	case OP_WAIT: break;
 	case OP_BUSY: fake.tokens[op->token] = TOKEN_DONE; break;
-	case OP_WRITE:
-		if (!host_ok(op->dst, sizeof(uint32_t))) {
-			fault("a mark's write to %#llx: not pinned host memory (freed under a "
-			      "queued write?)",
-			      (unsigned long long)op->dst);
-			break;
-		}
-		__atomic_store_n((uint32_t *)(uintptr_t)op->dst, (uint32_t)op->src,
-				 __ATOMIC_RELEASE);
-		break;
 	}
 	op_free(op);
 }
@@ -583,10 +559,6 @@ static void stream_drop(struct fstream *gone)
 	for (struct fevent *e = fake.events; e; e = e->next)
 		if (e->stream == gone)
 			e->stream = NULL;
-	for (struct pfcuda_marks *m = fake.marks; m; m = m->next)
-		for (uint32_t i = 0; i < m->n; i++)
-			if (m->stream[i] == gone)
-				m->stream[i] = NULL;
 	for (size_t i = 0; i < gone->nops; i++)
 		op_free(&gone->ops[i]);
 	free(gone->ops);
@@ -651,13 +623,6 @@ void pfcuda_fake_set_event_delay(int queries)
 {
 	lock();
 	fake.event_delay = queries < 0 ? 0 : queries;
-	unlock();
-}
-
-void pfcuda_fake_set_marks(int yes)
-{
-	lock();
-	fake.no_marks = yes == 0;
 	unlock();
 }
 
@@ -978,126 +943,6 @@ int pfcuda_event_record(struct pfcuda_dev *d, void *ev, void *stream, char *msg,
 		return -ENOMEM;
 	}
 	return 0;
-}
-
-int pfcuda_marks_open(struct pfcuda_dev *d, uint32_t n, struct pfcuda_marks **out, char *msg,
-		      size_t msglen)
-{
-	const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-	struct pfcuda_marks *m = NULL;
-	void *p = MAP_FAILED;
-	int rc = -ENOMEM;
-
-	*out = NULL;
-	lock();
-	if (fake.no_marks) {
-		unlock();
-		set_err(msg, msglen, "fake CUDA: no cuStreamWriteValue32");
-		return -EOPNOTSUPP;
-	}
-	m = calloc(1, sizeof(*m));
-	if (m) {
-		m->n = n;
-		m->map = align_up((size_t)n * sizeof(uint32_t), page);
-		m->stream = calloc(n, sizeof(*m->stream));
-		m->at = calloc(n, sizeof(*m->at));
-		m->pending = calloc(n, sizeof(*m->pending));
-		p = mmap(NULL, m->map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	}
-	if (m && m->stream && m->at && m->pending && p != MAP_FAILED)
-		rc = region_add(REGION_DEVICE, true, (uint64_t)(uintptr_t)p, m->map);
-	if (rc) {
-		if (p != MAP_FAILED)
-			munmap(p, m->map);
-		if (m) {
-			free(m->stream);
-			free(m->at);
-			free(m->pending);
-		}
-		free(m);
-		unlock();
-		set_err(msg, msglen, "fake CUDA: out of pinned memory");
-		return rc;
-	}
-	m->words = p;
-	m->next = fake.marks;
-	fake.marks = m;
-	unlock();
-	*out = m;
-	return 0;
-}
-
-int pfcuda_mark_record(struct pfcuda_marks *m, uint32_t i, uint32_t value, void *stream,
-		       char *msg, size_t msglen)
-{
-	struct op op = {.kind = OP_WRITE, .src = value};
-	struct fstream *s;
-	int rc = -ENOMEM;
-
-	if (i >= m->n || value == 0) {
-		set_err(msg, msglen, "fake CUDA: mark %u of %u, value %u", i, m->n, value);
-		return -EINVAL;
-	}
-	lock();
-	__atomic_store_n(&m->words[i], 0, __ATOMIC_RELAXED);
-	op.dst = (uint64_t)(uintptr_t)&m->words[i];
-	s = trainer_stream(stream);
-	if (s)
-		rc = queue_op(s, &op);
-	if (!rc) {
-		m->stream[i] = s;
-		m->at[i] = s->queued;
-		m->pending[i] = fake.event_delay;
-		fake.n.mark_records++;
-	}
-	unlock();
-	if (rc)
-		set_err(msg, msglen, "out of memory");
-	return rc;
-}
-
-int pfcuda_mark_done(struct pfcuda_marks *m, uint32_t i, uint32_t value)
-{
-	int done;
-
-	if (i >= m->n)
-		return 0;
-	lock();
-	fake.n.mark_checks++;
-	/* The real word is written by the GPU on its own: here the stream
-	 * runs (up to the write, not past busy work) when it is looked at. */
-	if (m->pending[i] > 0) {
-		m->pending[i]--;
-	} else if (m->stream[i] && __atomic_load_n(&m->words[i], __ATOMIC_ACQUIRE) != value) {
-		run_to(m->stream[i], m->at[i], false);
-	}
-	done = __atomic_load_n(&m->words[i], __ATOMIC_ACQUIRE) == value;
-	unlock();
-	return done;
-}
-
-void pfcuda_marks_close(struct pfcuda_marks *m)
-{
-	if (!m)
-		return;
-	lock();
-	/* As the real one: the writes still queued land first. */
-	for (uint32_t i = 0; i < m->n; i++)
-		if (m->stream[i])
-			run_to(m->stream[i], m->at[i], true);
-	for (struct pfcuda_marks **pp = &fake.marks; *pp; pp = &(*pp)->next) {
-		if (*pp == m) {
-			*pp = m->next;
-			break;
-		}
-	}
-	region_take(REGION_DEVICE, (uint64_t)(uintptr_t)m->words);
-	bury(m->words, m->map);
-	unlock();
-	free(m->stream);
-	free(m->at);
-	free(m->pending);
-	free(m);
 }
 
 int pfcuda_event_query(struct pfcuda_dev *d, void *ev, char *msg, size_t msglen)

@@ -45,8 +45,6 @@ struct pfcuda_fake_counts {
 	uint64_t copies_run;	 /* of those, run */
 	uint64_t gathers_run;	 /* batches gathered (alone or in a group) */
 	uint64_t event_queries;
-	uint64_t mark_records; /* pfcuda_mark_record calls */
-	uint64_t mark_checks;  /* pfcuda_mark_done calls */
 	uint64_t event_syncs;
 	uint64_t stream_waits;
 	uint64_t syncs;	       /* pfcuda_sync and pfcuda_gather_sync */
@@ -67,9 +65,6 @@ void pfcuda_fake_counts(struct pfcuda_fake_counts *out);
 /* Every event recorded from now on reports -EAGAIN to this many queries
  * before it may complete. */
 void pfcuda_fake_set_event_delay(int queries);
-/* 0: pfcuda_marks_open says -EOPNOTSUPP (a driver without
- * cuStreamWriteValue32), so the client falls back to events. */
-void pfcuda_fake_set_marks(int yes);
 /* Whether pfcuda_can_copy_from_host says yes (client copies offered). */
 void pfcuda_fake_set_host_copy(int yes);
 /* Whether the module has the group kernel (pfcuda_gather_can_group). */

@@ -879,14 +879,7 @@ static struct ev release_ev(struct fake *f, uint64_t epoch, uint64_t seq)
 /* Whether the fake has seen the Release of batch seq of epoch. */
 static bool released(struct fake *f, uint64_t epoch, uint64_t seq)
 {
-	bool yes = false;
-
-	pthread_mutex_lock(&f->mu);
-	for (int k = 0; k < f->nlog; k++)
-		yes |= f->log[k].kind == EV_RELEASE && f->log[k].epoch == epoch &&
-		       f->log[k].seq == seq;
-	pthread_mutex_unlock(&f->mu);
-	return yes;
+	return release_ev(f, epoch, seq).kind == EV_RELEASE;
 }
 
 static bool wait_released(struct fake *f, uint64_t epoch, uint64_t seq)
@@ -1188,7 +1181,7 @@ static void client_counters_say_what_the_device_side_saw(void **unused)
 	struct pf_batch *b;
 	char line[1024] = "";
 	unsigned long long batches = 0;
-	double v[17] = {0};
+	double v[16] = {0};
 	FILE *out = tmpfile();
 	int saved, got;
 
@@ -1220,11 +1213,11 @@ static void client_counters_say_what_the_device_side_saw(void **unused)
 		     "libprefetch: %llu batches taken; per batch: %lf sends (%lf us), %lf reads "
 		     "(%lf empty; %lf us), %lf polls, %lf frames (decoded in %lf us, handled in "
 		     "%lf us), %lf gather launches (%lf batches a launch; %lf us), %lf copies, %lf "
-		     "event records (%lf of them marks), %lf stream waits, %lf event queries",
+		     "event records, %lf stream waits, %lf event queries",
 		     &batches, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9],
-		     &v[10], &v[11], &v[12], &v[13], &v[16], &v[14], &v[15]);
-	if (got != 18)
-		fail_msg("pf_close printed no counters line (%d fields of 18): %s", got, line);
+		     &v[10], &v[11], &v[12], &v[13], &v[14], &v[15]);
+	if (got != 17)
+		fail_msg("pf_close printed no counters line (%d fields of 17): %s", got, line);
 	assert_int_equal(batches, 6);
 	/* Per batch, to 2 decimals: times 6 within 0.03 of the count. */
 #define ASSERT_PER_BATCH(x, count)                                                      \
@@ -1238,12 +1231,10 @@ static void client_counters_say_what_the_device_side_saw(void **unused)
 	ASSERT_PER_BATCH(v[12], n.copies);
 	ASSERT_PER_BATCH(v[14], n.stream_waits);
 	ASSERT_PER_BATCH(v[15], n.event_queries);
-	ASSERT_PER_BATCH(v[16], n.mark_records);
 #undef ASSERT_PER_BATCH
 	assert_true(fabs(v[10] - 6.0 / (double)(n.launches + n.group_launches)) < 0.006);
-	/* Every release on the trainer's stream waits for an event (marks
-	 * only when asked for). */
-	assert_true(v[0] > 0 && v[2] > 0 && v[13] >= 1.0 && v[16] == 0.0);
+	/* Every release on the trainer's stream waits for an event. */
+	assert_true(v[0] > 0 && v[2] > 0 && v[13] >= 1.0);
 	assert_every_pick_once(seen, 44);
 }
 
@@ -1333,27 +1324,15 @@ static void pooled_release_waits_for_the_trainers_stream_work_on_it(void **unuse
 	fake_finish(f, c);
 }
 
-/* ask: the trainer asked for marks ($PREFETCH_CLIENT_MARKS=1); driver:
- * the driver has them (cuStreamWriteValue32).  Releases wait for marks
- * when both, else for events. */
-static void releases_settled_by_the_newest(bool ask, bool driver)
+static void releases_of_one_stream_are_settled_by_one_query_of_the_newest(void **unused)
 {
-	const bool marks = ask && driver;
 	bool seen[MAX_SAMPLES] = {false};
 	struct pfcuda_fake_counts before, after;
 	struct pf_client *c;
-	struct fake *f;
+	struct fake *f = fake_session(&(struct script){.mode = POOL_FD}, &c);
 	struct pf_batch *b[4];
 	struct seen sn[4];
 	int token = 0;
-
-	if (ask)
-		setenv("PREFETCH_CLIENT_MARKS", "1", 1);
-	f = fake_session(&(struct script){.mode = POOL_FD}, &c);
-	unsetenv("PREFETCH_CLIENT_MARKS");
-	/* After the session's reset of the fake; marks are made at the first
-	 * release. */
-	pfcuda_fake_set_marks(driver);
 
 	assert_int_equal(start(c, PF_ORDER_SEQUENTIAL, 0), 0);
 	for (int i = 0; i < 3; i++) {
@@ -1372,15 +1351,7 @@ static void releases_settled_by_the_newest(bool ask, bool driver)
 	assert_int_equal(pf_release(c, b[3], STREAM_S), 0);
 	pfcuda_fake_counts(&after);
 	/* Four releases of one stream, and the newest answers for all. */
-	if (marks) {
-		/* One read of the newest, then each of the four once more as
-		 * it goes back idle (a mark still pending is set aside). */
-		assert_int_equal(after.mark_checks - before.mark_checks, 1 + 4);
-		assert_int_equal(after.event_queries - before.event_queries, 0);
-	} else {
-		assert_int_equal(after.event_queries - before.event_queries, 1);
-		assert_int_equal(after.mark_records, 0);
-	}
+	assert_int_equal(after.event_queries - before.event_queries, 1);
 	for (int i = 0; i < 4; i++) {
 		assert_true(wait_released(f, 0, (uint64_t)i));
 		check_seen(&sn[i], seen);
@@ -1388,22 +1359,6 @@ static void releases_settled_by_the_newest(bool ask, bool driver)
 	assert_int_equal(drain_epoch(c, STREAM_S, seen), 2);
 	assert_every_pick_once(seen, 44);
 	fake_finish(f, c);
-}
-
-static void releases_of_one_stream_are_settled_by_one_check_of_the_newest_mark(void **unused)
-{
-	releases_settled_by_the_newest(true, true);
-}
-
-static void releases_of_one_stream_are_settled_by_one_query_of_the_newest(void **unused)
-{
-	/* The default: events. */
-	releases_settled_by_the_newest(false, true);
-}
-
-static void marks_asked_of_a_driver_without_them_are_events(void **unused)
-{
-	releases_settled_by_the_newest(true, false);
 }
 
 /* The test asks the fake daemon for slab 1's PoolSlabGone (or a new
@@ -1667,9 +1622,7 @@ int main(void)
 		cmocka_unit_test(
 			pooled_epoch_abandoned_with_gathers_queued_gives_slots_back_after_them),
 		cmocka_unit_test(client_counters_say_what_the_device_side_saw),
-		cmocka_unit_test(releases_of_one_stream_are_settled_by_one_check_of_the_newest_mark),
 		cmocka_unit_test(releases_of_one_stream_are_settled_by_one_query_of_the_newest),
-		cmocka_unit_test(marks_asked_of_a_driver_without_them_are_events),
 		cmocka_unit_test(slab_gone_while_gathers_that_read_it_are_queued_faults_nothing),
 		cmocka_unit_test(slab_replaced_while_gathers_read_the_old_one_faults_nothing),
 		cmocka_unit_test(slab_gone_in_the_read_of_its_batches_launches_their_gathers_first),
