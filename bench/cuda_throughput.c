@@ -833,8 +833,7 @@ static int run_phase(struct bench *bn, const struct phase_opts *o, struct phase_
 		else if (o->next_s)
 			o->next_s[res->nnext++] = dt;
 		if (b->nfields != 1 || b->count == 0 || b->count > bn->batch_rows ||
-		    !b->on_device || !b->data[0] ||
-		    in_epoch_rows + b->count > bn->rows) {
+		    !b->on_device || !b->data[0] || in_epoch_rows + b->count > bn->rows) {
 			rc = td_fail("%s: batch %" PRIu64
 				     ": %u fields, %u rows, %s, data %p (after "
 				     "%" PRIu64 " rows)",
@@ -863,7 +862,8 @@ static int run_phase(struct bench *bn, const struct phase_opts *o, struct phase_
 			spin_until(tn + dt + o->spin_s);
 		if (res->epochs <= (o->epochs ? o->epochs : 1)) {
 			if (o->picks)
-				memcpy(o->picks + res->rows, b->picks, b->count * sizeof(*o->picks));
+				memcpy(o->picks + res->rows, b->picks,
+				       b->count * sizeof(*o->picks));
 			res->rows += b->count;
 		}
 		in_epoch_rows += b->count;
@@ -1540,8 +1540,8 @@ int main(int argc, char **argv)
 	}
 	for (unsigned k = 0; k < TIMED_EPOCHS; k++)
 		if (!td_is_permutation(picks + k * rows, rows, rows)) {
-			td_fail("timed epoch %u of %u did not deliver every row exactly once", k + 1,
-				TIMED_EPOCHS);
+			td_fail("timed epoch %u of %u did not deliver every row exactly once",
+				k + 1, TIMED_EPOCHS);
 			goto out;
 		}
 
@@ -1600,8 +1600,7 @@ int main(int argc, char **argv)
 	       FULL_CHECK_EVERY, TIMED_EPOCHS, rows);
 	printf("timed: %u epochs in a row (seeds %u..%u), %.3f s, of which %.4f s in the first "
 	       "pf_next of the 2nd and later epochs\n",
-	       TIMED_EPOCHS, SHUFFLE_SEED, SHUFFLE_SEED + TIMED_EPOCHS - 1, ep.seconds,
-	       ep.start_s);
+	       TIMED_EPOCHS, SHUFFLE_SEED, SHUFFLE_SEED + TIMED_EPOCHS - 1, ep.seconds, ep.start_s);
 	printf("consumer: waited %.3f s in pf_next, busy %.3f s between calls (pf_stats, from "
 	       "the 1st batch's return)\n",
 	       ep.wait_s, ep.busy_s);

@@ -33,7 +33,7 @@
 #define PFC_TIMEOUT_MS_DEFAULT 10000
 #define PFC_TIMEOUT_ENV	       "PREFETCHD_TIMEOUT_MS"
 /* Set and not "0": pf_close prints what the client did (struct pfc_counts). */
-#define PFC_COUNTERS_ENV       "PREFETCH_CLIENT_COUNTERS"
+#define PFC_COUNTERS_ENV "PREFETCH_CLIENT_COUNTERS"
 /* Hello gets its own, shorter limit: a socket that accepts but never answers
  * (a stale path, the wrong program) should fail pf_connect quickly. */
 #define PFC_HELLO_TIMEOUT_MS 5000
@@ -388,10 +388,10 @@ struct pf_client {
 /* The start of a timed span of counts (0 when c keeps no times). */
 #define PFC_T0(c) ((c)->timing ? mono() : 0)
 /* Adds the span since t0 to counts.field. */
-#define PFC_TADD(c, field, t0)                                 \
-	do {                                                   \
-		if ((c)->timing)                               \
-			(c)->counts.field += (uint64_t)(mono() - (t0)); \
+#define PFC_TADD(c, field, t0)                                                                     \
+	do {                                                                                       \
+		if ((c)->timing)                                                                   \
+			(c)->counts.field += (uint64_t)(mono() - (t0));                            \
 	} while (0)
 
 /* util.h's clock, signed: deadlines here are int64_t with -1 for none, and

@@ -142,8 +142,8 @@ static int peer_closed(struct pf_client *c)
 	return pfc_conn_fail(c, -ECONNRESET, "%s went away (the connection closed)", c->where);
 }
 
-static int send_bytes_now(struct pf_client *c, const uint8_t *frame, size_t len,
-			  int64_t deadline, const char *what);
+static int send_bytes_now(struct pf_client *c, const uint8_t *frame, size_t len, int64_t deadline,
+			  const char *what);
 
 /* Writes len bytes of frames, waiting until deadline; what names them in an
  * error.  A partial write is the end of the connection. */
@@ -157,8 +157,8 @@ static int send_bytes(struct pf_client *c, const uint8_t *frame, size_t len, int
 	return rc;
 }
 
-static int send_bytes_now(struct pf_client *c, const uint8_t *frame, size_t len,
-			  int64_t deadline, const char *what)
+static int send_bytes_now(struct pf_client *c, const uint8_t *frame, size_t len, int64_t deadline,
+			  const char *what)
 {
 	size_t off = 0;
 

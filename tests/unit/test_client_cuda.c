@@ -1220,11 +1220,11 @@ static void client_counters_say_what_the_device_side_saw(void **unused)
 		fail_msg("pf_close printed no counters line (%d fields of 17): %s", got, line);
 	assert_int_equal(batches, 6);
 	/* Per batch, to 2 decimals: times 6 within 0.03 of the count. */
-#define ASSERT_PER_BATCH(x, count)                                                      \
-	do {                                                                            \
-		if (fabs((x) * 6 - (double)(count)) > 0.031)                           \
-			fail_msg("%s: %.2f a batch, the device side saw %llu in 6", #count, \
-				 (x), (unsigned long long)(count));                   \
+#define ASSERT_PER_BATCH(x, count)                                                                 \
+	do {                                                                                       \
+		if (fabs((x)*6 - (double)(count)) > 0.031)                                         \
+			fail_msg("%s: %.2f a batch, the device side saw %llu in 6", #count, (x),   \
+				 (unsigned long long)(count));                                     \
 	} while (0)
 	ASSERT_PER_BATCH(v[6], 6);
 	ASSERT_PER_BATCH(v[9], n.launches + n.group_launches);
