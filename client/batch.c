@@ -61,18 +61,20 @@ static int event_get(struct pf_client *c, const char *what, struct pfc_event **o
 
 	if (e) {
 		c->events = e->next;
-		*out = e;
-		return 0;
+	} else {
+		e = calloc(1, sizeof(*e));
+		if (!e)
+			return pfc_set_err(c, -ENOMEM, "out of memory");
+		e->c = c;
+		rc = pfcuda_event_create(c->cuda, &e->ev, why, sizeof(why));
+		if (rc) {
+			free(e);
+			return pfc_set_err(c, rc, "%s: %s", what, why);
+		}
 	}
-	e = calloc(1, sizeof(*e));
-	if (!e)
-		return pfc_set_err(c, -ENOMEM, "out of memory");
-	e->c = c;
-	rc = pfcuda_event_create(c->cuda, &e->ev, why, sizeof(why));
-	if (rc) {
-		free(e);
-		return pfc_set_err(c, rc, "%s: %s", what, why);
-	}
+	e->refs = 1;
+	e->use = ++c->event_uses;
+	e->next = NULL;
 	*out = e;
 	return 0;
 }
@@ -736,8 +738,7 @@ static int check_gather(struct pf_client *c, const Pf__BatchReady *b, const stru
 int pfc_gather_flush(struct pf_client *c)
 {
 	struct gpu_gather_group p;
-	struct pfc_event *ev[GPU_GATHER_GROUP];
-	void *raw[GPU_GATHER_GROUP];
+	struct pfc_event *ev;
 	uint32_t n = c->ngroup, k;
 	char why[256];
 	int64_t t0;
@@ -749,34 +750,33 @@ int pfc_gather_flush(struct pf_client *c)
 	/* A broken connection's queue is dropped, never taken. */
 	if (c->dead)
 		return pfc_fail_dead(c);
+	/* One event for the launch, shared by its batches (each holds a
+	 * reference): the trainer's stream then waits once for them all
+	 * (pfc_take). */
+	rc = event_get(c, "gather", &ev);
+	if (rc)
+		return pfc_conn_fail(c, rc, "gather of %u batches: %s", n, c->err);
 	memset(&p, 0, sizeof(p));
 	p.g = c->layout;
 	p.n = n;
 	for (k = 0; k < n; k++) {
-		rc = event_get(c, "gather", &ev[k]);
-		if (rc) {
-			snprintf(why, sizeof(why), "%.200s", c->err);
-			goto fail;
-		}
-		raw[k] = ev[k]->ev;
 		p.slot[k] = c->group_slot[k];
 		p.desc[k] = (uint64_t)(uintptr_t)c->group_ids[k];
 		p.first[k + 1] = p.first[k] + c->group[k]->pub.count;
 	}
 	t0 = PFC_T0(c);
-	rc = pfcuda_gather_launch_group(c->gather, &p, raw, why, sizeof(why));
+	rc = pfcuda_gather_launch_group(c->gather, &p, ev->ev, why, sizeof(why));
 	PFC_TADD(c, launch_ns, t0);
-	if (rc)
-		goto fail;
+	if (rc) {
+		event_put(ev);
+		return pfc_conn_fail(c, rc, "gather of %u batches: %s", n, why);
+	}
 	c->counts.launches++;
 	c->counts.grouped += n;
+	ev->refs = n;
 	for (k = 0; k < n; k++)
-		c->group[k]->gather_ev = ev[k];
+		c->group[k]->gather_ev = ev;
 	return 0;
-fail:
-	while (k-- > 0)
-		event_put(ev[k]);
-	return pfc_conn_fail(c, rc, "gather of %u batches: %s", n, why);
 }
 
 /* Queues the batch's assembly on the gather stream, with its end event;
@@ -1046,10 +1046,14 @@ static int event_done(void *event)
 	return rc == 0 ? 1 : rc == -EAGAIN ? 0 : rc;
 }
 
+/* Drops one holder's reference; the last makes the event idle. */
 static void event_put(void *event)
 {
 	struct pfc_event *e = event;
 
+	assert(e->refs > 0);
+	if (--e->refs)
+		return;
 	e->next = e->c->events;
 	e->c->events = e;
 }
@@ -1307,17 +1311,19 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 		}
 	}
 
-	/* With the Releases pf_next has corked, in one write, now: a batch
-	 * whose Ack cannot go is not taken.  One acked at the release before
-	 * it (pfc_ack_ahead) needs no Ack of its own: whatever is corked goes
-	 * now, and with nothing to write a poll, which asks nothing of the
-	 * daemon, says whether it is still there, as the write would have. */
+	/* With the Releases pf_next has corked, in one write: a batch whose
+	 * Ack cannot go is not taken.  One acked at the release before it
+	 * (pfc_ack_ahead) needs no Ack of its own.  When nothing is to be
+	 * written, or the write is held for a later call (a trainer calling
+	 * again within PFC_WRITE_LINGER_NS), a poll, which asks nothing of
+	 * the daemon, says whether it is still there, as the write would
+	 * have. */
 	if (b->acked) {
-		rc = c->out_len ? pfc_uncork(c) : pfc_check_peer(c);
+		rc = pfc_write_or_check(c);
 	} else {
 		rc = send_ack(c, b);
 		if (!rc)
-			rc = pfc_uncork(c);
+			rc = pfc_write_or_check(c);
 	}
 	if (rc) {
 		/* Not taken: a restarted epoch delivers it again. */
@@ -1343,16 +1349,27 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 		/* The trainer's stream waits for the batch's assembly, a gather
 		 * or a copy (should the wait fail, the CPU waits instead).  The
 		 * event stays with the batch: its release waits for it too, on
-		 * whatever stream the trainer releases it (pfc_release_after). */
+		 * whatever stream the trainer releases it (pfc_release_after).
+		 * A batch of the launch the stream last waited for needs no
+		 * wait of its own: that wait covers the whole launch. */
 		char why[256];
 		int64_t t0 = PFC_T0(c);
-		bool waited;
+		bool waited = !c->sync_take && c->use_stream != PFC_STREAM_PER_THREAD &&
+			      c->waited_ev == b->gather_ev && c->waited_use == b->gather_ev->use &&
+			      c->waited_on == c->use_stream;
 
 		why[0] = '\0';
-		c->counts.waits += !c->sync_take;
-		waited = !c->sync_take &&
-			 !pfcuda_stream_wait(c->cuda, c->use_stream, b->gather_ev->ev, NULL, 0);
-		PFC_TADD(c, event_ns, t0);
+		if (!waited && !c->sync_take) {
+			c->counts.waits++;
+			waited = !pfcuda_stream_wait(c->cuda, c->use_stream, b->gather_ev->ev,
+						     NULL, 0);
+			PFC_TADD(c, event_ns, t0);
+			if (waited) {
+				c->waited_ev = b->gather_ev;
+				c->waited_use = b->gather_ev->use;
+				c->waited_on = c->use_stream;
+			}
+		}
 		if (!waited)
 			rc = pfcuda_event_sync(c->cuda, b->gather_ev->ev, why, sizeof(why));
 		else {

@@ -141,10 +141,11 @@ bool pfcuda_gather_can_group(const struct pfcuda_gather *g);
 /* Queues p->n batches of pool hits in one launch (gather.h's struct
  * gpu_gather_group: p->g in entry mode, its bases, nbases, admit and
  * nstaged filled in here; each desc[k] the host address of batch k's index
- * inside the staging buffer, left alone until its event), then records
- * events[k] for batch k, all after it.  -EINVAL without the group kernel. */
-int pfcuda_gather_launch_group(struct pfcuda_gather *g, struct gpu_gather_group *p,
-			       void *const *events, char *msg, size_t msglen);
+ * inside the staging buffer, left alone until the event), then records
+ * event after it, once for all the batches.  -EINVAL without the group
+ * kernel. */
+int pfcuda_gather_launch_group(struct pfcuda_gather *g, struct gpu_gather_group *p, void *event,
+			       char *msg, size_t msglen);
 /* Makes stream (NULL: the legacy default stream) wait for event. */
 int pfcuda_stream_wait(struct pfcuda_dev *d, void *stream, void *event, char *msg, size_t msglen);
 

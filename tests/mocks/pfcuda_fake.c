@@ -1284,8 +1284,8 @@ bool pfcuda_gather_can_group(const struct pfcuda_gather *g)
 	return yes;
 }
 
-int pfcuda_gather_launch_group(struct pfcuda_gather *g, struct gpu_gather_group *p,
-			       void *const *events, char *msg, size_t msglen)
+int pfcuda_gather_launch_group(struct pfcuda_gather *g, struct gpu_gather_group *p, void *event,
+			       char *msg, size_t msglen)
 {
 	struct op op = {.kind = OP_GROUP, .g = g};
 	int rc = 0;
@@ -1323,9 +1323,8 @@ int pfcuda_gather_launch_group(struct pfcuda_gather *g, struct gpu_gather_group 
 		for (uint32_t k = 0; k < p->n; k++)
 			log_slot(p->slot[k]);
 	}
-	/* One event a batch, all at the same point of the stream. */
-	for (uint32_t k = 0; k < p->n; k++)
-		record(events[k], g->stream);
+	/* One event for the launch. */
+	record(event, g->stream);
 out:
 	unlock();
 	if (rc)

@@ -1324,6 +1324,83 @@ static void pooled_release_waits_for_the_trainers_stream_work_on_it(void **unuse
 	fake_finish(f, c);
 }
 
+/* The batches of one group launch share its event: the trainer's stream
+ * waits on it once for all of them, and a batch of that launch taken on
+ * another stream makes that stream wait too. */
+static void batches_of_one_launch_make_each_stream_wait_once(void **unused)
+{
+	bool seen[MAX_SAMPLES] = {false};
+	struct pfcuda_fake_counts n;
+	struct pf_client *c;
+	struct fake *f = fake_session(&(struct script){.mode = POOL_FD}, &c);
+	struct pf_batch *b[4];
+	void *on[4] = {STREAM_S, STREAM_S, STREAM_S, STREAM_T};
+
+	assert_int_equal(start(c, PF_ORDER_SHUFFLE, 5), 0);
+	for (int k = 0; k < 4; k++) {
+		b[k] = take_checked(c, on[k], seen);
+		assert_non_null(b[k]);
+	}
+	pfcuda_fake_counts(&n);
+	/* Batches 0..3 came with EpochStarted: one launch, one event. */
+	assert_int_equal(n.group_launches, 1);
+	assert_int_equal(n.group_batches, 4);
+	assert_int_equal(n.stream_waits, 2);
+	for (int k = 0; k < 4; k++)
+		assert_int_equal(pf_release(c, b[k], on[k]), 0);
+	/* Released on the streams they were taken for: no more waits. */
+	pfcuda_fake_counts(&n);
+	assert_int_equal(n.stream_waits, 2);
+	assert_int_equal(drain_epoch(c, STREAM_S, seen), 2);
+	assert_every_pick_once(seen, 44);
+	fake_finish(f, c);
+}
+
+/* pf_release_next in a loop that keeps up with the daemon: its writes may
+ * be held for a later call, but never while the client waits (with one
+ * slot, behind the release that gives it back); by the epoch's end every
+ * Ack has arrived, and every slot comes back. */
+static void tight_loop(uint32_t target, uint32_t slots)
+{
+	bool seen[MAX_SAMPLES] = {false};
+	struct pf_client *c;
+	struct fake *f = fake_session(
+		&(struct script){.mode = POOL_FD, .target = target, .slots = slots}, &c);
+	struct pf_batch *b = NULL, *prev = NULL;
+	int taken = 0;
+
+	assert_int_equal(start(c, PF_ORDER_SHUFFLE, 3), 0);
+	for (;;) {
+		struct seen sn;
+
+		assert_int_equal(pf_release_next(c, prev, STREAM_S, 2000, &b), 0);
+		if (!b)
+			break;
+		use_batch(b, STREAM_S, &sn);
+		assert_int_equal(pfcuda_fake_stream_sync(STREAM_S), 0);
+		check_seen(&sn, seen);
+		prev = b;
+		taken++;
+	}
+	assert_int_equal(taken, 6);
+	assert_every_pick_once(seen, 44);
+	assert_int_equal(wait_ev(f, EV_ACK, 6), 6);
+	/* The releases still waiting for the trainer's stream go with the
+	 * next call, here pf_close: fake_finish fails on a slot that never
+	 * came back. */
+	fake_finish(f, c);
+}
+
+static void tight_loop_on_one_slot_never_holds_the_release_it_waits_for(void **unused)
+{
+	tight_loop(1, 1);
+}
+
+static void tight_loop_with_batches_ahead_loses_no_release_or_ack(void **unused)
+{
+	tight_loop(4, 6);
+}
+
 static void releases_of_one_stream_are_settled_by_one_query_of_the_newest(void **unused)
 {
 	bool seen[MAX_SAMPLES] = {false};
@@ -1623,6 +1700,9 @@ int main(void)
 			pooled_epoch_abandoned_with_gathers_queued_gives_slots_back_after_them),
 		cmocka_unit_test(client_counters_say_what_the_device_side_saw),
 		cmocka_unit_test(releases_of_one_stream_are_settled_by_one_query_of_the_newest),
+		cmocka_unit_test(batches_of_one_launch_make_each_stream_wait_once),
+		cmocka_unit_test(tight_loop_on_one_slot_never_holds_the_release_it_waits_for),
+		cmocka_unit_test(tight_loop_with_batches_ahead_loses_no_release_or_ack),
 		cmocka_unit_test(slab_gone_while_gathers_that_read_it_are_queued_faults_nothing),
 		cmocka_unit_test(slab_replaced_while_gathers_read_the_old_one_faults_nothing),
 		cmocka_unit_test(slab_gone_in_the_read_of_its_batches_launches_their_gathers_first),
