@@ -1361,8 +1361,8 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 		why[0] = '\0';
 		if (!waited && !c->sync_take) {
 			c->counts.waits++;
-			waited = !pfcuda_stream_wait(c->cuda, c->use_stream, b->gather_ev->ev,
-						     NULL, 0);
+			waited = !pfcuda_stream_wait(c->cuda, c->use_stream, b->gather_ev->ev, NULL,
+						     0);
 			PFC_TADD(c, event_ns, t0);
 			if (waited) {
 				c->waited_ev = b->gather_ev;

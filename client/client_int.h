@@ -300,7 +300,7 @@ struct pf_client {
 	struct pfc_batch *group[GPU_GATHER_GROUP];
 	const void *group_ids[GPU_GATHER_GROUP];
 	uint64_t group_slot[GPU_GATHER_GROUP]; /* device address of each one's slot */
-	uint64_t event_uses; /* events taken so far (pfc_event.use) */
+	uint64_t event_uses;		       /* events taken so far (pfc_event.use) */
 	/* The last gather event a take made a stream wait on: a batch of the
 	 * same launch used on the same stream needs no wait of its own. */
 	const struct pfc_event *waited_ev; /* borrowed: compared, never read */

@@ -267,8 +267,8 @@ bool pfc_write_due(const struct pf_client *c)
 	 * Acks and Releases come in, then hears of them before the trainer
 	 * runs short (at a small depth, one held Ack is the daemon's whole
 	 * room to send). */
-	return !c->last_write_ns || c->nqueued < PFC_READ_AHEAD ||
-	       c->out_len >= PFC_LINGER_BYTES || mono() - c->last_write_ns >= PFC_WRITE_LINGER_NS;
+	return !c->last_write_ns || c->nqueued < PFC_READ_AHEAD || c->out_len >= PFC_LINGER_BYTES ||
+	       mono() - c->last_write_ns >= PFC_WRITE_LINGER_NS;
 }
 
 int pfc_uncork_lazy(struct pf_client *c)
