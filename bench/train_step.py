@@ -678,7 +678,9 @@ def parse_args(argv):
     ap.add_argument("--cuda-bench", default=os.path.join(REPO, "build", "bench",
                                                          "cuda_throughput"))
     ap.add_argument("--step-copies", type=float, default=4.0)
-    ap.add_argument("--skip", default="", help="comma list: dataloader,tight,sweep,checks")
+    ap.add_argument("--skip", default="",
+                    help="comma list: dataloader,tight,sweep,checks; and, for diagnostics, "
+                    "compute (prefetchd's compute loops), tight-off (the pool-off tight loop)")
     ap.add_argument("--sweep-readers", default="4,6,8,13,16")
     ap.add_argument("--sweep-ring", default="256M,512M,1G")
     ap.add_argument("--mps", action="store_true")
@@ -757,6 +759,8 @@ def main(argv=None):
         runs += [("pool=off,readers=4", False, "readers = 4\n"),
                  ("pool=off,readers=13", False, "readers = 13\n")]
     for tag, pool, lines in runs:
+        if "compute" in skip:
+            break
         if tag.endswith("daemon-gather"):
             os.environ["PREFETCH_CLIENT_GATHER"] = "0"
         log("%s: compute loop" % tag)
@@ -794,6 +798,8 @@ def main(argv=None):
     tight = {}
     if "tight" not in skip:
         for tag, pool, lines in runs:
+            if tag == "pool=off" and "tight-off" in skip:
+                continue
             log("%s: tight loop" % tag)
             try:
                 tight[tag] = run_prefetchd(ctx, tag + "-tight", pool, lines, False,
@@ -879,6 +885,8 @@ def main(argv=None):
         print("tight loop (no compute), through Python:")
         for tag in ("pool=off", "pool=on"):
             r = tight.get(tag) or {}
+            if not r:
+                continue
             if "error" in r:
                 print("  %-10s failed: %s" % (tag, r["error"]))
                 continue
@@ -924,6 +932,8 @@ def main(argv=None):
         r = loaders.get(tag) or {}
         if "step_s" in r:
             print("overhead %s: %.2f%%" % (tag, (r["step_s"] / t0 - 1) * 100))
+        elif "compute" in skip:
+            print("overhead %s: not measured (--skip compute)" % tag)
         else:
             print("overhead %s: failed" % tag)
     if args.json:
