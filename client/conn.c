@@ -284,7 +284,6 @@ int pfc_write_or_check(struct pf_client *c)
 {
 	if (c->out_len && pfc_write_due(c))
 		return pfc_uncork(c);
-	c->counts.held_writes += c->out_len != 0;
 	return pfc_check_peer(c);
 }
 
