@@ -21,6 +21,8 @@ static void work(uv_work_t *w)
 	char err[200];
 
 	order_lower_priority();
+	free(a->freeing);
+	a->freeing = NULL;
 	a->rc = order_build(&a->spec, a->space, &a->picks, &a->npicks, err, sizeof(err));
 }
 
@@ -71,6 +73,10 @@ static void work_done(uv_work_t *w, int status)
 	    !(a->ready && same_order(&a->spec, a->space, &a->again_spec, a->again_space)))
 		ahead_queue(a, &a->again_spec, a->again_space);
 	a->again = false;
+	if (!a->busy) { /* no build to take it after all */
+		free(a->garbage);
+		a->garbage = NULL;
+	}
 	a->done(a);
 }
 
@@ -81,8 +87,32 @@ static void ahead_queue(struct ahead *a, const struct order_spec *spec, uint64_t
 	a->ready = false;
 	a->spec = order_of(spec);
 	a->space = space;
-	if (uv_queue_work(a->loop, &a->work, work, work_done) == 0)
+	a->freeing = a->garbage;
+	a->garbage = NULL;
+	if (uv_queue_work(a->loop, &a->work, work, work_done) == 0) {
 		a->busy = true;
+	} else {
+		free(a->freeing);
+		a->freeing = NULL;
+	}
+}
+
+void ahead_discard(struct ahead *a, uint64_t *picks)
+{
+	if (!picks)
+		return;
+	free(a->garbage); /* one no build took (a burst of epochs): here, then */
+	a->garbage = picks;
+}
+
+void ahead_discard_now(struct ahead *a)
+{
+	/* A busy build queues the next one as it comes back (again), which
+	 * takes the garbage along; without that, nothing will. */
+	if (a->busy && a->again && !a->cancelled)
+		return;
+	free(a->garbage);
+	a->garbage = NULL;
 }
 
 void ahead_init(struct ahead *a, uv_loop_t *loop, void (*done)(struct ahead *a))
@@ -127,6 +157,8 @@ void ahead_cancel(struct ahead *a)
 {
 	a->cancelled = true;
 	a->again = false;
+	free(a->garbage);
+	a->garbage = NULL;
 	if (!a->busy) {
 		free(a->picks);
 		a->picks = NULL;

@@ -40,6 +40,14 @@ struct ahead {
 	bool again;
 	struct order_spec again_spec;
 	uint64_t again_space;
+	/* An order the session is done with (ahead_discard): freed by the
+	 * next build, on the pool thread, not on the loop.  A free() of 8 MiB
+	 * of picks is a munmap of 0.4-0.7 ms (glibc maps big blocks of its
+	 * own until its threshold has grown), which held the first batch of
+	 * the 2nd and 3rd epochs (bench/NOTES.md, run 45).  garbage: the
+	 * loop's, until a build is queued; freeing: that build's. */
+	uint64_t *garbage;
+	uint64_t *freeing;
 	/* Loop thread: a build came back (busy is false unless another one
 	 * was queued after it). */
 	void (*done)(struct ahead *a);
@@ -54,6 +62,15 @@ void ahead_epoch_started(struct ahead *a, const struct order_spec *spec, uint64_
  * to the caller, with its length in *npicks); else NULL. */
 uint64_t *ahead_take(struct ahead *a, const struct order_spec *spec, uint64_t space,
 		     uint64_t *npicks);
+/* Hands over picks (an order the caller is done with; NULL is a no-op),
+ * to be freed by the next build ahead_epoch_started queues, off the loop.
+ * Call ahead_discard_now after ahead_epoch_started: what no build took is
+ * freed there. */
+void ahead_discard(struct ahead *a, uint64_t *picks);
+/* Frees what ahead_discard kept and no build took: when a build is busy,
+ * it waits for the one queued after it (ahead_epoch_started's again); else
+ * freed now. */
+void ahead_discard_now(struct ahead *a);
 /* No more builds; frees the order kept.  Call again once not busy. */
 void ahead_cancel(struct ahead *a);
 /* The order ready ahead, taken by a session that is going (kept for the

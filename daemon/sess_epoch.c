@@ -567,7 +567,9 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 	/* Accepted: the epoch switches now. */
 	new_epoch(s, req->epoch, req->start_batch);
 	s->paced = false;
-	free(s->picks);
+	/* The last epoch's order goes with the next build ahead, off the
+	 * loop (ahead_discard; freed below if no build takes it). */
+	ahead_discard(&s->ahead, s->picks);
 	s->picks = NULL;
 	sess_give(s, &s->order_held, s->order_held);
 	s->npicks = nshare;
@@ -598,6 +600,7 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 		s->jobs++;
 		s->builds++;
 	}
+	ahead_discard_now(&s->ahead);
 	msg.epoch = s->epoch;
 	msg.batches = nbatches - req->start_batch;
 	msg.samples = nshare;

@@ -625,6 +625,35 @@ static void a_host_epoch_delivers_every_sample_once_with_its_bytes(void **state)
 	assert_int_equal(consume_epoch(f, 2, &spec, 32), 10);
 }
 
+/* The order of the epoch that ended is freed by the next build ahead, on
+ * the pool thread, not on the loop in front of the next epoch's first
+ * batch; an epoch after which nothing is built ahead frees it at once. */
+static void the_last_epochs_order_is_freed_by_the_next_build(void **state)
+{
+	struct fixture *f = *state;
+	struct order_spec spec = {.kind = ORDER_SHUFFLE, .seed = 7};
+
+	open_session(f, "host", 32, 0);
+	start_epoch(f, 1, PF__ORDER__ORDER_SHUFFLE, 7);
+	assert_int_equal(consume_epoch(f, 1, &spec, 32), 10);
+	run_until(f, no_jobs);
+	assert_true(f->s->ahead.ready);
+	spec.seed = 8;
+	start_epoch(f, 2, PF__ORDER__ORDER_SHUFFLE, 8);
+	/* Epoch 1's order went with the build of epoch 3's. */
+	assert_null(f->s->ahead.garbage);
+	assert_int_equal(consume_epoch(f, 2, &spec, 32), 10);
+	run_until(f, no_jobs);
+	assert_null(f->s->ahead.freeing);
+	assert_true(f->s->ahead.ready);
+	/* Nothing is built after a sequential epoch: epoch 2's order is
+	 * freed as the epoch starts. */
+	spec = (struct order_spec){.kind = ORDER_SEQ};
+	start_epoch(f, 3, PF__ORDER__ORDER_SEQUENTIAL, 0);
+	assert_null(f->s->ahead.garbage);
+	assert_int_equal(consume_epoch(f, 3, &spec, 32), 10);
+}
+
 /* Starts a block-shuffled epoch of blocks of `rows` and windows of
  * `window`; true when its order was the one built ahead (taken at once,
  * nothing to build). */
@@ -1411,6 +1440,8 @@ int main(void)
 			a_host_epoch_delivers_every_sample_once_with_its_bytes, setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			a_block_shuffled_epoch_has_its_successor_built_ahead, setup, teardown),
+		cmocka_unit_test_setup_teardown(the_last_epochs_order_is_freed_by_the_next_build,
+						setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			an_order_outlives_its_session_for_the_trainer_that_comes_back, setup,
 			teardown),
