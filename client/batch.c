@@ -1311,19 +1311,17 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 		}
 	}
 
-	/* With the Releases pf_next has corked, in one write: a batch whose
-	 * Ack cannot go is not taken.  One acked at the release before it
-	 * (pfc_ack_ahead) needs no Ack of its own.  When nothing is to be
-	 * written, or the write is held for a later call (a trainer calling
-	 * again within PFC_WRITE_LINGER_NS), a poll, which asks nothing of
-	 * the daemon, says whether it is still there, as the write would
-	 * have. */
+	/* With the Releases pf_next has corked, in one write, now: a batch
+	 * whose Ack cannot go is not taken.  One acked at the release before
+	 * it (pfc_ack_ahead) needs no Ack of its own: whatever is corked goes
+	 * now, and with nothing to write a poll, which asks nothing of the
+	 * daemon, says whether it is still there, as the write would have. */
 	if (b->acked) {
-		rc = pfc_write_or_check(c);
+		rc = c->out_len ? pfc_uncork(c) : pfc_check_peer(c);
 	} else {
 		rc = send_ack(c, b);
 		if (!rc)
-			rc = pfc_write_or_check(c);
+			rc = pfc_uncork(c);
 	}
 	if (rc) {
 		/* Not taken: a restarted epoch delivers it again. */

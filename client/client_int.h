@@ -66,18 +66,6 @@
  * (bench/NOTES.md, run 33: every slow hand-off found the queue empty and
  * received, handled and copied its batch itself). */
 #define PFC_READ_AHEAD PFC_COPY_AHEAD
-/* A trainer that calls pf_next again sooner than this after the client's
- * last write has its Acks and Releases held back (pfc_write_due) and
- * written with a later call's: one write for a few batches where a tight
- * loop made one a batch (1.6 us each on an H200, the daemon's wake-up
- * included), and the flushes' event queries go with the writes.  A trainer
- * whose step is longer than this (any trainer with GPU work to do) writes
- * at every call, as before.  Nothing is held while the client waits, and
- * at most this much of a fast caller's time (a few batches) is held when
- * it stops calling: the settled releases already wait for a later call. */
-#define PFC_WRITE_LINGER_NS 64000
-/* More than this corked (a burst of releases) is written at once. */
-#define PFC_LINGER_BYTES (16u << 10)
 /* CU_STREAM_PER_THREAD: one handle, a different stream on each thread. */
 #define PFC_STREAM_PER_THREAD ((const void *)0x2)
 /* Arena ids index a table; the daemon makes a handful per session. */
@@ -247,9 +235,6 @@ struct pf_client {
 	char *where; /* owned: "prefetchd at PATH", for messages */
 	struct wire_rx rx;
 	bool corked;  /* pfc_cork: one-way messages wait in out */
-	/* The last write (0: none yet).  Frames may wait in out uncorked
-	 * (pfc_uncork_lazy): the next write, or wait, sends them first. */
-	int64_t last_write_ns;
 	uint8_t *out; /* owned: frames waiting for pfc_uncork */
 	size_t out_len, out_cap;
 	uint64_t last_id;   /* ids of requests: last_id + 1 is the next */
@@ -401,7 +386,6 @@ struct pf_client {
 	 * by pf_close): where a batch's time goes, without a profiler. */
 	struct pfc_counts {
 		uint64_t sends, reads, empty_reads, polls; /* system calls */
-		uint64_t held_writes;			   /* writes held back (linger) */
 		uint64_t frames;			   /* BatchReady taken in */
 		uint64_t launches, grouped;		   /* gathers: launches, batches */
 		uint64_t copies, records, waits, queries;  /* copies, event calls */
@@ -453,16 +437,6 @@ int pfc_read_now(struct pf_client *c);
  * waiting and without writing: 0, or the error that broke the connection
  * (as a failed write would have said). */
 int pfc_check_peer(struct pf_client *c);
-/* Whether what waits corked should be written now rather than held for a
- * later call (PFC_WRITE_LINGER_NS). */
-bool pfc_write_due(const struct pf_client *c);
-/* pfc_uncork when a write is due; else the frames stay in out, uncorked,
- * for the next write: 0, or the error that broke the connection. */
-int pfc_uncork_lazy(struct pf_client *c);
-/* After taking a batch: the corked frames written when a write is due,
- * else held with the daemon's end checked (pfc_check_peer), so that a dead
- * daemon is seen as a failed write would show it. */
-int pfc_write_or_check(struct pf_client *c);
 struct pf_client *pfc_client_new(const char *where);
 int pfc_hello(struct pf_client *c, int timeout_ms);
 

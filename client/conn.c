@@ -154,7 +154,6 @@ static int send_bytes(struct pf_client *c, const uint8_t *frame, size_t len, int
 	int rc = send_bytes_now(c, frame, len, deadline, what);
 
 	PFC_TADD(c, send_ns, t0);
-	c->last_write_ns = mono();
 	return rc;
 }
 
@@ -258,33 +257,6 @@ int pfc_uncork(struct pf_client *c)
 	if (c->dead)
 		return pfc_fail_dead(c);
 	return send_bytes(c, c->out, len, pfc_deadline_after(c->timeout_ms), "messages");
-}
-
-bool pfc_write_due(const struct pf_client *c)
-{
-	/* Held only while the batches queued here keep the trainer's next
-	 * call from waiting: the daemon, which sends the next batches as the
-	 * Acks and Releases come in, then hears of them before the trainer
-	 * runs short (at a small depth, one held Ack is the daemon's whole
-	 * room to send). */
-	return !c->last_write_ns || c->nqueued < PFC_READ_AHEAD || c->out_len >= PFC_LINGER_BYTES ||
-	       mono() - c->last_write_ns >= PFC_WRITE_LINGER_NS;
-}
-
-int pfc_uncork_lazy(struct pf_client *c)
-{
-	if (!c->out_len || pfc_write_due(c))
-		return pfc_uncork(c);
-	c->corked = false;
-	c->counts.held_writes++;
-	return 0;
-}
-
-int pfc_write_or_check(struct pf_client *c)
-{
-	if (c->out_len && pfc_write_due(c))
-		return pfc_uncork(c);
-	return pfc_check_peer(c);
 }
 
 int pfc_send(struct pf_client *c, Pf__Envelope *msg)

@@ -581,11 +581,8 @@ PF_API int pf_next_stream(struct pf_client *c, int timeout_ms, void *stream,
 	 * time spent consuming batches, so it does not count as busy. */
 	c->have_last_return = rc != 0 || *batch != NULL;
 	/* Releases still corked (no batch was taken, which sends them with
-	 * its Ack, or its write was held): a failure is the connection's, as
-	 * pfc_flush_releases'.  A call that hands over a batch may hold them
-	 * for the next call (pfc_uncork_lazy); one that returns without a
-	 * batch (the epoch's end, a timeout, an error) never does. */
-	if ((!rc && *batch ? pfc_uncork_lazy(c) : pfc_uncork(c)) && !rc && !*batch)
+	 * its Ack): a failure is the connection's, as pfc_flush_releases'. */
+	if (pfc_uncork(c) && !rc && !*batch)
 		rc = pfc_fail_dead(c);
 	c->last_return_ns = mono();
 	return rc;
@@ -651,9 +648,7 @@ PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream)
  * one asked about with full, else the settled ones once more wait than a
  * release and the copies ahead account for, or the oldest has waited a
  * poll slice: each question costs 1.4-2 us, and one about the newest of a
- * stream answers for all of them), unless the write they would go in is
- * held (pfc_write_due): then the flush of that write's call asks about
- * them, once for several batches; then, for a CUDA session, the frames
+ * stream answers for all of them); then, for a CUDA session, the frames
  * already received are taken in, and the socket read without waiting while
  * fewer than PFC_READ_AHEAD batches are queued, which starts their gathers
  * and copies, so that the pf_next after it hands over a batch that is on
@@ -664,9 +659,8 @@ static int after_release(struct pf_client *c, bool full)
 
 	if (full)
 		rc = pfc_flush_releases(c, 0);
-	else if (c->releases && pfc_write_due(c) &&
-		 (c->nreleases > PFC_COPY_AHEAD + 1 ||
-		  mono() - c->releases->queued_ns >= PFC_RELEASE_POLL_NS))
+	else if (c->releases && (c->nreleases > PFC_COPY_AHEAD + 1 ||
+				 mono() - c->releases->queued_ns >= PFC_RELEASE_POLL_NS))
 		rc = pfc_flush_settled(c);
 	/* What goes wrong in there (a frame, another batch's copy) is the
 	 * connection's: the next pf_next says so, this release went well. */
@@ -864,13 +858,12 @@ static void print_counts(const struct pf_client *c)
 		"%.2f reads (%.2f empty; %.2f us), %.2f polls, %.2f frames (decoded in %.2f us, "
 		"handled in %.2f us), %.2f gather launches (%.2f batches a launch; %.2f us), "
 		"%.2f copies, %.2f event records, %.2f stream waits, %.2f event queries "
-		"(events %.2f us); %.2f writes held for a later call\n",
+		"(events %.2f us)\n",
 		c->batches, k->sends / n, k->send_ns / n / 1e3, k->reads / n, k->empty_reads / n,
 		k->read_ns / n / 1e3, k->polls / n, k->frames / n, k->decode_ns / n / 1e3,
 		k->batch_ns / n / 1e3, k->launches / n,
 		k->launches ? (double)k->grouped / k->launches : 0.0, k->launch_ns / n / 1e3,
-		k->copies / n, k->records / n, k->waits / n, k->queries / n, k->event_ns / n / 1e3,
-		k->held_writes / n);
+		k->copies / n, k->records / n, k->waits / n, k->queries / n, k->event_ns / n / 1e3);
 }
 
 PF_API void pf_close(struct pf_client *c)

@@ -1356,10 +1356,10 @@ static void batches_of_one_launch_make_each_stream_wait_once(void **unused)
 	fake_finish(f, c);
 }
 
-/* pf_release_next in a loop that keeps up with the daemon: its writes may
- * be held for a later call, but never while the client waits (with one
- * slot, behind the release that gives it back); by the epoch's end every
- * Ack has arrived, and every slot comes back. */
+/* pf_release_next in a loop that keeps up with the daemon, the release of
+ * each batch in the call that takes the next: with one slot, the client
+ * waits behind the release it sends; by the epoch's end every Ack has
+ * arrived, and every slot comes back. */
 static void tight_loop(uint32_t target, uint32_t slots)
 {
 	bool seen[MAX_SAMPLES] = {false};
