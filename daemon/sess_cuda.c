@@ -423,6 +423,12 @@ out:
 	sess_pump(s);
 }
 
+/* A narrow client's inline ids are the pool's entry ids cut to 4 bytes
+ * (ids_inline): that loses nothing only while the index keeps them so. */
+_Static_assert(sizeof(((const struct pool *)0)->loc[0]) == sizeof(uint32_t) &&
+		       POOL_PENDING <= UINT32_MAX,
+	       "pool entry ids no longer fit the 4 bytes of BatchReady.gather_ids32");
+
 /* A batch its client gathers whose every row is a hit needs nothing of the
  * GPU here: its entry ids leave in the BatchReady and the client uploads
  * them itself, so the daemon's context does no work on the trainer's GPU
