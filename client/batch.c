@@ -28,6 +28,7 @@
 #include "util.h"
 
 #include <assert.h>
+#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -531,8 +532,20 @@ static int check_data_batch(struct pf_client *c, const Pf__BatchReady *b)
 				     "epoch %" PRIu64 " batch %" PRIu64
 				     " lies outside arena %" PRIu32,
 				     b->epoch, b->seq, b->arena);
-	if ((b->picks_le.len ? b->picks_le.len / sizeof(uint64_t) : b->n_picks) != b->count ||
-	    b->picks_le.len % sizeof(uint64_t))
+	if (b->picks_le32.len && (b->picks_le.len || b->n_picks))
+		return pfc_conn_fail(c, -EPROTO,
+				     "epoch %" PRIu64 " batch %" PRIu64
+				     " carries its picks both as picks_le32 and as %s",
+				     b->epoch, b->seq, b->picks_le.len ? "picks_le" : "picks");
+	if (b->picks_le32.len && b->picks_le32.len != (size_t)b->count * sizeof(uint32_t))
+		return pfc_conn_fail(c, -EPROTO,
+				     "epoch %" PRIu64 " batch %" PRIu64
+				     " carries %zu bytes of picks_le32 for %" PRIu32
+				     " samples (4 bytes a pick)",
+				     b->epoch, b->seq, b->picks_le32.len, b->count);
+	if (!b->picks_le32.len &&
+	    ((b->picks_le.len ? b->picks_le.len / sizeof(uint64_t) : b->n_picks) != b->count ||
+	     b->picks_le.len % sizeof(uint64_t)))
 		return pfc_conn_fail(c, -EPROTO,
 				     "epoch %" PRIu64 " batch %" PRIu64
 				     " carries %zu picks for %" PRIu32 " samples",
@@ -553,10 +566,20 @@ static int check_data_batch(struct pf_client *c, const Pf__BatchReady *b)
 	return 0;
 }
 
-/* The batch's picks, from whichever field carries them (picks_le holds
- * little-endian uint64; picks, packed varints). */
+/* The batch's picks, from whichever field carries them (picks_le32 holds
+ * little-endian uint32, widened here; picks_le, little-endian uint64;
+ * picks, packed varints). */
 static void copy_picks(uint64_t *out, const Pf__BatchReady *b)
 {
+	if (b->picks_le32.len) {
+		for (uint32_t i = 0; i < b->count; i++) {
+			uint32_t v;
+
+			memcpy(&v, b->picks_le32.data + (size_t)i * sizeof(v), sizeof(v));
+			out[i] = le32toh(v);
+		}
+		return;
+	}
 	if (!b->picks_le.len) {
 		memcpy(out, b->picks, b->count * sizeof(uint64_t));
 		return;
@@ -712,12 +735,28 @@ static int pool_slab_gone(struct pf_client *c, const Pf__PoolSlabGone *m)
  * in its arena (the kernel reads them in this process's context). */
 static int check_gather(struct pf_client *c, const Pf__BatchReady *b, const struct pfc_arena *a)
 {
+	size_t width = b->gather_ids32.len ? sizeof(uint32_t) : sizeof(uint64_t);
+	size_t ids = b->gather_ids32.len ? b->gather_ids32.len : b->gather_ids.len;
 	uint64_t end;
 
+	/* Inline ids are copied into the slot's part of the staging, which
+	 * has room for batch_size of them, and name pool entries only. */
+	if (b->gather_ids32.len && b->gather_ids.len)
+		return pfc_conn_fail(c, -EPROTO,
+				     "epoch %" PRIu64 " batch %" PRIu64
+				     " carries its gather ids both as gather_ids32 and gather_ids",
+				     b->epoch, b->seq);
+	if (ids &&
+	    (ids != (size_t)b->count * width || b->nstaged || b->count > c->open_opts.batch_size))
+		return pfc_conn_fail(
+			c, -EPROTO,
+			"epoch %" PRIu64 " batch %" PRIu64 " carries %zu bytes of %s for %" PRIu32
+			" rows with %" PRIu32 " staged (%zu bytes an id, only for a "
+			"batch of hits of at most %" PRIu32 " rows)",
+			b->epoch, b->seq, ids, b->gather_ids32.len ? "gather_ids32" : "gather_ids",
+			b->count, b->nstaged, width, c->open_opts.batch_size);
 	if (!c->gathers || a->kind == PF__ARENA_KIND__ARENA_HOST_MEMFD || b->gather_desc % 8 ||
 	    b->n_staged_off != c->nfields || b->nstaged > INT32_MAX ||
-	    (b->gather_ids.len && (b->gather_ids.len != (size_t)b->count * 8 || b->nstaged ||
-				   b->count > c->open_opts.batch_size)) ||
 	    __builtin_add_overflow(b->gather_desc, (uint64_t)b->count * 8, &end) || end > a->bytes)
 		return pfc_conn_fail(c, -EPROTO,
 				     "epoch %" PRIu64 " batch %" PRIu64
@@ -758,6 +797,7 @@ int pfc_gather_flush(struct pf_client *c)
 		return pfc_conn_fail(c, rc, "gather of %u batches: %s", n, c->err);
 	memset(&p, 0, sizeof(p));
 	p.g = c->layout;
+	p.g.desc32 = c->group_ids32;
 	p.n = n;
 	for (k = 0; k < n; k++) {
 		p.slot[k] = c->group_slot[k];
@@ -786,17 +826,21 @@ static int launch_gather(struct pf_client *c, struct pfc_batch *q, const Pf__Bat
 			 const struct pfc_arena *a)
 {
 	struct gpu_gather g = c->layout;
+	/* Inline ids, 4 or 8 bytes each (check_gather allowed one form). */
+	const bool ids32 = b->gather_ids32.len != 0;
+	const ProtobufCBinaryData *inline_ids = ids32 ? &b->gather_ids32 : &b->gather_ids;
 	struct pfc_event *e;
 	void *ids = NULL;
 	char why[256];
 	int64_t t0;
 	int rc;
 
-	if (b->gather_ids.len) {
+	if (inline_ids->len) {
 		/* A batch of hits only: its index came in the message; the
 		 * kernel reads it from the slot's own part of the pinned
 		 * staging, which the slot's next batch reuses only after this
-		 * one's release (which waits for the gather). */
+		 * one's release (which waits for the gather).  Each part has
+		 * room for 8-byte ids: a session may get either width. */
 		size_t per = (size_t)c->open_opts.batch_size * sizeof(uint64_t);
 
 		/* The size asked for changes only with the session (pf_open, a
@@ -806,8 +850,16 @@ static int launch_gather(struct pf_client *c, struct pfc_batch *q, const Pf__Bat
 		if (rc)
 			return pfc_conn_fail(c, rc, "gather staging: %s", why);
 		ids = (uint8_t *)ids + per * (size_t)b->slot;
-		memcpy(ids, b->gather_ids.data, b->gather_ids.len);
+		/* As they came: little-endian, as the kernel reads them. */
+		memcpy(ids, inline_ids->data, inline_ids->len);
 		if (c->grouping && pfcuda_gather_can_group(c->gather)) {
+			/* One launch reads entries of one width. */
+			if (c->ngroup && c->group_ids32 != ids32) {
+				rc = pfc_gather_flush(c);
+				if (rc)
+					return rc;
+			}
+			c->group_ids32 = ids32;
 			c->group[c->ngroup] = q;
 			c->group_ids[c->ngroup] = ids;
 			c->group_slot[c->ngroup] = a->garena.base + b->offset;
@@ -829,10 +881,11 @@ static int launch_gather(struct pf_client *c, struct pfc_batch *q, const Pf__Bat
 	g.count = b->count;
 	g.nstaged = b->nstaged;
 	g.staged = a->garena.base;
+	g.desc32 = ids32;
 	for (uint32_t f = 0; f < c->nfields; f++)
 		g.staged_off[f] = b->staged_off[f];
 	t0 = PFC_T0(c);
-	rc = pfcuda_gather_launch(c->gather, &g, ids, b->gather_ids.len, e->ev, why, sizeof(why));
+	rc = pfcuda_gather_launch(c->gather, &g, ids, inline_ids->len, e->ev, why, sizeof(why));
 	PFC_TADD(c, launch_ns, t0);
 	if (rc) {
 		event_put(e);

@@ -282,6 +282,7 @@ struct pf_client {
 	 * in the staging buffer. */
 	bool grouping;
 	uint32_t ngroup;
+	bool group_ids32; /* their indices are 4-byte entry ids (gather_ids32) */
 	struct pfc_batch *group[GPU_GATHER_GROUP];
 	const void *group_ids[GPU_GATHER_GROUP];
 	uint64_t group_slot[GPU_GATHER_GROUP]; /* device address of each one's slot */

@@ -132,7 +132,9 @@ int pfcuda_gather_staging(struct pfcuda_gather *g, size_t bytes, void **host, ch
 /* Queues one batch (p in entry mode: bases, nbases and admit are filled
  * in here) and records event (a pfcuda_event_create event) after it.
  * When ids_bytes is not 0, the kernel reads the index from ids (inside
- * the staging buffer, left alone until the event) instead of p->desc. */
+ * the staging buffer, left alone until the event) instead of p->desc:
+ * count entries of 8 bytes, or of 4 with p->desc32 (ids_bytes says which
+ * bytes the kernel reads). */
 int pfcuda_gather_launch(struct pfcuda_gather *g, struct gpu_gather *p, const void *ids,
 			 size_t ids_bytes, void *event, char *msg, size_t msglen);
 /* Whether g's module has the group kernel (pfcuda_gather_launch_group). */
@@ -141,9 +143,9 @@ bool pfcuda_gather_can_group(const struct pfcuda_gather *g);
 /* Queues p->n batches of pool hits in one launch (gather.h's struct
  * gpu_gather_group: p->g in entry mode, its bases, nbases, admit and
  * nstaged filled in here; each desc[k] the host address of batch k's index
- * inside the staging buffer, left alone until the event), then records
- * event after it, once for all the batches.  -EINVAL without the group
- * kernel. */
+ * inside the staging buffer, its entries 4 bytes with p->g.desc32, else 8,
+ * left alone until the event), then records event after it, once for all
+ * the batches.  -EINVAL without the group kernel. */
 int pfcuda_gather_launch_group(struct pfcuda_gather *g, struct gpu_gather_group *p, void *event,
 			       char *msg, size_t msglen);
 /* Makes stream (NULL: the legacy default stream) wait for event. */

@@ -179,7 +179,12 @@ int pfc_send_open(struct pf_client *c, Pf__Envelope **reply)
 	msg.dataset = (char *)o->dataset;
 	msg.device = (char *)o->device;
 	msg.batch_size = o->batch_size;
-	msg.picks_le = true; /* copy_picks reads either form */
+	msg.picks_le = true; /* copy_picks reads every form */
+	/* 4-byte picks and inline gather ids where they fit: half the bytes
+	 * of a BatchReady to read, decode and copy, on the trainer's CPU,
+	 * which bounds a warm pool's tight loop (bench/NOTES.md);
+	 * $PREFETCH_CLIENT_NARROW=0 asks for 8 bytes, to compare. */
+	msg.narrow = !env_says_no("PREFETCH_CLIENT_NARROW");
 	msg.drop_last = o->drop_last;
 	msg.augment = o->augment;
 	msg.min_depth = o->min_depth;

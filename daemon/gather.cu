@@ -106,9 +106,20 @@ static __device__ __forceinline__ void copy_row(uint64_t dst, uint64_t src, uint
 static __device__ __forceinline__ void assemble_row(const struct gpu_gather &g, uint64_t slot,
 						    uint64_t desc, uint64_t b, uint32_t nfields)
 {
-	uint64_t src = ((const uint64_t *)desc)[b];
+	uint64_t src;
 
-	if (g.table) {
+	if (g.desc32) {
+		/* A 4-byte entry id means entry mode: without the slab bases
+		 * it would be taken for an address, and a wild read kills the
+		 * context.  It can name no staged row (no bit 63), so it goes
+		 * through the same slab checks as an 8-byte id below. */
+		if (!g.bases)
+			return;
+		src = ((const uint32_t *)desc)[b];
+	} else {
+		src = ((const uint64_t *)desc)[b];
+	}
+	if (g.table && !g.desc32) {
 		/* src is a pick: its sample's record comes from the table (an
 		 * out-of-range entry is never staged). */
 		if (src >= g.table_n)

@@ -435,7 +435,8 @@ int gpu_gather(struct gpu_stream *s, const struct gpu_gather *g)
 	if (g->nfields > GPU_GATHER_MAX_FIELDS || (uint64_t)g->count + g->nstaged > INT32_MAX)
 		return -EINVAL;
 	if ((g->count && (!g->slot || !g->desc)) || (g->nstaged && (!g->staged || !g->admit)) ||
-	    (g->table && (!g->table_n || g->nstaged)))
+	    (g->table && (!g->table_n || g->nstaged)) ||
+	    (g->desc32 && (!g->bases || g->nstaged || g->table)))
 		return -EINVAL;
 	e = (cudaError_t)gpu_gather_launch(s->stream, g);
 	if (e != cudaSuccess)

@@ -100,7 +100,9 @@ static void sess_free(struct sess *s)
 		pool_plan_free(&s->slots[i].plan);
 		free(s->slots[i].stage_off);
 		big_free(s->slots[i].rows, (size_t)s->batch_size * sizeof(uint64_t));
+		big_free(s->slots[i].ids32, (size_t)s->batch_size * sizeof(uint32_t));
 	}
+	big_free(s->packed_picks, (size_t)s->batch_size * sizeof(uint32_t));
 	/* How long its orders are kept, while the dataset is still ours. */
 	double keep_s = s->ds ? daemon_pool_linger(s->d, s->ds) : 0;
 
@@ -334,14 +336,23 @@ static int count_slots(struct sess *s, uint32_t min_depth, uint32_t *max_depth, 
 static uint64_t open_bytes(const struct sess *s)
 {
 	uint64_t per_slot = sizeof(struct slot) + (uint64_t)s->batch_size * sizeof(uint64_t), bytes;
+	uint64_t packed_picks = s->picks32 ? (uint64_t)s->batch_size * sizeof(uint32_t) : 0;
 
 	if (s->gpu >= 0)
 		per_slot += s->ds->nfields * sizeof(uint64_t) +
 			    fill_stage_cap(s->batch_size) * (sizeof(uint64_t) + sizeof(uint32_t));
 	else
 		per_slot += s->lay.slot_stride;
+	/* A narrow client's device slots may each hold a batch's entry ids
+	 * as 4 bytes (sess_cuda.ids32), and its picks are packed into one
+	 * buffer of the session. */
+	if (s->gpu >= 0 && s->narrow)
+		per_slot += (uint64_t)s->batch_size * sizeof(uint32_t);
 	/* Saturated: a sum past 2^64 is refused as "more than the budget". */
-	return __builtin_mul_overflow((uint64_t)s->nslots, per_slot, &bytes) ? UINT64_MAX : bytes;
+	if (__builtin_mul_overflow((uint64_t)s->nslots, per_slot, &bytes) ||
+	    __builtin_add_overflow(bytes, packed_picks, &bytes))
+		return UINT64_MAX;
+	return bytes;
 }
 
 int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64_t id,
@@ -438,6 +449,12 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 	s->ds_held = true;
 	s->batch_size = req->batch_size;
 	s->picks_le = req->picks_le;
+	s->narrow = req->narrow;
+	/* Picks lie below augment x N in every epoch (orders, explicit
+	 * indices and paced requests are all checked against it), so one
+	 * look decides for the session; past 2^32 (max_epoch_picks raised
+	 * above its default of 2^31) they go as 8 bytes. */
+	s->picks32 = req->narrow && picks <= (1ull << 32);
 	s->client_copy = client_copy;
 	s->augment = augment;
 	s->drop_last = req->drop_last;
@@ -462,6 +479,11 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 		goto fail;
 	s->slots = calloc(s->nslots, sizeof(*s->slots));
 	if (!s->slots) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	if (s->picks32 &&
+	    !(s->packed_picks = big_alloc((size_t)s->batch_size * sizeof(*s->packed_picks)))) {
 		rc = -ENOMEM;
 		goto fail;
 	}

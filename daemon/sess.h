@@ -78,6 +78,10 @@ struct slot {
 	 * BatchReady (ids_inline), no device work here. */
 	uint64_t *rows;
 	bool ids_inline;
+	/* The same entry ids as 4 bytes each, for a client that takes them so
+	 * (sess_cuda.ids32): owned (bigmem), batch_size, made at the slot's
+	 * first such batch and kept, and written in place of rows. */
+	uint32_t *ids32;
 	uint64_t stage_bytes; /* the ring slot's prefix that goes to the device */
 	/* When the batch entered each stage (debug timing). */
 	uint64_t t_fill, t_copy, t_ready, t_sent;
@@ -186,6 +190,11 @@ struct sess_cuda {
 	 * staged rows land, and the pool's slabs are exported to it once
 	 * (slab_sent[j]: the gen of slab j it has, 0: none). */
 	bool gather;
+	/* Its client takes the entry ids of a batch of hits as 4 bytes
+	 * (OpenSession.narrow): every entry id fits, since the pool's index
+	 * holds them as uint32 below POOL_PENDING (pool.c's maybe_grow stops
+	 * growing before an id would not). */
+	bool ids32;
 	uint64_t dev_stride; /* device slot stride: slot_stride, plus the tail */
 	uint64_t tail_off;
 	uint32_t *slab_sent; /* owned, nslab_sent */
@@ -221,6 +230,15 @@ struct sess {
 	bool ds_held;
 	uint32_t batch_size;
 	bool picks_le; /* the client takes BatchReady.picks_le */
+	bool narrow;   /* ... and picks_le32 and gather_ids32 (OpenSession.narrow) */
+	/* The client is narrow and every pick of the session is below 2^32
+	 * (augment x N <= 2^32, decided at open, as picks stay below it in
+	 * every epoch, paced ones included): its
+	 * BatchReady carries picks_le32, packed into packed_picks (owned,
+	 * bigmem, batch_size) as each is encoded (the frame is written before
+	 * the next one is packed). */
+	bool picks32;
+	uint32_t *packed_picks;
 	/* A CUDA session (device names its GPU) whose client copies each
 	 * batch to the GPU itself, in its own context, from host arenas it
 	 * registers: to the daemon it is a host session (gpu is -1).  A copy

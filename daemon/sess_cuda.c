@@ -17,6 +17,7 @@
  */
 #include "sess_int.h"
 
+#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -113,6 +114,7 @@ static int setup_pool(struct sess *s, const Pf__OpenSession *req, uint64_t *ring
 		/* The client gathers: each device slot carries the largest
 		 * staged prefix after its samples. */
 		c->gather = true;
+		c->ids32 = s->narrow;
 		c->tail_off = s->lay.slot_stride;
 		c->dev_stride = s->lay.slot_stride +
 				align_up(fill_stage_layout(s->ds, s->batch_size, c->stage_cap,
@@ -421,6 +423,12 @@ out:
 	sess_pump(s);
 }
 
+/* A narrow client's inline ids are the pool's entry ids cut to 4 bytes
+ * (ids_inline): that loses nothing only while the index keeps them so. */
+_Static_assert(sizeof(((const struct pool *)0)->loc[0]) == sizeof(uint32_t) &&
+		       POOL_PENDING <= UINT32_MAX,
+	       "pool entry ids no longer fit the 4 bytes of BatchReady.gather_ids32");
+
 /* A batch its client gathers whose every row is a hit needs nothing of the
  * GPU here: its entry ids leave in the BatchReady and the client uploads
  * them itself, so the daemon's context does no work on the trainer's GPU
@@ -429,16 +437,29 @@ out:
 static bool ids_inline(struct sess *s, struct slot *sl)
 {
 	struct sess_cuda *c = &s->cuda;
+	const uint64_t *desc;
 	uint64_t now;
 
 	if (!sl->plan.active || !sl->plan.ids || sl->plan.nstaged)
 		return false;
-	if (!sl->rows)
-		sl->rows = big_alloc((size_t)s->batch_size * sizeof(uint64_t));
-	if (!sl->rows)
-		return false; /* the copy path still works */
-	memcpy(sl->rows, ring_slot_mem(&c->lease, sl->ring),
-	       (size_t)sl->plan.count * sizeof(uint64_t));
+	desc = (const uint64_t *)ring_slot_mem(&c->lease, sl->ring);
+	if (c->ids32) {
+		/* Packed straight from the plan's index: its words are entry
+		 * ids, which the pool keeps as uint32 below POOL_PENDING
+		 * (sess_cuda.ids32), so none loses a bit. */
+		if (!sl->ids32)
+			sl->ids32 = big_alloc((size_t)s->batch_size * sizeof(uint32_t));
+		if (!sl->ids32)
+			return false; /* the copy path still works */
+		for (uint32_t i = 0; i < sl->plan.count; i++)
+			sl->ids32[i] = htole32((uint32_t)desc[i]);
+	} else {
+		if (!sl->rows)
+			sl->rows = big_alloc((size_t)s->batch_size * sizeof(uint64_t));
+		if (!sl->rows)
+			return false; /* the copy path still works */
+		memcpy(sl->rows, desc, (size_t)sl->plan.count * sizeof(uint64_t));
+	}
 	ring_slot_put(&c->lease, sl->ring);
 	sl->ring = -1;
 	c->pool_hits += sl->plan.hits;
@@ -656,7 +677,11 @@ int sess_cuda_gather_msg(struct sess *s, struct slot *sl, Pf__BatchReady *msg, u
 		staged_off[f] = base + sl->stage_off[f];
 	msg->gather = true;
 	msg->gather_desc = base;
-	if (sl->ids_inline) {
+	if (sl->ids_inline && c->ids32) {
+		msg->gather_ids32.data = (uint8_t *)sl->ids32;
+		msg->gather_ids32.len = (size_t)sl->plan.count * sizeof(uint32_t);
+		sl->ids_inline = false;
+	} else if (sl->ids_inline) {
 		msg->gather_ids.data = (uint8_t *)sl->rows;
 		msg->gather_ids.len = (size_t)sl->plan.count * sizeof(uint64_t);
 		sl->ids_inline = false;

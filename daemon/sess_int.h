@@ -27,8 +27,8 @@ void sess_slot_error(struct sess *s, struct slot *sl, int rc, const char *why);
  * came.  Nothing is read. */
 void sess_fill_error(struct sess *s, struct slot *sl, int rc, const char *why);
 /* The bytes of the frame of a full batch's BatchReady in epoch (of
- * nbatches), at most, for a client of picks_le; 0 for the others, whose
- * frames vary in size with their picks. */
+ * nbatches), at most, for a client of picks_le or picks_le32; 0 for the
+ * others, whose frames vary in size with their picks. */
 size_t sess_batch_frame_bytes(const struct sess *s, uint64_t epoch, uint64_t nbatches);
 /* A dead session whose every job is back is freed now. */
 void sess_maybe_free(struct sess *s);

@@ -12,6 +12,7 @@
  */
 #include "sess_int.h"
 
+#include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -84,11 +85,22 @@ static const uint64_t *batch_picks(const struct sess *s, uint64_t seq)
 	return s->picks + seq * s->batch_size;
 }
 
-/* The picks of a BatchReady of count picks, from picks. */
+/* The picks of a BatchReady of count picks, from picks (NULL: sized, not
+ * filled). */
 static void batch_msg_picks(const struct sess *s, Pf__BatchReady *msg, uint32_t count,
 			    const uint64_t *picks)
 {
 	msg->count = count;
+	if (s->picks32) {
+		/* Half the bytes of picks_le to encode, send, read, decode
+		 * and copy into the batch: the client's CPU per batch is
+		 * what bounds a warm pool's tight loop (bench/NOTES.md). */
+		msg->picks_le32.len = (size_t)count * sizeof(uint32_t);
+		msg->picks_le32.data = (uint8_t *)s->packed_picks;
+		for (uint32_t i = 0; picks && i < count; i++)
+			s->packed_picks[i] = htole32((uint32_t)picks[i]);
+		return;
+	}
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 	/* The picks as they lie in memory, for a client that takes them so:
 	 * no varint per row on either side. */
@@ -109,7 +121,7 @@ size_t sess_batch_frame_bytes(const struct sess *s, uint64_t epoch, uint64_t nba
 	Pf__BatchReady msg = PF__BATCH_READY__INIT;
 	const struct slot *last = &s->slots[s->nslots - 1];
 
-	if (!s->picks_le || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__)
+	if (!s->picks32 && (!s->picks_le || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__))
 		return 0;
 	/* Each field at the most it takes this epoch: the size, rounded as
 	 * bigmem rounds it, is every full batch's. */

@@ -27,12 +27,20 @@
 struct gpu_gather {
 	uint64_t slot;	  /* the batch's slot: field f of row i at slot + slot_off[f] + i *
 			     row_bytes[f] */
-	uint64_t desc;	  /* count uint64: row i's source (a record, or GPU_GATHER_STAGED | k) */
+	uint64_t desc;	  /* count uint64 (uint32 with desc32): row i's source (a record, or
+			     GPU_GATHER_STAGED | k) */
 	uint32_t count;	  /* rows of the batch */
 	uint32_t nstaged; /* staged rows */
 	uint64_t staged;  /* the staged rows */
 	uint64_t admit;	  /* nstaged uint64: the record staged row k is copied into, or 0 */
 	uint32_t nfields;
+	/* Entry mode only (bases != 0, nstaged 0): desc holds count uint32
+	 * entry ids, not uint64, as a client of 4-byte ids gets them inline
+	 * (BatchReady.gather_ids32) and stages them: half the bytes to copy
+	 * and for the kernel to read over PCIe.  Such an entry names no
+	 * staged row.  It sits in what was padding, so the parameter block
+	 * keeps its size. */
+	uint32_t desc32;
 	uint64_t slot_off[GPU_GATHER_MAX_FIELDS];
 	uint64_t staged_off[GPU_GATHER_MAX_FIELDS];
 	uint32_t rec_off[GPU_GATHER_MAX_FIELDS];
@@ -65,10 +73,11 @@ struct gpu_gather {
  * H200 (bench/NOTES.md, run 19), about as much as the rest of a batch's
  * hand-off, while the batches that arrive in one read of the socket are
  * often several.  g holds the layout and the slab bases (entry mode, as for
- * one batch); its slot, desc and count are unused.  Batch k's rows are the
- * blocks first[k] .. first[k+1] - 1: row b - first[k] of slot[k], its
- * source entry desc[k][b - first[k]].  Staged rows are not allowed (a batch
- * with misses is launched on its own).
+ * one batch); its slot, desc and count are unused, and its desc32 says the
+ * width of every batch's entries (a group is of one width).  Batch k's rows
+ * are the blocks first[k] .. first[k+1] - 1: row b - first[k] of slot[k],
+ * its source entry desc[k][b - first[k]].  Staged rows are not allowed (a
+ * batch with misses is launched on its own).
  */
 struct gpu_gather_group {
 	struct gpu_gather g;
@@ -77,5 +86,12 @@ struct gpu_gather_group {
 	uint64_t slot[GPU_GATHER_GROUP];
 	uint64_t desc[GPU_GATHER_GROUP];
 };
+
+#ifndef __cplusplus
+/* Each is passed by value as a kernel's only parameter, which may be 4 KiB
+ * at most on the drivers and GPUs the kernel is built for. */
+_Static_assert(sizeof(struct gpu_gather_group) <= 4096,
+	       "the group gather's parameter block is over the kernel parameter limit");
+#endif
 
 #endif

@@ -432,6 +432,84 @@ static void empty_and_malformed_gathers_are_refused_or_do_nothing(void **state)
 	assert_int_equal(gpu_stream_sync(rig.s), 0);
 }
 
+/* Entry mode, as the client's gather runs it: the pool as two slabs of
+ * NREC / 2 records, a third slab named but not mapped (base 0), a fourth
+ * past nbases.  The same rows with 8-byte and with 4-byte entry ids
+ * (desc32) give the same slot, rows naming the missing slabs skipped
+ * (their marker bytes kept). */
+static void entry_ids_of_4_bytes_gather_as_those_of_8_and_skip_slabs_not_mapped(void **state)
+{
+	const uint32_t half = NREC / 2, shift = 8;
+	struct layout l;
+	struct gpu_gather g;
+	struct gpu_mem bases_mem;
+	uint64_t wide[COUNT], bases[3];
+	uint32_t narrow[COUNT];
+	uint8_t *slot_ref, *slot_got;
+
+	need_gpu();
+	assert_true(half == 1u << shift);
+	layout_init(&l, COUNT, 0, 0);
+	rng_state = 7;
+	rig_init(&l, NREC);
+	assert_int_equal(gpu_mem_alloc(0, sizeof(bases), GPU_IPC_NONE, &bases_mem), 0);
+	slot_ref = malloc(l.slot_bytes);
+	slot_got = malloc(l.slot_bytes);
+	assert_non_null(slot_ref);
+	assert_non_null(slot_got);
+	memset(slot_ref, MARKER, l.slot_bytes);
+	for (uint32_t i = 0; i < COUNT; i++) {
+		uint64_t r = rng() % NREC;
+
+		wide[i] = r; /* record r: slab r >> shift, index r & (half - 1) */
+		if (i % 7 == 3) {
+			wide[i] = 2ull << shift | (r & (half - 1)); /* base 0 */
+			continue;
+		}
+		if (i % 11 == 5) {
+			wide[i] = 3ull << shift; /* past nbases */
+			continue;
+		}
+		for (uint32_t f = 0; f < NFIELDS; f++)
+			memcpy(slot_ref + l.g.slot_off[f] + (uint64_t)i * ROW_BYTES[f],
+			       rig.pool_img + r * l.stride + l.g.rec_off[f], ROW_BYTES[f]);
+	}
+	for (uint32_t i = 0; i < COUNT; i++)
+		narrow[i] = (uint32_t)wide[i];
+	bases[0] = rig.pool.base;
+	bases[1] = rig.pool.base + half * l.stride;
+	bases[2] = 0;
+	assert_int_equal(gpu_copy_h2d(rig.s, bases_mem.base, bases, sizeof(bases)), 0);
+	g = l.g;
+	g.slot = rig.slot.base;
+	g.desc = rig.idx.base;
+	g.bases = bases_mem.base;
+	g.nbases = 3;
+	g.slab_shift = shift;
+	g.rec_stride = l.stride;
+	for (int narrow_ids = 0; narrow_ids < 2; narrow_ids++) {
+		uint8_t *marker = malloc(l.slot_bytes);
+
+		assert_non_null(marker);
+		memset(marker, MARKER, l.slot_bytes);
+		assert_int_equal(gpu_copy_h2d(rig.s, rig.slot.base, marker, l.slot_bytes), 0);
+		g.desc32 = (uint32_t)narrow_ids;
+		assert_int_equal(gpu_copy_h2d(rig.s, rig.idx.base,
+					      narrow_ids ? (void *)narrow : (void *)wide,
+					      COUNT * (narrow_ids ? 4ull : 8ull)),
+				 0);
+		assert_int_equal(gpu_gather(rig.s, &g), 0);
+		assert_int_equal(gpu_stream_sync(rig.s), 0);
+		free(marker);
+		copy_back(slot_got, rig.slot.base, l.slot_bytes);
+		expect_same(narrow_ids ? "slot (4-byte ids)" : "slot (8-byte ids)", slot_got,
+			    slot_ref, l.slot_bytes, &l, slot_place);
+	}
+	gpu_mem_free(&bases_mem);
+	free(slot_ref);
+	free(slot_got);
+}
+
 static double now_s(void)
 {
 	struct timespec ts;
@@ -529,6 +607,9 @@ int main(void)
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			empty_and_malformed_gathers_are_refused_or_do_nothing, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			entry_ids_of_4_bytes_gather_as_those_of_8_and_skip_slabs_not_mapped, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(gather_of_4k_rows_runs_near_copy_speed, setup,
 						teardown),
 	};

@@ -47,6 +47,7 @@
  * DESIGN: one thread.  The daemon's state (struct daemon) and the datasets
  * are built once; everything a script creates is torn down before the next.
  */
+#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -649,6 +650,7 @@ struct fz_req {
 	uint64_t start_batch;
 	bool paced; /* START: a paced epoch */
 	bool cuda;  /* OPEN */
+	bool picks_le, narrow; /* OPEN: the forms of picks asked for */
 	const struct fz_set *set;
 };
 
@@ -682,6 +684,11 @@ struct fz_client {
 	const struct fz_set *set;
 	uint32_t slots, batch_size, augment;
 	bool drop_last;
+	/* How its batches' picks must come: 4 (picks_le32: it asked narrow
+	 * and augment x N fits 32 bits), 8 (picks_le) or 0 (varints); -1:
+	 * not known (the open was not the harness's own request), any one
+	 * form of them. */
+	int picks_width;
 	uint64_t slot_bytes;
 	uint64_t field_off[FZ_MAX_FIELDS];
 	struct fz_arena *arenas; /* owned */
@@ -926,6 +933,12 @@ static void on_opened(struct fz_client *c, const Pf__SessionOpened *m, struct fz
 	c->batch_size = s->batch_size;
 	c->augment = s->augment;
 	c->drop_last = s->drop_last;
+	if (!r)
+		c->picks_width = -1;
+	else if (r->narrow && (uint64_t)FZ_ROWS * c->augment <= (1ull << 32))
+		c->picks_width = 4;
+	else
+		c->picks_width = r->narrow || r->picks_le ? 8 : 0;
 	c->slots = m->slots;
 	c->slot_bytes = m->slot_bytes;
 	if (m->num_samples != FZ_ROWS || m->n_fields != c->set->nfields || m->slots < 1 ||
@@ -1076,13 +1089,26 @@ static void on_batch(struct fz_client *c, const Pf__BatchReady *m)
 	b.picks = malloc(sizeof(uint64_t) * m->count);
 	if (!b.picks)
 		die("out of memory");
-	if (m->picks_le.len == 8 * (size_t)m->count)
+	/* In the one form the client's OpenSession calls for, and no other. */
+	if ((c->picks_width == 4 || c->picks_width < 0) &&
+	    m->picks_le32.len == 4 * (size_t)m->count && !m->picks_le.len && !m->n_picks) {
+		for (uint32_t k = 0; k < m->count; k++) {
+			uint32_t v;
+
+			memcpy(&v, m->picks_le32.data + 4 * (size_t)k, sizeof(v));
+			b.picks[k] = le32toh(v);
+		}
+	} else if ((c->picks_width == 8 || c->picks_width < 0) &&
+		   m->picks_le.len == 8 * (size_t)m->count && !m->picks_le32.len && !m->n_picks) {
 		memcpy(b.picks, m->picks_le.data, m->picks_le.len);
-	else if (m->n_picks == m->count)
+	} else if (c->picks_width <= 0 && m->n_picks == m->count && !m->picks_le.len &&
+		   !m->picks_le32.len) {
 		memcpy(b.picks, m->picks, sizeof(uint64_t) * m->count);
-	else
-		die("batch with %u samples carries %zu picks", m->count,
-		    m->picks_le.len ? m->picks_le.len / 8 : m->n_picks);
+	} else {
+		die("batch with %u samples carries %zu varint picks, %zu bytes of picks_le and %zu "
+		    "of picks_le32 for a client of %d-byte picks",
+		    m->count, m->n_picks, m->picks_le.len, m->picks_le32.len, c->picks_width);
+	}
 	for (uint32_t k = 0; k < m->count; k++)
 		if (b.picks[k] >= (uint64_t)FZ_ROWS * c->augment)
 			die("pick %" PRIu64 " is outside the schedule", b.picks[k]);
@@ -1516,6 +1542,8 @@ static void do_open(struct fz_client *c, struct script *in)
 	msg.ipc = (Pf__Ipc)((flags >> 1) & 3);
 	if (flags & 8)
 		msg.pci_bus_id = "0000:3b:00.0";
+	msg.picks_le = flags & 16;
+	msg.narrow = flags & 32;
 	b = next_u8(in);
 	/* The daemon refuses an order above max_epoch_picks (FZ_AUGMENT_MAX
 	 * times N here): small ones, the edge, and any 32-bit value. */
@@ -1530,6 +1558,8 @@ static void do_open(struct fz_client *c, struct script *in)
 	env.open = &msg;
 	r = client_request(c, &env, FZ_OPEN);
 	r->cuda = strncmp(device, "cuda", 4) == 0;
+	r->picks_le = msg.picks_le;
+	r->narrow = msg.narrow;
 	r->set = set < FZ_NSETS ? &sets[set] : NULL;
 	r->expect_ok = FZ_REFUSE;
 	if (c->hello_sent && !c->session && r->set && !r->set->broken && !set_changed(r->set) &&

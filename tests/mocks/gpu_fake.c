@@ -453,18 +453,27 @@ static void gather_row(struct gather_report *r, const struct gpu_gather *g, cons
 				g->row_bytes[f]);
 }
 
+/* Row i's desc entry: 8 bytes, or a 4-byte entry id (desc32). */
+static uint64_t desc_entry(const struct gpu_gather *g, const uint8_t *desc, uint64_t i)
+{
+	if (g->desc32)
+		return ((const uint32_t *)desc)[i];
+	return ((const uint64_t *)desc)[i];
+}
+
 /* Runs one gather as the kernel would, rows before admissions (the order a
  * race-free call cannot tell from the kernel's). */
 static void run_gather(int dev, const struct gpu_gather *g)
 {
 	struct gather_report r = {.dev = dev};
 	uint64_t dst[GPU_GATHER_MAX_FIELDS], src[GPU_GATHER_MAX_FIELDS];
-	const uint64_t *desc = (const uint64_t *)(uintptr_t)g->desc;
+	const uint8_t *desc = (const uint8_t *)(uintptr_t)g->desc;
 	const uint64_t *admit = (const uint64_t *)(uintptr_t)g->admit;
-	uint64_t i, j, k, lo, hi;
+	const size_t width = g->desc32 ? sizeof(uint32_t) : sizeof(uint64_t);
+	uint64_t i, j, k, lo, hi, e;
 	uint32_t f;
 
-	if (g->count && !in_live_mem(dev, g->desc, (size_t)g->count * sizeof(*desc))) {
+	if (g->count && !in_live_mem(dev, g->desc, (size_t)g->count * width)) {
 		gather_problem(&r, "desc %#llx leaves device memory", (unsigned long long)g->desc);
 		desc = NULL;
 	}
@@ -480,15 +489,15 @@ static void run_gather(int dev, const struct gpu_gather *g)
 		desc = NULL;
 	}
 	for (i = 0; desc && i < g->count; i++) {
-		if (g->table) {
+		e = desc_entry(g, desc, i);
+		if (g->table && !g->desc32) {
 			/* Table mode: desc holds picks. */
-			uint64_t rec =
-				((const uint64_t *)(uintptr_t)g->table)[desc[i] % g->table_n];
+			uint64_t rec = ((const uint64_t *)(uintptr_t)g->table)[e % g->table_n];
 
 			for (f = 0; f < g->nfields; f++)
 				src[f] = rec + g->rec_off[f];
-		} else if (desc[i] & GPU_GATHER_STAGED) {
-			k = desc[i] & ~GPU_GATHER_STAGED;
+		} else if (e & GPU_GATHER_STAGED) {
+			k = e & ~GPU_GATHER_STAGED;
 			if (k >= g->nstaged) {
 				gather_problem(&r, "row %llu names staged row %llu of %u",
 					       (unsigned long long)i, (unsigned long long)k,
@@ -500,7 +509,7 @@ static void run_gather(int dev, const struct gpu_gather *g)
 		} else if (g->bases) {
 			/* Entry mode (the client's gather): the slab's base
 			 * from the bases array, as the kernel reads it. */
-			uint64_t slab = desc[i] >> g->slab_shift, rec;
+			uint64_t slab = e >> g->slab_shift, rec;
 
 			if (slab >= g->nbases ||
 			    !in_live_mem(dev, g->bases + slab * sizeof(uint64_t),
@@ -508,15 +517,15 @@ static void run_gather(int dev, const struct gpu_gather *g)
 			    !(rec = ((const uint64_t *)(uintptr_t)g->bases)[slab])) {
 				gather_problem(&r,
 					       "row %llu names entry %#llx of a slab not mapped",
-					       (unsigned long long)i, (unsigned long long)desc[i]);
+					       (unsigned long long)i, (unsigned long long)e);
 				continue;
 			}
-			rec += (desc[i] & ((1ull << g->slab_shift) - 1)) * g->rec_stride;
+			rec += (e & ((1ull << g->slab_shift) - 1)) * g->rec_stride;
 			for (f = 0; f < g->nfields; f++)
 				src[f] = rec + g->rec_off[f];
 		} else {
 			for (f = 0; f < g->nfields; f++)
-				src[f] = desc[i] + g->rec_off[f];
+				src[f] = e + g->rec_off[f];
 		}
 		for (f = 0; f < g->nfields; f++)
 			dst[f] = g->slot + g->slot_off[f] + i * g->row_bytes[f];
@@ -530,8 +539,8 @@ static void run_gather(int dev, const struct gpu_gather *g)
 		if (!admit[k])
 			continue;
 		for (i = 0; desc && !g->table && !g->bases && i < g->count && !race; i++)
-			race = !(desc[i] & GPU_GATHER_STAGED) &&
-			       records_overlap(desc[i], admit[k], lo, hi);
+			race = !(desc_entry(g, desc, i) & GPU_GATHER_STAGED) &&
+			       records_overlap(desc_entry(g, desc, i), admit[k], lo, hi);
 		for (j = 0; j < k && !race; j++)
 			race = admit[j] && records_overlap(admit[j], admit[k], lo, hi);
 		if (race) {
@@ -703,7 +712,9 @@ static int gather_ranges_check(int dev, const struct gpu_gather *g, char *what, 
 {
 	uint32_t f;
 
-	if (g->count && !in_live_mem(dev, g->desc, (size_t)g->count * sizeof(uint64_t))) {
+	if (g->count &&
+	    !in_live_mem(dev, g->desc,
+			 (size_t)g->count * (g->desc32 ? sizeof(uint32_t) : sizeof(uint64_t)))) {
 		snprintf(what, len, "desc %#llx", (unsigned long long)g->desc);
 		return -EFAULT;
 	}
@@ -746,7 +757,8 @@ int gpu_gather(struct gpu_stream *s, const struct gpu_gather *g)
 	if (g->nfields > GPU_GATHER_MAX_FIELDS || (uint64_t)g->count + g->nstaged > INT32_MAX ||
 	    (g->count && (!g->slot || !g->desc)) ||
 	    (g->nstaged && (!g->staged || (!g->admit && !g->bases))) ||
-	    (g->table && (!g->table_n || g->nstaged))) {
+	    (g->table && (!g->table_n || g->nstaged)) ||
+	    (g->desc32 && (!g->bases || g->nstaged || g->table))) {
 		rc = -EINVAL;
 		goto out;
 	}

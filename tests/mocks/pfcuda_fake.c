@@ -32,11 +32,11 @@
  *    instead of reading whatever was mapped next.
  *
  * The gather runs gather.cu's kernel in entry mode row by row, reading its
- * index, the slab table and the staged rows when it runs, not when it is
- * queued, as the kernel does; a row the kernel would skip (a slab past the
- * table or not mapped, a staged row past nstaged) is counted in
- * rows_skipped.  Table mode and admissions are the daemon's and never
- * reach this fake.
+ * index (of 8-byte entries, or 4-byte entry ids with desc32), the slab
+ * table and the staged rows when it runs, not when it is queued, as the
+ * kernel does; a row the kernel would skip (a slab past the table or not
+ * mapped, a staged row past nstaged) is counted in rows_skipped.  Table
+ * mode and admissions are the daemon's and never reach this fake.
  *
  * DESIGN: one mutex (fake_lock) guards all state: the trainer's thread
  * calls the client (and so this fake) and the test hooks, the fake daemon's
@@ -392,17 +392,28 @@ static void gather_row(const struct pfcuda_gather *g, const struct gpu_gather *p
 		       uint64_t desc, uint64_t b)
 {
 	const uint32_t nf = p->nfields < GPU_GATHER_MAX_FIELDS ? p->nfields : GPU_GATHER_MAX_FIELDS;
+	const uint64_t width = p->desc32 ? sizeof(uint32_t) : sizeof(uint64_t);
 	uint64_t src[GPU_GATHER_MAX_FIELDS], dst[GPU_GATHER_MAX_FIELDS], e;
 
-	if (!device_ok(desc + b * sizeof(uint64_t), sizeof(uint64_t))) {
+	if (!device_ok(desc + b * width, width)) {
 		fault("gather index entry %llu at %#llx lies outside device memory",
-		      (unsigned long long)b, (unsigned long long)(desc + b * sizeof(uint64_t)));
+		      (unsigned long long)b, (unsigned long long)(desc + b * width));
 		return;
 	}
-	e = ((const uint64_t *)(uintptr_t)desc)[b];
 	if (p->table || p->admit) {
 		fault("a client gather in table mode or with admissions (the daemon's)");
 		return;
+	}
+	if (p->desc32) {
+		/* 4-byte entry ids: entry mode only, as the kernel reads them
+		 * (without the slab table it skips the row). */
+		if (!p->bases) {
+			fake.n.rows_skipped++;
+			return;
+		}
+		e = ((const uint32_t *)(uintptr_t)desc)[b];
+	} else {
+		e = ((const uint64_t *)(uintptr_t)desc)[b];
 	}
 	if (e & GPU_GATHER_STAGED) {
 		const uint64_t k = e & ~GPU_GATHER_STAGED;
@@ -1303,7 +1314,8 @@ int pfcuda_gather_launch_group(struct pfcuda_gather *g, struct gpu_gather_group 
 	for (uint32_t k = 0; k < p->n; k++)
 		p->desc[k] =
 			staging_dev(g, p->desc[k],
-				    (uint64_t)(p->first[k + 1] - p->first[k]) * sizeof(uint64_t));
+				    (uint64_t)(p->first[k + 1] - p->first[k]) *
+					    (p->g.desc32 ? sizeof(uint32_t) : sizeof(uint64_t)));
 	if (p->first[p->n]) {
 		op.pg = malloc(sizeof(*op.pg));
 		if (!op.pg) {

@@ -120,6 +120,7 @@ struct fake {
 	char hello_client[64];
 	char open_name[64];
 	bool open_picks_le; /* the client asked for raw picks */
+	bool open_narrow;   /* ... and for 4-byte ones */
 	char failed[256];   /* non-empty: the fake saw something it did not expect */
 };
 
@@ -393,6 +394,7 @@ static void fake_handle(struct fake *f, const Pf__Envelope *env)
 		pthread_mutex_lock(&f->mu);
 		snprintf(f->open_name, sizeof(f->open_name), "%s", env->open->name);
 		f->open_picks_le = env->open->picks_le;
+		f->open_narrow = env->open->narrow;
 		pthread_mutex_unlock(&f->mu);
 		fake_log(f, (struct ev){.kind = EV_OPEN});
 		fake_open(f, env->id);
@@ -717,6 +719,9 @@ static void hello_names_program_and_pid_and_open_keeps_the_shape(void **unused)
 	/* Raw little-endian picks: at 16384 rows a batch, varints cost the
 	 * daemon and the client ~100 us each (bench/NOTES.md). */
 	assert_true(f->open_picks_le);
+	/* It asks for 4-byte picks too; this fake, like a daemon that does
+	 * not know them, sends picks_le, which every case here takes. */
+	assert_true(f->open_narrow);
 	assert_string_equal(pfc_daemon_version(c), "fake 0.0");
 	assert_int_equal(pfc_daemon_max_frame(c), 1 << 20);
 	assert_int_equal(pf_num_samples(c), 35);

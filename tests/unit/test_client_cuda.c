@@ -31,6 +31,7 @@
  * gather or copy, and only if nothing rewrote the memory before the read
  * ran.
  */
+#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -146,8 +147,25 @@ struct ev {
 	uint64_t gathers; /* EV_RELEASE: batches the fake device had gathered by then */
 };
 
+/* A rule of the 4-byte forms that the first batch of a narrow fake breaks,
+ * for the client to refuse (check_data_batch, check_gather). */
+enum bad {
+	BAD_NONE,
+	BAD_PICKS32_LEN,  /* picks_le32 one pick short */
+	BAD_PICKS_BOTH,	  /* picks_le32 and picks_le */
+	BAD_IDS32_LEN,	  /* gather_ids32 one id long */
+	BAD_IDS32_STAGED, /* gather_ids32 on a batch with a staged row */
+	BAD_IDS_BOTH,	  /* gather_ids32 and gather_ids */
+};
+
 struct script {
 	enum mode mode;
+	/* Pooled: picks and inline ids as 4 bytes (picks_le32, gather_ids32),
+	 * as the daemon sends them to a client that asked (it must have);
+	 * with mixed, only on even batches: batches of both widths arrive
+	 * in one read. */
+	bool narrow, mixed;
+	enum bad bad;
 	uint32_t samples;   /* N; default 44: five batches and one of 4 */
 	uint32_t target;    /* governor depth; default 4 */
 	uint32_t slots;	    /* default 6 */
@@ -390,7 +408,9 @@ static void emit_batch(struct fake *f, int slot)
 	Pf__BatchReady msg = PF__BATCH_READY__INIT;
 	const uint64_t seq = f->next_seq, *picks = &f->picks[seq * BATCH];
 	const uint32_t count = count_of(f, seq);
+	const bool narrow = f->s.narrow && (!f->s.mixed || seq % 2 == 0);
 	uint64_t desc[BATCH], staged_off[2];
+	uint32_t picks32[BATCH], desc32[BATCH];
 	uint32_t nstaged = 0;
 	uint64_t off;
 
@@ -402,8 +422,15 @@ static void emit_batch(struct fake *f, int slot)
 	msg.slot = slot;
 	msg.arena = 0;
 	msg.count = count;
-	msg.picks_le.data = (uint8_t *)picks;
-	msg.picks_le.len = count * sizeof(uint64_t);
+	if (narrow) {
+		for (uint32_t j = 0; j < count; j++)
+			picks32[j] = htole32((uint32_t)picks[j]);
+		msg.picks_le32.data = (uint8_t *)picks32;
+		msg.picks_le32.len = count * sizeof(uint32_t);
+	} else {
+		msg.picks_le.data = (uint8_t *)picks;
+		msg.picks_le.len = count * sizeof(uint64_t);
+	}
 	if (pooled(f)) {
 		uint8_t *tail;
 
@@ -437,8 +464,15 @@ static void emit_batch(struct fake *f, int slot)
 			/* The ids travel in the message: the tail holds
 			 * nothing the client may read instead. */
 			memset(tail, 0xFF, count * sizeof(uint64_t));
-			msg.gather_ids.data = (uint8_t *)desc;
-			msg.gather_ids.len = count * sizeof(uint64_t);
+			for (uint32_t j = 0; narrow && j < count; j++)
+				desc32[j] = htole32((uint32_t)desc[j]);
+			if (narrow) {
+				msg.gather_ids32.data = (uint8_t *)desc32;
+				msg.gather_ids32.len = count * sizeof(uint32_t);
+			} else {
+				msg.gather_ids.data = (uint8_t *)desc;
+				msg.gather_ids.len = count * sizeof(uint64_t);
+			}
 		}
 	} else {
 		off = SLOT_BASE + (uint64_t)slot * HOST_STRIDE;
@@ -449,6 +483,22 @@ static void emit_batch(struct fake *f, int slot)
 		}
 	}
 	msg.offset = off;
+	if (seq == 0) {
+		switch (f->s.bad) {
+		case BAD_NONE: break;
+		case BAD_PICKS32_LEN: msg.picks_le32.len -= sizeof(uint32_t); break;
+		case BAD_PICKS_BOTH:
+			msg.picks_le.data = (uint8_t *)picks;
+			msg.picks_le.len = count * sizeof(uint64_t);
+			break;
+		case BAD_IDS32_LEN: msg.gather_ids32.len += sizeof(uint32_t); break;
+		case BAD_IDS32_STAGED: msg.nstaged = 1; break;
+		case BAD_IDS_BOTH:
+			msg.gather_ids.data = (uint8_t *)desc;
+			msg.gather_ids.len = count * sizeof(uint64_t);
+			break;
+		}
+	}
 	env.msg_case = PF__ENVELOPE__MSG_BATCH;
 	env.batch = &msg;
 	fake_emit(f, &env);
@@ -520,6 +570,8 @@ static void fake_open(struct fake *f, const Pf__OpenSession *req, uint64_t id)
 			  req->device, req->pci_bus_id, req->gather);
 	if (f->s.mode == CLIENT_COPY && !req->client_copy)
 		fake_fail(f, "the client did not offer to copy");
+	if (f->s.narrow && !req->narrow)
+		fake_fail(f, "the client did not ask for 4-byte picks and ids");
 	x.name = "x";
 	x.dtype = "f4";
 	x.n_shape = 1;
@@ -933,7 +985,8 @@ static void fake_finish(struct fake *f, struct pf_client *c)
 	f->obuf = NULL;
 	if (f->failed[0])
 		fail_msg("fake daemon: %s", f->failed);
-	for (uint32_t i = 0; i < f->s.slots; i++)
+	/* A connection the client broke returns its slots by closing. */
+	for (uint32_t i = 0; f->s.bad == BAD_NONE && i < f->s.slots; i++)
 		if (f->slot[i].busy)
 			fail_msg("slot %u (epoch %llu batch %llu) never came back", i,
 				 (unsigned long long)f->slot[i].epoch,
@@ -1052,12 +1105,12 @@ static int start(struct pf_client *c, enum pf_order order, uint64_t seed)
 
 /* A pooled epoch the client gathers: every batch exact, every pick once,
  * and the first batches, which arrive together, in one group launch. */
-static void pooled_epoch(enum mode mode, int event_delay)
+static void pooled_epoch(enum mode mode, int event_delay, bool narrow)
 {
 	bool seen[MAX_SAMPLES] = {false};
 	struct pfcuda_fake_counts n;
 	struct pf_client *c;
-	struct fake *f = fake_session(&(struct script){.mode = mode}, &c);
+	struct fake *f = fake_session(&(struct script){.mode = mode, .narrow = narrow}, &c);
 	struct pf_batch *b;
 	int taken = 1;
 
@@ -1086,13 +1139,84 @@ static void pooled_epoch(enum mode mode, int event_delay)
 
 static void pooled_epoch_over_fd_arenas_is_exact_once_per_pick_in_fewer_launches(void **unused)
 {
-	pooled_epoch(POOL_FD, 0);
+	pooled_epoch(POOL_FD, 0, false);
 }
 
 static void pooled_epoch_over_legacy_arenas_is_exact_once_per_pick_in_fewer_launches(void **unused)
 {
 	/* And events that are not done at the first query. */
-	pooled_epoch(POOL_LEGACY, 2);
+	pooled_epoch(POOL_LEGACY, 2, false);
+}
+
+/* The daemon's 4-byte picks and entry ids (the client asked for them):
+ * widened into the batch's picks, gathered by the kernel at 4 bytes an
+ * id, every byte right. */
+static void pooled_epoch_over_narrow_ids_is_exact_once_per_pick_in_fewer_launches(void **unused)
+{
+	pooled_epoch(POOL_FD, 0, true);
+}
+
+/* Batches of both widths in one read (as from a daemon that falls back to
+ * 8 bytes for some): no launch mixes them, each is gathered at its own
+ * width. */
+static void batches_of_both_id_widths_in_one_read_are_each_gathered_at_their_own(void **unused)
+{
+	bool seen[MAX_SAMPLES] = {false};
+	struct pfcuda_fake_counts n;
+	struct pf_client *c;
+	struct fake *f =
+		fake_session(&(struct script){.mode = POOL_FD, .narrow = true, .mixed = true}, &c);
+	struct pf_batch *b;
+
+	assert_int_equal(start(c, PF_ORDER_SHUFFLE, 9), 0);
+	b = take_checked(c, STREAM_S, seen);
+	assert_non_null(b);
+	/* Batches 0..3 came together, of widths 4, 8, 4, 8. */
+	pfcuda_fake_counts(&n);
+	assert_int_equal(n.group_launches, 4);
+	assert_int_equal(n.group_most, 1);
+	assert_int_equal(pf_release(c, b, STREAM_S), 0);
+	assert_int_equal(drain_epoch(c, STREAM_S, seen), 5);
+	assert_every_pick_once(seen, 44);
+	fake_finish(f, c);
+}
+
+/* A BatchReady that breaks a rule of the 4-byte forms breaks the
+ * connection, saying which rule. */
+static void batch_with_a_wrong_4_byte_field_is_refused_naming_it(void **unused)
+{
+	static const struct {
+		enum bad bad;
+		const char *says;
+	} cases[] = {
+		{BAD_PICKS32_LEN,
+		 "epoch 0 batch 0 carries 28 bytes of picks_le32 for 8 samples (4 bytes a pick)"},
+		{BAD_PICKS_BOTH,
+		 "epoch 0 batch 0 carries its picks both as picks_le32 and as picks_le"},
+		{BAD_IDS32_LEN,
+		 "epoch 0 batch 0 carries 36 bytes of gather_ids32 for 8 rows with 0 "
+		 "staged"},
+		{BAD_IDS32_STAGED,
+		 "epoch 0 batch 0 carries 32 bytes of gather_ids32 for 8 rows with "
+		 "1 staged"},
+		{BAD_IDS_BOTH,
+		 "epoch 0 batch 0 carries its gather ids both as gather_ids32 and gather_ids"},
+	};
+
+	for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+		struct pf_client *c;
+		struct fake *f = fake_session(
+			&(struct script){.mode = POOL_FD, .narrow = true, .bad = cases[k].bad}, &c);
+		struct pf_batch *b;
+
+		assert_int_equal(start(c, PF_ORDER_SEQUENTIAL, 0), 0);
+		assert_int_equal(pf_next_stream(c, 2000, STREAM_S, &b), -EPROTO);
+		assert_null(b);
+		if (!strstr(pf_errmsg(c), cases[k].says))
+			fail_msg("case %zu: the client said \"%s\", not \"%s\"", k, pf_errmsg(c),
+				 cases[k].says);
+		fake_finish(f, c);
+	}
 }
 
 /* A batch taken for one stream and released on another: the release's
@@ -1694,6 +1818,11 @@ int main(void)
 			pooled_epoch_over_legacy_arenas_is_exact_once_per_pick_in_fewer_launches),
 		cmocka_unit_test(
 			batch_with_staged_rows_between_hits_keeps_stream_order_and_is_exact),
+		cmocka_unit_test(
+			pooled_epoch_over_narrow_ids_is_exact_once_per_pick_in_fewer_launches),
+		cmocka_unit_test(
+			batches_of_both_id_widths_in_one_read_are_each_gathered_at_their_own),
+		cmocka_unit_test(batch_with_a_wrong_4_byte_field_is_refused_naming_it),
 		cmocka_unit_test(pooled_release_waits_for_the_trainers_stream_work_on_it),
 		cmocka_unit_test(pooled_batch_released_on_another_stream_waits_for_its_gather),
 		cmocka_unit_test(

@@ -430,6 +430,67 @@ static void bad_arguments_are_refused_before_anything_is_queued(void **state)
 		expect_slot_row_zero(i);
 }
 
+/* Entry mode as the client's gather runs it (bases, no staged rows) with
+ * 4-byte entry ids: the pool's records as two slabs of 32, a third slab
+ * named but not mapped (base 0) and a fourth past nbases.  Rows naming
+ * those are skipped, as with 8-byte ids; the rest land byte for byte. */
+#define ENTRY_SHIFT 5
+
+static uint64_t entry_row(uint64_t i)
+{
+	return (i * 7 + 5) % NREC; /* records of both slabs */
+}
+
+static uint32_t entry_id(uint64_t i)
+{
+	if (i == 4)
+		return 2u << ENTRY_SHIFT | 1; /* slab 2: not mapped */
+	if (i == 9)
+		return 3u << ENTRY_SHIFT; /* slab 3: past nbases */
+	/* Record r is entry r: slab r >> ENTRY_SHIFT, the rest its index. */
+	return (uint32_t)entry_row(i);
+}
+
+static void four_byte_entry_ids_gather_their_records_and_skip_slabs_not_mapped(void **state)
+{
+	struct gpu_gather g = fx.g;
+	uint32_t *ids = (uint32_t *)host(fx.idx.base);
+	uint64_t *bases = (uint64_t *)host(fx.idx.base + COUNT * sizeof(uint32_t));
+
+	assert_true(NREC == 2u << ENTRY_SHIFT);
+	for (uint64_t i = 0; i < COUNT; i++)
+		ids[i] = entry_id(i);
+	bases[0] = record(0);
+	bases[1] = record(1u << ENTRY_SHIFT);
+	bases[2] = 0;
+	g.desc32 = 1;
+	g.nstaged = 0;
+	g.admit = 0;
+	g.bases = fx.idx.base + COUNT * sizeof(uint32_t);
+	g.nbases = 3;
+	g.slab_shift = ENTRY_SHIFT;
+	g.rec_stride = fx.stride;
+	assert_int_equal(gpu_gather(fx.s, &g), 0);
+	assert_int_equal(gpu_stream_sync(fx.s), 0);
+	for (uint64_t i = 0; i < COUNT; i++) {
+		if (i == 4 || i == 9)
+			expect_slot_row_zero(i);
+		else
+			expect_slot_row(i, FROM_POOL, entry_row(i));
+	}
+	/* 4-byte entries name pool entries only: without the slab bases, or
+	 * with staged rows or a record table, the call is refused. */
+	g.bases = 0;
+	assert_int_equal(gpu_gather(fx.s, &g), -EINVAL);
+	g.bases = fx.idx.base + COUNT * sizeof(uint32_t);
+	g.nstaged = NSTAGED;
+	assert_int_equal(gpu_gather(fx.s, &g), -EINVAL);
+	g.nstaged = 0;
+	g.table = fx.pool.base;
+	g.table_n = 1;
+	assert_int_equal(gpu_gather(fx.s, &g), -EINVAL);
+}
+
 static void unexported_arena_is_counted_and_has_no_fd_or_handle(void **state)
 {
 	static const uint8_t zero[GPU_IPC_HANDLE_BYTES];
@@ -474,6 +535,9 @@ int main(void)
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(bad_arguments_are_refused_before_anything_is_queued,
 						setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			four_byte_entry_ids_gather_their_records_and_skip_slabs_not_mapped, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(unexported_arena_is_counted_and_has_no_fd_or_handle,
 						setup, teardown),
 	};

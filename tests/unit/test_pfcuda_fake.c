@@ -321,6 +321,80 @@ static void group_gather_builds_each_batch_from_its_own_index(void **state)
 	pfcuda_event_destroy(r->d, ev);
 }
 
+/* desc32: each batch's index is 4-byte entry ids, read at that width, and
+ * one that ends where the staging ends lies inside it (sized as 8-byte
+ * entries it would not). */
+static void group_gather_of_4_byte_ids_reads_each_index_at_its_width(void **state)
+{
+	struct rig *r = *state;
+	struct gpu_gather_group p;
+	struct pfcuda_fake_counts n;
+	uint32_t *ids;
+	void *ev;
+
+	import_slab(r, 2);
+	assert_int_equal(pfcuda_event_create(r->d, &ev, NULL, 0), 0);
+	assert_int_equal(pfcuda_gather_staging(r->g, 4096, (void **)&ids, NULL, 0), 0);
+	/* Batch 0: entries 1, 2 of slab 2; batch 1, its index the staging's
+	 * last 12 bytes: 4, 5, 6. */
+	ids[0] = 2 << 6 | 1;
+	ids[1] = 2 << 6 | 2;
+	ids[1021] = 2 << 6 | 4;
+	ids[1022] = 2 << 6 | 5;
+	ids[1023] = 2 << 6 | 6;
+	memset(&p, 0, sizeof(p));
+	p.g = layout();
+	p.g.desc32 = 1;
+	p.n = 2;
+	p.first[1] = 2;
+	p.first[2] = 5;
+	p.slot[0] = r->slot;
+	p.slot[1] = r->slot + 1024;
+	p.desc[0] = (uint64_t)(uintptr_t)ids;
+	p.desc[1] = (uint64_t)(uintptr_t)(ids + 1021);
+	assert_int_equal(pfcuda_gather_launch_group(r->g, &p, ev, NULL, 0), 0);
+	assert_int_equal(pfcuda_gather_sync(r->g, NULL, 0), 0);
+	assert_int_equal(slot_bytes(r)[0], 1);
+	assert_int_equal(slot_bytes(r)[ROW_X], 2);
+	assert_int_equal(slot_bytes(r)[256 + ROW_Y], 102);
+	assert_int_equal(slot_bytes(r)[1024], 4);
+	assert_int_equal(slot_bytes(r)[1024 + 2 * ROW_X], 6);
+	assert_int_equal(slot_bytes(r)[1024 + 256 + 2 * ROW_Y], 106);
+	pfcuda_fake_counts(&n);
+	assert_int_equal(n.group_batches, 2);
+	assert_int_equal(n.faults + n.rows_skipped, 0);
+	pfcuda_event_destroy(r->d, ev);
+}
+
+/* One batch launched alone with 4-byte ids reads them as such. */
+static void gather_of_4_byte_ids_reads_them_at_their_width(void **state)
+{
+	struct rig *r = *state;
+	struct gpu_gather g = layout();
+	struct pfcuda_fake_counts n;
+	uint32_t *ids;
+	void *ev;
+
+	import_slab(r, 1);
+	assert_int_equal(pfcuda_event_create(r->d, &ev, NULL, 0), 0);
+	assert_int_equal(pfcuda_gather_staging(r->g, 4096, (void **)&ids, NULL, 0), 0);
+	ids[0] = 1 << 6 | 7;
+	ids[1] = 1 << 6 | 3;
+	ids[2] = 1 << 6 | 9;
+	g.slot = r->slot;
+	g.count = 3;
+	g.desc32 = 1;
+	assert_int_equal(pfcuda_gather_launch(r->g, &g, ids, 3 * sizeof(uint32_t), ev, NULL, 0), 0);
+	assert_int_equal(pfcuda_event_sync(r->d, ev, NULL, 0), 0);
+	assert_int_equal(slot_bytes(r)[0], 7);
+	assert_int_equal(slot_bytes(r)[ROW_X], 3);
+	assert_int_equal(slot_bytes(r)[2 * ROW_X], 9);
+	assert_int_equal(slot_bytes(r)[256 + 2 * ROW_Y], 109);
+	pfcuda_fake_counts(&n);
+	assert_int_equal(n.faults + n.rows_skipped, 0);
+	pfcuda_event_destroy(r->d, ev);
+}
+
 static void legacy_handle_opens_the_registered_memfd_shared(void **state)
 {
 	struct rig *r = *state;
@@ -377,6 +451,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(
 			trainer_stream_waits_for_the_gather_and_busy_work_holds_it, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(
+			group_gather_of_4_byte_ids_reads_each_index_at_its_width, setup, teardown),
+		cmocka_unit_test_setup_teardown(gather_of_4_byte_ids_reads_them_at_their_width,
+						setup, teardown),
 		cmocka_unit_test_setup_teardown(group_gather_builds_each_batch_from_its_own_index,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(legacy_handle_opens_the_registered_memfd_shared,

@@ -16,6 +16,7 @@
  * threads are the daemon's own.  A step that waits for them turns the loop
  * until what it waits for has come back, or fails after 5 s.
  */
+#include <endian.h>
 #include <errno.h>
 #include <sched.h>
 #include <setjmp.h>
@@ -74,7 +75,9 @@ struct msg {
 	Pf__BatchReady b; /* BatchReady; b.picks owned, b.message unset,
 			   * b.staged_off points at staged_off */
 	uint64_t staged_off[2];
-	uint64_t *ids;	    /* owned: BatchReady.gather_ids, NULL when not inline */
+	uint64_t *ids;	    /* owned: BatchReady.gather_ids(32), NULL when not inline */
+	int picks_width;    /* BatchReady: 0 (varints), 8 (picks_le) or 4 (picks_le32) */
+	int ids_width;	    /* with ids: 8 (gather_ids) or 4 (gather_ids32) */
 	uint32_t slab, gen; /* PoolSlab, PoolSlabGone */
 	uint32_t arena;	    /* Arena */
 	uint32_t slots;	    /* Opened */
@@ -188,16 +191,39 @@ static int fake_send(void *conn, const struct Pf__Envelope *penv, int fd)
 		close(fd);
 		break;
 	}
-	case PF__ENVELOPE__MSG_BATCH:
-		m->b = *env->batch;
+	case PF__ENVELOPE__MSG_BATCH: {
+		const Pf__BatchReady *b = env->batch;
+
+		m->b = *b;
 		m->epoch = m->b.epoch;
 		m->b.message = NULL;
-		if (env->batch->message)
-			snprintf(m->text, sizeof(m->text), "%s", env->batch->message);
-		assert_int_equal(m->b.n_picks, m->b.count);
+		m->b.picks_le.data = m->b.picks_le32.data = m->b.gather_ids32.data = NULL;
+		if (b->message)
+			snprintf(m->text, sizeof(m->text), "%s", b->message);
+		/* The picks in exactly one form, each read as a client does
+		 * (little-endian words), into b.picks. */
 		m->b.picks = malloc((m->b.count ? m->b.count : 1) * sizeof(uint64_t));
 		assert_non_null(m->b.picks);
-		memcpy(m->b.picks, env->batch->picks, m->b.count * sizeof(uint64_t));
+		if (b->picks_le32.len) {
+			const uint32_t *p32 = (const uint32_t *)b->picks_le32.data;
+
+			m->picks_width = 4;
+			assert_int_equal(b->picks_le32.len, (size_t)b->count * 4);
+			assert_int_equal(b->picks_le.len + b->n_picks, 0);
+			for (uint32_t i = 0; i < b->count; i++)
+				m->b.picks[i] = le32toh(p32[i]);
+		} else if (b->picks_le.len) {
+			const uint64_t *p64 = (const uint64_t *)b->picks_le.data;
+
+			m->picks_width = 8;
+			assert_int_equal(b->picks_le.len, (size_t)b->count * 8);
+			assert_int_equal(b->n_picks, 0);
+			for (uint32_t i = 0; i < b->count; i++)
+				m->b.picks[i] = le64toh(p64[i]);
+		} else {
+			assert_int_equal(b->n_picks, b->count);
+			memcpy(m->b.picks, b->picks, m->b.count * sizeof(uint64_t));
+		}
 		if (m->b.gather) {
 			assert_true(f->gathers);
 			assert_int_equal(m->b.n_staged_off, 2);
@@ -205,14 +231,22 @@ static int fake_send(void *conn, const struct Pf__Envelope *penv, int fd)
 			m->b.staged_off = m->staged_off;
 		}
 		m->b.gather_ids.data = NULL;
-		if (env->batch->gather_ids.len) {
-			assert_int_equal(env->batch->gather_ids.len, (size_t)m->b.count * 8);
+		if (b->gather_ids.len || b->gather_ids32.len) {
+			const uint32_t *ids32 = (const uint32_t *)b->gather_ids32.data;
+			const uint64_t *ids64 = (const uint64_t *)b->gather_ids.data;
+
+			m->ids_width = ids32 ? 4 : 8;
+			assert_false(b->gather_ids.len && b->gather_ids32.len);
+			assert_int_equal(b->gather_ids.len + b->gather_ids32.len,
+					 (size_t)m->b.count * m->ids_width);
 			assert_int_equal(m->b.nstaged, 0);
-			m->ids = malloc(env->batch->gather_ids.len);
+			m->ids = malloc((size_t)m->b.count * sizeof(uint64_t) + 1);
 			assert_non_null(m->ids);
-			memcpy(m->ids, env->batch->gather_ids.data, env->batch->gather_ids.len);
+			for (uint32_t i = 0; i < b->count; i++)
+				m->ids[i] = ids32 ? le32toh(ids32[i]) : le64toh(ids64[i]);
 		}
 		break;
+	}
 	case PF__ENVELOPE__MSG_STARTED:
 		m->epoch = env->started->epoch;
 		m->batches = env->started->batches;
@@ -370,6 +404,9 @@ static struct msg *last(struct fixture *f)
 
 static bool open_gather; /* open_session asks to gather client-side */
 static bool open_copy;	 /* open_session says the client can copy batches itself */
+static bool open_picks_le; /* ... takes picks as picks_le */
+static bool open_narrow;   /* ... takes 4-byte picks and gather ids */
+static uint32_t open_augment;
 
 static void open_session(struct fixture *f, const char *device, uint32_t batch, uint32_t max_depth)
 {
@@ -378,6 +415,9 @@ static void open_session(struct fixture *f, const char *device, uint32_t batch, 
 
 	req.gather = open_gather;
 	req.client_copy = open_copy;
+	req.picks_le = open_picks_le;
+	req.narrow = open_narrow;
+	req.augment = open_augment;
 	req.dataset = "ds";
 	req.name = "";
 	req.device = (char *)device;
@@ -1007,18 +1047,18 @@ static int count_inline(const struct fixture *f)
  * while a batch that reads it is held stays allocated (and its bytes
  * right) until that batch is released, and only then is the client told
  * it is gone. */
-static void
-a_client_gather_epoch_is_byte_exact_and_slabs_outlive_the_batches_that_read_them(void **state)
+static void client_gather_epoch(struct fixture *f, bool narrow)
 {
-	struct fixture *f = *state;
 	struct order_spec spec = {.kind = ORDER_SHUFFLE, .seed = 5};
 	uint64_t hits, h2d, freed = 0, index_bytes;
 	int gathers, live, slabs_out = 0, gone = 0, drop_at, inline_before;
 	struct msg *held;
 
 	open_gather = true;
+	open_picks_le = true;
+	open_narrow = narrow;
 	open_session(f, "cuda:0", 32, 0);
-	open_gather = false;
+	open_gather = open_picks_le = open_narrow = false;
 	assert_true(f->gathers);
 	assert_true(f->s->cuda.gather);
 	assert_true(f->s->cuda.dev_stride > f->s->lay.slot_stride);
@@ -1083,6 +1123,27 @@ a_client_gather_epoch_is_byte_exact_and_slabs_outlive_the_batches_that_read_them
 	for (int i = drop_at; i < f->nmsgs; i++)
 		gone += f->msgs[i].what == PF__ENVELOPE__MSG_POOL_SLAB_GONE;
 	assert_int_equal(gone, slabs_out);
+	/* Every batch's picks, and every inline index, in the width the
+	 * client asked for; the gathers above read them byte-exact. */
+	for (int i = 0; i < f->nmsgs; i++) {
+		if (f->msgs[i].what != PF__ENVELOPE__MSG_BATCH)
+			continue;
+		assert_int_equal(f->msgs[i].picks_width, narrow ? 4 : 8);
+		if (f->msgs[i].ids)
+			assert_int_equal(f->msgs[i].ids_width, narrow ? 4 : 8);
+	}
+}
+
+static void
+a_client_gather_epoch_is_byte_exact_and_slabs_outlive_the_batches_that_read_them(void **state)
+{
+	client_gather_epoch(*state, false);
+}
+
+/* The same with a narrow client: 4-byte picks and inline entry ids. */
+static void a_narrow_client_gather_epoch_is_byte_exact_with_4_byte_picks_and_ids(void **state)
+{
+	client_gather_epoch(*state, true);
 }
 
 /* ---- lingering pools ---------------------------------------------------------- */
@@ -1270,6 +1331,100 @@ static void a_lingering_pool_dropped_by_prefetchctl_empties_at_once(void **state
 /* A CUDA session of a client that copies batches itself, on a dataset with
  * no pool: host arenas, SessionOpened.client_copy, no device work at all in
  * the daemon; with the pool on, the same request gets the device path. */
+/* The width of every BatchReady's picks since message `from`. */
+static void expect_picks_width(const struct fixture *f, int from, int width)
+{
+	int batches = 0;
+
+	for (int i = from; i < f->nmsgs; i++) {
+		if (f->msgs[i].what != PF__ENVELOPE__MSG_BATCH)
+			continue;
+		assert_int_equal(f->msgs[i].picks_width, width);
+		batches++;
+	}
+	assert_true(batches > 0);
+}
+
+/* A narrow client of a host session gets every batch's picks as 4 bytes
+ * (consume_epoch checks each one against the order); a client that takes
+ * picks_le but did not ask narrow gets them as 8, as before. */
+static void picks_go_as_4_bytes_only_to_a_client_that_asks(void **state)
+{
+	struct fixture *f = *state;
+	struct order_spec spec = {.kind = ORDER_SHUFFLE, .seed = 7};
+	int from;
+
+	open_picks_le = open_narrow = true;
+	open_session(f, "host", 32, 0);
+	open_picks_le = open_narrow = false;
+	assert_true(f->s->picks32);
+	from = f->nmsgs;
+	start_epoch(f, 1, PF__ORDER__ORDER_SHUFFLE, 7);
+	assert_int_equal(consume_epoch(f, 1, &spec, 32), 10);
+	expect_picks_width(f, from, 4);
+	end_session(f);
+
+	open_picks_le = true;
+	open_session(f, "host", 32, 0);
+	open_picks_le = false;
+	assert_false(f->s->picks32);
+	from = f->nmsgs;
+	start_epoch(f, 1, PF__ORDER__ORDER_SHUFFLE, 7);
+	assert_int_equal(consume_epoch(f, 1, &spec, 32), 10);
+	expect_picks_width(f, from, 8);
+}
+
+/* Picks lie below augment x N: a session where that passes 2^32 sends
+ * 8-byte picks to a narrow client, even for a batch whose picks would
+ * fit, and one where it does not sends 4-byte ones. */
+static void a_session_whose_picks_may_pass_32_bits_sends_them_as_8_bytes(void **state)
+{
+	struct fixture *f = *state;
+	Pf__LoadBatch req = PF__LOAD_BATCH__INIT;
+	uint64_t picks[3] = {5, (1ull << 32) + 7, 299};
+	const uint32_t fits = (uint32_t)((1ull << 32) / N); /* N x fits <= 2^32 */
+	struct msg *m;
+
+	f->d.cfg.max_epoch_picks = 1ull << 40;
+	open_picks_le = open_narrow = true;
+	open_augment = fits;
+	open_session(f, "host", 4, 0);
+	assert_true(f->s->picks32);
+	end_session(f);
+
+	open_augment = fits + 1;
+	open_session(f, "host", 4, 0);
+	open_picks_le = open_narrow = false;
+	open_augment = 0;
+	assert_false(f->s->picks32);
+	start_epoch(f, 1, PF__ORDER__ORDER_PACED, 0);
+	req.epoch = 1;
+	req.picks = picks;
+	req.n_picks = 3;
+	assert_int_equal(sess_load(f->s, ++f->last_id, &req), 0);
+	req.picks = picks;
+	req.n_picks = 1;
+	assert_int_equal(sess_load(f->s, ++f->last_id, &req), 0);
+	req.n_picks = 0;
+	req.end = true;
+	assert_int_equal(sess_load(f->s, ++f->last_id, &req), 0);
+	m = next_msg(f);
+	assert_int_equal(m->what, PF__ENVELOPE__MSG_STARTED);
+	for (uint64_t seq = 0; seq < 2; seq++) {
+		m = next_msg(f);
+		assert_int_equal(m->what, PF__ENVELOPE__MSG_BATCH);
+		assert_int_equal(m->b.seq, seq);
+		assert_int_equal(m->picks_width, 8);
+		assert_int_equal(m->b.count, seq ? 1 : 3);
+		assert_memory_equal(m->b.picks, picks, m->b.count * sizeof(uint64_t));
+		check_rows(f, m);
+		ack(f, 1);
+		release(f, m->b.slot, 1, seq);
+	}
+	m = next_msg(f);
+	assert_int_equal(m->what, PF__ENVELOPE__MSG_END);
+}
+
 static void a_client_that_copies_gets_host_arenas_when_no_pool_serves_it(void **state)
 {
 	struct fixture *f = *state;
@@ -1464,6 +1619,14 @@ int main(void)
 		cmocka_unit_test_setup_teardown(
 			a_client_gather_epoch_is_byte_exact_and_slabs_outlive_the_batches_that_read_them,
 			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			a_narrow_client_gather_epoch_is_byte_exact_with_4_byte_picks_and_ids, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(picks_go_as_4_bytes_only_to_a_client_that_asks,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			a_session_whose_picks_may_pass_32_bits_sends_them_as_8_bytes, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(
 			a_client_that_copies_gets_host_arenas_when_no_pool_serves_it, setup,
 			teardown),
