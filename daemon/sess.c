@@ -102,7 +102,6 @@ static void sess_free(struct sess *s)
 		big_free(s->slots[i].rows, (size_t)s->batch_size * sizeof(uint64_t));
 		big_free(s->slots[i].ids32, (size_t)s->batch_size * sizeof(uint32_t));
 	}
-	big_free(s->packed_picks, (size_t)s->batch_size * sizeof(uint32_t));
 	/* How long its orders are kept, while the dataset is still ours. */
 	double keep_s = s->ds ? daemon_pool_linger(s->d, s->ds) : 0;
 
@@ -336,7 +335,6 @@ static int count_slots(struct sess *s, uint32_t min_depth, uint32_t *max_depth, 
 static uint64_t open_bytes(const struct sess *s)
 {
 	uint64_t per_slot = sizeof(struct slot) + (uint64_t)s->batch_size * sizeof(uint64_t), bytes;
-	uint64_t packed_picks = s->picks32 ? (uint64_t)s->batch_size * sizeof(uint32_t) : 0;
 
 	if (s->gpu >= 0)
 		per_slot += s->ds->nfields * sizeof(uint64_t) +
@@ -344,15 +342,12 @@ static uint64_t open_bytes(const struct sess *s)
 	else
 		per_slot += s->lay.slot_stride;
 	/* A narrow client's device slots may each hold a batch's entry ids
-	 * as 4 bytes (sess_cuda.ids32), and its picks are packed into one
-	 * buffer of the session. */
+	 * as 4 bytes (sess_cuda.ids32); its picks are packed into the loop's
+	 * scratch (sess_pump.c), nobody's quota. */
 	if (s->gpu >= 0 && s->narrow)
 		per_slot += (uint64_t)s->batch_size * sizeof(uint32_t);
 	/* Saturated: a sum past 2^64 is refused as "more than the budget". */
-	if (__builtin_mul_overflow((uint64_t)s->nslots, per_slot, &bytes) ||
-	    __builtin_add_overflow(bytes, packed_picks, &bytes))
-		return UINT64_MAX;
-	return bytes;
+	return __builtin_mul_overflow((uint64_t)s->nslots, per_slot, &bytes) ? UINT64_MAX : bytes;
 }
 
 int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64_t id,
@@ -479,11 +474,6 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 		goto fail;
 	s->slots = calloc(s->nslots, sizeof(*s->slots));
 	if (!s->slots) {
-		rc = -ENOMEM;
-		goto fail;
-	}
-	if (s->picks32 &&
-	    !(s->packed_picks = big_alloc((size_t)s->batch_size * sizeof(*s->packed_picks)))) {
 		rc = -ENOMEM;
 		goto fail;
 	}

@@ -234,11 +234,9 @@ struct sess {
 	/* The client is narrow and every pick of the session is below 2^32
 	 * (augment x N <= 2^32, decided at open, as picks stay below it in
 	 * every epoch, paced ones included): its
-	 * BatchReady carries picks_le32, packed into packed_picks (owned,
-	 * bigmem, batch_size) as each is encoded (the frame is written before
-	 * the next one is packed). */
+	 * BatchReady carries picks_le32, packed into the loop's scratch as
+	 * each is encoded (sess_pump.c). */
 	bool picks32;
-	uint32_t *packed_picks;
 	/* A CUDA session (device names its GPU) whose client copies each
 	 * batch to the GPU itself, in its own context, from host arenas it
 	 * registers: to the daemon it is a host session (gpu is -1).  A copy

@@ -85,20 +85,47 @@ static const uint64_t *batch_picks(const struct sess *s, uint64_t seq)
 	return s->picks + seq * s->batch_size;
 }
 
+/* The loop's scratch for a BatchReady's 4-byte picks: packed just before
+ * the frame is encoded, which copies them, so one buffer grown to the
+ * largest batch serves every session (a buffer per session would take a
+ * client's memory quota for what lives a microsecond).  Loop thread only;
+ * kept for the daemon's life. */
+static uint32_t *picks32_scratch;
+static size_t picks32_cap;
+
+/* picks32_scratch with room for count picks, or NULL (out of memory: the
+ * batch's picks then go as 8 bytes, which every client takes). */
+static uint32_t *picks32_room(uint32_t count)
+{
+	if (count > picks32_cap) {
+		uint32_t *p = realloc(picks32_scratch, (size_t)count * sizeof(*p));
+
+		if (!p)
+			return NULL;
+		picks32_scratch = p;
+		picks32_cap = count;
+	}
+	return picks32_scratch;
+}
+
 /* The picks of a BatchReady of count picks, from picks (NULL: sized, not
  * filled). */
 static void batch_msg_picks(const struct sess *s, Pf__BatchReady *msg, uint32_t count,
 			    const uint64_t *picks)
 {
+	uint32_t *packed;
+
 	msg->count = count;
-	if (s->picks32) {
+	if (s->picks32 && (!picks || (packed = picks32_room(count)))) {
 		/* Half the bytes of picks_le to encode, send, read, decode
 		 * and copy into the batch: the client's CPU per batch is
 		 * what bounds a warm pool's tight loop (bench/NOTES.md). */
 		msg->picks_le32.len = (size_t)count * sizeof(uint32_t);
-		msg->picks_le32.data = (uint8_t *)s->packed_picks;
-		for (uint32_t i = 0; picks && i < count; i++)
-			s->packed_picks[i] = htole32((uint32_t)picks[i]);
+		if (!picks)
+			return;
+		for (uint32_t i = 0; i < count; i++)
+			packed[i] = htole32((uint32_t)picks[i]);
+		msg->picks_le32.data = (uint8_t *)packed;
 		return;
 	}
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
