@@ -210,7 +210,8 @@ struct pfc_batch {
 	char *message;		     /* owned: an error batch's text */
 	uint64_t bytes;		     /* sample bytes of all fields */
 	uint64_t gen;		     /* the connection it came on (pf_client.gen) */
-	struct pfc_event *gather_ev; /* owned: the end of its gather or copy */
+	struct pfc_event *gather_ev; /* one reference (shared by a group launch's batches): the
+					 end of its gather or copy */
 	bool waited;		     /* waited_stream waits for gather_ev (pfc_take) */
 	bool acked;		     /* its Ack went at the release before (pfc_ack_ahead) */
 	const void *waited_stream;

@@ -21,8 +21,11 @@ static void work(uv_work_t *w)
 	char err[200];
 
 	order_lower_priority();
-	free(a->freeing);
-	a->freeing = NULL;
+	if (a->freeing) {
+		free(a->freeing);
+		a->freeing = NULL;
+		a->freed_off_loop++;
+	}
 	a->rc = order_build(&a->spec, a->space, &a->picks, &a->npicks, err, sizeof(err));
 }
 
@@ -62,6 +65,8 @@ static void work_done(uv_work_t *w, int status)
 	struct ahead *a = container_of(w, struct ahead, work);
 
 	a->busy = false;
+	free(a->freeing); /* the build never ran (cancelled): here, then */
+	a->freeing = NULL;
 	a->ready = status == 0 && a->rc == 0;
 	if (!a->ready) {
 		free(a->picks);
@@ -73,10 +78,6 @@ static void work_done(uv_work_t *w, int status)
 	    !(a->ready && same_order(&a->spec, a->space, &a->again_spec, a->again_space)))
 		ahead_queue(a, &a->again_spec, a->again_space);
 	a->again = false;
-	if (!a->busy) { /* no build to take it after all */
-		free(a->garbage);
-		a->garbage = NULL;
-	}
 	a->done(a);
 }
 
@@ -101,16 +102,16 @@ void ahead_discard(struct ahead *a, uint64_t *picks)
 {
 	if (!picks)
 		return;
+	if (a->busy || a->cancelled) {
+		free(picks);
+		return;
+	}
 	free(a->garbage); /* one no build took (a burst of epochs): here, then */
 	a->garbage = picks;
 }
 
 void ahead_discard_now(struct ahead *a)
 {
-	/* A busy build queues the next one as it comes back (again), which
-	 * takes the garbage along; without that, nothing will. */
-	if (a->busy && a->again && !a->cancelled)
-		return;
 	free(a->garbage);
 	a->garbage = NULL;
 }

@@ -45,9 +45,12 @@ struct ahead {
 	 * of picks is a munmap of 0.4-0.7 ms (glibc maps big blocks of its
 	 * own until its threshold has grown), which held the first batch of
 	 * the 2nd and 3rd epochs (bench/NOTES.md, run 45).  garbage: the
-	 * loop's, until a build is queued; freeing: that build's. */
+	 * loop's, until a build is queued; freeing: that build's, which
+	 * starts at once (a pool thread is free between epochs), so the
+	 * bytes go uncharged to the quota only that long. */
 	uint64_t *garbage;
 	uint64_t *freeing;
+	uint64_t freed_off_loop; /* orders freed by a build (read once it is back) */
 	/* Loop thread: a build came back (busy is false unless another one
 	 * was queued after it). */
 	void (*done)(struct ahead *a);
@@ -63,13 +66,14 @@ void ahead_epoch_started(struct ahead *a, const struct order_spec *spec, uint64_
 uint64_t *ahead_take(struct ahead *a, const struct order_spec *spec, uint64_t space,
 		     uint64_t *npicks);
 /* Hands over picks (an order the caller is done with; NULL is a no-op),
- * to be freed by the next build ahead_epoch_started queues, off the loop.
- * Call ahead_discard_now after ahead_epoch_started: what no build took is
- * freed there. */
+ * to be freed by the next build ahead_epoch_started queues, off the loop;
+ * freed at once while a build is busy (it would wait for that build and
+ * the next one, uncharged to anyone's quota meanwhile).  Then call
+ * ahead_discard_now, after ahead_epoch_started where the epoch starts at
+ * once: what no build took is freed there, on the loop (an epoch whose
+ * order is still being built waits for that build anyway). */
 void ahead_discard(struct ahead *a, uint64_t *picks);
-/* Frees what ahead_discard kept and no build took: when a build is busy,
- * it waits for the one queued after it (ahead_epoch_started's again); else
- * freed now. */
+/* Frees what ahead_discard kept and no build took. */
 void ahead_discard_now(struct ahead *a);
 /* No more builds; frees the order kept.  Call again once not busy. */
 void ahead_cancel(struct ahead *a);

@@ -94,7 +94,7 @@ static uint32_t *picks32_scratch;
 static size_t picks32_cap;
 
 /* picks32_scratch with room for count picks, or NULL (out of memory: the
- * batch's picks then go as 8 bytes, which every client takes). */
+ * batch's picks then go as the session's 8-byte form). */
 static uint32_t *picks32_room(uint32_t count)
 {
 	if (count > picks32_cap) {
@@ -109,7 +109,8 @@ static uint32_t *picks32_room(uint32_t count)
 }
 
 /* The picks of a BatchReady of count picks, from picks (NULL: sized, not
- * filled). */
+ * filled).  Called last before the frame is encoded: the 4-byte form lies
+ * in the loop's scratch until then. */
 static void batch_msg_picks(const struct sess *s, Pf__BatchReady *msg, uint32_t count,
 			    const uint64_t *picks)
 {
@@ -120,13 +121,22 @@ static void batch_msg_picks(const struct sess *s, Pf__BatchReady *msg, uint32_t 
 		/* Half the bytes of picks_le to encode, send, read, decode
 		 * and copy into the batch: the client's CPU per batch is
 		 * what bounds a warm pool's tight loop (bench/NOTES.md). */
+		uint64_t high = 0;
+
 		msg->picks_le32.len = (size_t)count * sizeof(uint32_t);
 		if (!picks)
 			return;
-		for (uint32_t i = 0; i < count; i++)
+		for (uint32_t i = 0; i < count; i++) {
 			packed[i] = htole32((uint32_t)picks[i]);
+			high |= picks[i] >> 32;
+		}
 		msg->picks_le32.data = (uint8_t *)packed;
-		return;
+		if (!high)
+			return;
+		/* A paced error batch echoes the client's picks, in range or
+		 * not: those go whole, in the session's 8-byte form. */
+		msg->picks_le32.len = 0;
+		msg->picks_le32.data = NULL;
 	}
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 	/* The picks as they lie in memory, for a client that takes them so:
@@ -173,7 +183,6 @@ static int send_batch(struct sess *s, struct slot *sl)
 
 	msg.epoch = sl->epoch;
 	msg.seq = sl->seq;
-	batch_msg_picks(s, &msg, count, batch_picks(s, sl->seq));
 	if (sl->error) {
 		msg.slot = -1;
 		msg.error = sl->error;
@@ -194,6 +203,7 @@ static int send_batch(struct sess *s, struct slot *sl)
 			}
 		}
 	}
+	batch_msg_picks(s, &msg, count, batch_picks(s, sl->seq));
 	env.msg_case = PF__ENVELOPE__MSG_BATCH;
 	env.batch = &msg;
 	rc = peer_send(s->peer, &env, -1);

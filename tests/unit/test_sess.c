@@ -678,20 +678,23 @@ static void the_last_epochs_order_is_freed_by_the_next_build(void **state)
 	assert_int_equal(consume_epoch(f, 1, &spec, 32), 10);
 	run_until(f, no_jobs);
 	assert_true(f->s->ahead.ready);
+	assert_int_equal(f->s->ahead.freed_off_loop, 0);
 	spec.seed = 8;
 	start_epoch(f, 2, PF__ORDER__ORDER_SHUFFLE, 8);
-	/* Epoch 1's order went with the build of epoch 3's. */
+	/* Epoch 1's order went with the build of epoch 3's, which freed it. */
 	assert_null(f->s->ahead.garbage);
 	assert_int_equal(consume_epoch(f, 2, &spec, 32), 10);
 	run_until(f, no_jobs);
-	assert_null(f->s->ahead.freeing);
+	assert_int_equal(f->s->ahead.freed_off_loop, 1);
 	assert_true(f->s->ahead.ready);
 	/* Nothing is built after a sequential epoch: epoch 2's order is
-	 * freed as the epoch starts. */
+	 * freed as the epoch starts, on the loop. */
 	spec = (struct order_spec){.kind = ORDER_SEQ};
 	start_epoch(f, 3, PF__ORDER__ORDER_SEQUENTIAL, 0);
 	assert_null(f->s->ahead.garbage);
 	assert_int_equal(consume_epoch(f, 3, &spec, 32), 10);
+	run_until(f, no_jobs);
+	assert_int_equal(f->s->ahead.freed_off_loop, 1);
 }
 
 /* Starts a block-shuffled epoch of blocks of `rows` and windows of
