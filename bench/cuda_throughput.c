@@ -589,9 +589,9 @@ enum check_kind {
 
 struct phase_opts {
 	const char *name;
-	uint64_t seed;	/* the first epoch's; later ones (roll) take seed + 1, ... */
-	uint64_t limit; /* batches; UINT64_MAX: one whole epoch */
-	bool roll;	/* start another epoch when one ends before limit */
+	uint64_t seed;	 /* the first epoch's; later ones (roll) take seed + 1, ... */
+	uint64_t limit;	 /* batches; UINT64_MAX: one whole epoch */
+	bool roll;	 /* start another epoch when one ends before limit */
 	uint64_t epochs; /* roll: stop when this many have ended (0: no such end) */
 	enum check_kind check;
 	double spin_s; /* CPU spin between pf_next and pf_release */
@@ -604,12 +604,12 @@ struct phase_opts {
 
 struct phase_result {
 	uint64_t batches, rows; /* rows: of the epochs whose picks are kept (see picks) */
-	uint64_t epochs;   /* started by this phase */
-	uint64_t expected; /* batches pf_start_epoch announced for the first epoch */
-	uint64_t nnext;	   /* entries written to opts->next_s */
-	double seconds;	   /* wall time, pf_start_epoch .. the end */
-	double start_s;	   /* time in the first pf_next of each epoch after the first */
-	double wait_s;	   /* pf_stats differences, from the first pf_next's return */
+	uint64_t epochs;	/* started by this phase */
+	uint64_t expected;	/* batches pf_start_epoch announced for the first epoch */
+	uint64_t nnext;		/* entries written to opts->next_s */
+	double seconds;		/* wall time, pf_start_epoch .. the end */
+	double start_s;		/* time in the first pf_next of each epoch after the first */
+	double wait_s;		/* pf_stats differences, from the first pf_next's return */
 	double busy_s;
 };
 

@@ -648,8 +648,8 @@ struct fz_req {
 	uint64_t nexpect;  /* START */
 	uint64_t nbatches; /* START: batches of the share, start_batch included */
 	uint64_t start_batch;
-	bool paced; /* START: a paced epoch */
-	bool cuda;  /* OPEN */
+	bool paced;	       /* START: a paced epoch */
+	bool cuda;	       /* OPEN */
 	bool picks_le, narrow; /* OPEN: the forms of picks asked for */
 	const struct fz_set *set;
 };

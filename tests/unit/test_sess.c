@@ -402,8 +402,8 @@ static struct msg *last(struct fixture *f)
 	return &f->msgs[f->nmsgs - 1];
 }
 
-static bool open_gather; /* open_session asks to gather client-side */
-static bool open_copy;	 /* open_session says the client can copy batches itself */
+static bool open_gather;   /* open_session asks to gather client-side */
+static bool open_copy;	   /* open_session says the client can copy batches itself */
 static bool open_picks_le; /* ... takes picks as picks_le */
 static bool open_narrow;   /* ... takes 4-byte picks and gather ids */
 static uint32_t open_augment;
