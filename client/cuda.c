@@ -897,9 +897,8 @@ int pfcuda_gather_launch_group(struct pfcuda_gather *g, struct gpu_gather_group 
 	if (p->first[p->n])
 		r = drv.launch_kernel(g->fn_group, p->first[p->n], 1, 1, GATHER_BLOCK, 1, 1, 0,
 				      g->stream, args, NULL);
-	/* One event for the launch, which its batches share (a record costs
-	 * the trainer's thread about 1 us, and the trainer's stream waits on
-	 * it once for all of them). */
+	/* One event for the launch, which its batches share: one record, and
+	 * the trainer's stream waits on it once for all of them. */
 	if (r == CUDA_SUCCESS)
 		r = drv.event_record((CUevent)event, g->stream);
 	pop();

@@ -8,6 +8,8 @@
  */
 #include "ahead.h"
 
+#include <assert.h>
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -106,7 +108,7 @@ void ahead_discard(struct ahead *a, uint64_t *picks)
 		free(picks);
 		return;
 	}
-	free(a->garbage); /* one no build took (a burst of epochs): here, then */
+	assert(!a->garbage); /* ahead_discard_now follows every discard */
 	a->garbage = picks;
 }
 

@@ -100,7 +100,6 @@ static void sess_free(struct sess *s)
 		pool_plan_free(&s->slots[i].plan);
 		free(s->slots[i].stage_off);
 		big_free(s->slots[i].rows, (size_t)s->batch_size * sizeof(uint64_t));
-		big_free(s->slots[i].ids32, (size_t)s->batch_size * sizeof(uint32_t));
 	}
 	/* How long its orders are kept, while the dataset is still ours. */
 	double keep_s = s->ds ? daemon_pool_linger(s->d, s->ds) : 0;
@@ -341,11 +340,6 @@ static uint64_t open_bytes(const struct sess *s)
 			    fill_stage_cap(s->batch_size) * (sizeof(uint64_t) + sizeof(uint32_t));
 	else
 		per_slot += s->lay.slot_stride;
-	/* A narrow client's device slots may each hold a batch's entry ids
-	 * as 4 bytes (sess_cuda.ids32); its picks are packed into the loop's
-	 * scratch (sess_pump.c), nobody's quota. */
-	if (s->gpu >= 0 && s->narrow)
-		per_slot += (uint64_t)s->batch_size * sizeof(uint32_t);
 	/* Saturated: a sum past 2^64 is refused as "more than the budget". */
 	return __builtin_mul_overflow((uint64_t)s->nslots, per_slot, &bytes) ? UINT64_MAX : bytes;
 }

@@ -75,13 +75,10 @@ struct slot {
 	 * an epoch whose order is built, which makes it present off the loop
 	 * (sess_start.rows), or else at the slot's first fill.  A batch its
 	 * client gathers that is all hits: its entry ids, which go in the
-	 * BatchReady (ids_inline), no device work here. */
+	 * BatchReady (ids_inline; 4 bytes each in the first half for a client
+	 * that takes them so, sess_cuda.ids32), no device work here. */
 	uint64_t *rows;
 	bool ids_inline;
-	/* The same entry ids as 4 bytes each, for a client that takes them so
-	 * (sess_cuda.ids32): owned (bigmem), batch_size, made at the slot's
-	 * first such batch and kept, and written in place of rows. */
-	uint32_t *ids32;
 	uint64_t stage_bytes; /* the ring slot's prefix that goes to the device */
 	/* When the batch entered each stage (debug timing). */
 	uint64_t t_fill, t_copy, t_ready, t_sent;

@@ -443,21 +443,20 @@ static bool ids_inline(struct sess *s, struct slot *sl)
 	if (!sl->plan.active || !sl->plan.ids || sl->plan.nstaged)
 		return false;
 	desc = (const uint64_t *)ring_slot_mem(&c->lease, sl->ring);
+	if (!sl->rows)
+		sl->rows = big_alloc((size_t)s->batch_size * sizeof(uint64_t));
+	if (!sl->rows)
+		return false; /* the copy path still works */
 	if (c->ids32) {
-		/* Packed straight from the plan's index: its words are entry
-		 * ids, which the pool keeps as uint32 below POOL_PENDING
-		 * (sess_cuda.ids32), so none loses a bit. */
-		if (!sl->ids32)
-			sl->ids32 = big_alloc((size_t)s->batch_size * sizeof(uint32_t));
-		if (!sl->ids32)
-			return false; /* the copy path still works */
+		/* Packed into the first half of rows, straight from the
+		 * plan's index: its words are entry ids, which the pool keeps
+		 * as uint32 below POOL_PENDING (sess_cuda.ids32), so none
+		 * loses a bit. */
+		uint32_t *ids = (uint32_t *)(void *)sl->rows;
+
 		for (uint32_t i = 0; i < sl->plan.count; i++)
-			sl->ids32[i] = htole32((uint32_t)desc[i]);
+			ids[i] = htole32((uint32_t)desc[i]);
 	} else {
-		if (!sl->rows)
-			sl->rows = big_alloc((size_t)s->batch_size * sizeof(uint64_t));
-		if (!sl->rows)
-			return false; /* the copy path still works */
 		memcpy(sl->rows, desc, (size_t)sl->plan.count * sizeof(uint64_t));
 	}
 	ring_slot_put(&c->lease, sl->ring);
@@ -678,7 +677,7 @@ int sess_cuda_gather_msg(struct sess *s, struct slot *sl, Pf__BatchReady *msg, u
 	msg->gather = true;
 	msg->gather_desc = base;
 	if (sl->ids_inline && c->ids32) {
-		msg->gather_ids32.data = (uint8_t *)sl->ids32;
+		msg->gather_ids32.data = (uint8_t *)sl->rows;
 		msg->gather_ids32.len = (size_t)sl->plan.count * sizeof(uint32_t);
 		sl->ids_inline = false;
 	} else if (sl->ids_inline) {
