@@ -9,7 +9,6 @@
 #include "ahead.h"
 
 #include <assert.h>
-
 #include <stdlib.h>
 #include <string.h>
 
