@@ -185,8 +185,16 @@ int sess_load(struct sess *s, uint64_t id, const Pf__LoadBatch *req)
 				  "take some first",
 				  SESS_PACED_MAX);
 	n = req->n_picks < s->batch_size ? (uint32_t)req->n_picks : s->batch_size;
-	if (sess_take(s, &s->paced_held, paced_bytes(n), "a paced batch", why, sizeof(why)))
+	/* Admitted only while the quota keeps room for one more request of
+	 * its size: the connection's receive buffer, which the quota counts
+	 * too, must be able to take the client's next request in order to
+	 * refuse it, rather than close the connection for want of room (a
+	 * flood in test_integration_limits, where the last admission could
+	 * leave the buffer no room to grow). */
+	if (sess_take(s, &s->paced_held, 2 * paced_bytes(n),
+		      "a paced batch (with room to receive the next)", why, sizeof(why)))
 		return peer_error(s->peer, id, -ENOMEM, "%s", why);
+	sess_give(s, &s->paced_held, paced_bytes(n));
 	r = sess_paced_req(s, s->nbatches);
 	memset(r, 0, sizeof(*r));
 	r->count = n;
