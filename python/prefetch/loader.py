@@ -74,6 +74,9 @@ _ETIMEDOUT = errno.ETIMEDOUT
 _MAX_VIEWS = 4096
 # Skipped error batches kept in Loader.skipped_errors (the count has no cap).
 _MAX_SKIPPED_KEPT = 100
+# ctypes.c_char * (8 * count), by count: the types a batch's picks are
+# copied out through (one a batch size, in practice).
+_PICKS_TYPES: dict = {}
 
 # What may stand for a device: "cpu", "host", "cuda", "cuda:N" or a
 # torch.device (anything whose str() is one of those).
@@ -205,8 +208,13 @@ class Batch(Mapping):
         self.epoch: int = b.epoch
         # The picks' bytes, copied now (the release frees them); the array
         # is made from them on first use, which a loop that never looks at
-        # them does not pay for.
-        self._picks_raw = ctypes.string_at(b.picks, 8 * b.count)
+        # them does not pay for.  Copied through a char array type kept per
+        # size: half the cost of ctypes.string_at, which is a foreign call.
+        count = self.count
+        picks_type = _PICKS_TYPES.get(count)
+        if picks_type is None:
+            picks_type = _PICKS_TYPES.setdefault(count, ctypes.c_char * (8 * count))
+        self._picks_raw = picks_type.from_address(b.picks).raw if count else b""
         self._picks = None
 
     @property
@@ -222,16 +230,21 @@ class Batch(Mapping):
         return self._ptr is None
 
     def __getitem__(self, name: str) -> Any:
+        cache = self._cache  # None once released (Loader._forget)
+        if cache is not None:
+            arr = cache.get(name)
+            if arr is not None:
+                return arr
         if self._ptr is None:
             raise RuntimeError("batch %d of epoch %d was released; copy its arrays to keep "
                                "their data" % (self.seq, self.epoch))
-        if self._cache is None:
-            self._cache = {}
-        arr = self._cache.get(name)
-        if arr is None:
-            index = self._loader._field_index[name]  # KeyError for a field it lacks
-            arr = self._loader._view(self._data[index], index, self.count)
-            self._cache[name] = arr
+        loader = self._loader
+        index = loader._field_index[name]  # KeyError for a field it lacks
+        arr = loader._view(self._data[index], index, self.count)
+        if cache is None:
+            self._cache = {name: arr}
+        else:
+            cache[name] = arr
         return arr
 
     def __iter__(self) -> Iterator[str]:
@@ -629,8 +642,13 @@ class Loader:
         # CUDA: the batch is used on torch's current stream, which
         # libprefetch orders after the batch's assembly, and the one given
         # back is released behind it.
-        stream = self._stream()
-        release = self._forget(held) if held is not None else None
+        # _stream() and _forget(held), written out: this runs once a batch.
+        stream = None if self._torch is None else (
+            self._raw_stream(self._device_index) or None)
+        release = None
+        if held is not None:
+            release, held._ptr, held._cache = held._ptr, None, None
+            self._held = None
         fn = self._libref.pf_release_next_addr
         out = self._out
         waited = 0.0
