@@ -396,6 +396,7 @@ struct pf_client {
 		 * copy included), gather launches, event records, waits and
 		 * queries. */
 		uint64_t send_ns, read_ns, decode_ns, batch_ns, launch_ns, event_ns;
+		uint64_t wait_ns; /* in poll, waiting for the daemon */
 	} counts;
 	bool timing; /* $PREFETCH_CLIENT_COUNTERS: counts' times are kept */
 };

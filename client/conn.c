@@ -400,6 +400,7 @@ int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
 
 	for (;;) {
 		struct pollfd pfd;
+		int64_t t0;
 		long n;
 		int rc;
 
@@ -434,7 +435,9 @@ int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
 		pfd.events = POLLIN;
 		pfd.revents = 0;
 		c->counts.polls++;
+		t0 = PFC_T0(c);
 		rc = poll_until(&pfd, deadline);
+		PFC_TADD(c, wait_ns, t0);
 		if (rc < 0 && errno == EINTR)
 			continue;
 		if (rc < 0)
