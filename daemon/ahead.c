@@ -22,12 +22,14 @@ static void work(uv_work_t *w)
 	char err[200];
 
 	order_lower_priority();
-	if (a->freeing) {
-		free(a->freeing);
-		a->freeing = NULL;
+	if (a->freeing)
 		a->freed_off_loop++;
-	}
-	a->rc = order_build(&a->spec, a->space, &a->picks, &a->npicks, err, sizeof(err));
+	/* The last epoch's order, built into when it is big enough (it is,
+	 * epoch after epoch of one session), else freed: no new pages to
+	 * fault in and no old ones to unmap. */
+	a->rc = order_build_into(&a->spec, a->space, a->freeing, a->freeing_n, &a->picks,
+				 &a->npicks, err, sizeof(err));
+	a->freeing = NULL;
 }
 
 static bool builds_ahead(const struct order_spec *spec)
@@ -90,6 +92,7 @@ static void ahead_queue(struct ahead *a, const struct order_spec *spec, uint64_t
 	a->spec = order_of(spec);
 	a->space = space;
 	a->freeing = a->garbage;
+	a->freeing_n = a->garbage_n;
 	a->garbage = NULL;
 	if (uv_queue_work(a->loop, &a->work, work, work_done) == 0) {
 		a->busy = true;
@@ -99,7 +102,7 @@ static void ahead_queue(struct ahead *a, const struct order_spec *spec, uint64_t
 	}
 }
 
-void ahead_discard(struct ahead *a, uint64_t *picks)
+void ahead_discard(struct ahead *a, uint64_t *picks, uint64_t npicks)
 {
 	if (!picks)
 		return;
@@ -109,6 +112,7 @@ void ahead_discard(struct ahead *a, uint64_t *picks)
 	}
 	assert(!a->garbage); /* ahead_discard_now follows every discard */
 	a->garbage = picks;
+	a->garbage_n = npicks;
 }
 
 void ahead_discard_now(struct ahead *a)

@@ -40,17 +40,21 @@ struct ahead {
 	bool again;
 	struct order_spec again_spec;
 	uint64_t again_space;
-	/* An order the session is done with (ahead_discard): freed by the
-	 * next build, on the pool thread, not on the loop.  A free() of 8 MiB
-	 * of picks is a munmap of 0.4-0.7 ms (glibc maps big blocks of its
-	 * own until its threshold has grown), which held the first batch of
-	 * the 2nd and 3rd epochs (bench/NOTES.md, run 45).  garbage: the
-	 * loop's, until a build is queued; freeing: that build's, which
-	 * starts at once (a pool thread is free between epochs), so the
-	 * bytes go uncharged to the quota only that long. */
+	/* An order the session is done with (ahead_discard): built into, or
+	 * freed, by the next build, on the pool thread, not on the loop.  A
+	 * free() of 8 MiB of picks is a munmap of 0.4-0.7 ms (glibc maps big
+	 * blocks of its own until its threshold has grown), which held the
+	 * first batch of the 2nd and 3rd epochs (bench/NOTES.md, run 45);
+	 * built into, it spares the build a new 8 MiB to fault in as well.
+	 * garbage: the loop's, until a build is queued; freeing: that
+	 * build's, which starts at once (a pool thread is free between
+	 * epochs), so the bytes go uncharged to the quota only that long. */
 	uint64_t *garbage;
 	uint64_t *freeing;
-	uint64_t freed_off_loop; /* orders freed by a build (read once it is back) */
+	uint64_t garbage_n, freeing_n; /* their lengths, in picks */
+	/* Orders a build took (read once it is back): built into, where the
+	 * next order fits (order_build_into), else freed. */
+	uint64_t freed_off_loop;
 	/* Loop thread: a build came back (busy is false unless another one
 	 * was queued after it). */
 	void (*done)(struct ahead *a);
@@ -65,14 +69,15 @@ void ahead_epoch_started(struct ahead *a, const struct order_spec *spec, uint64_
  * to the caller, with its length in *npicks); else NULL. */
 uint64_t *ahead_take(struct ahead *a, const struct order_spec *spec, uint64_t space,
 		     uint64_t *npicks);
-/* Hands over picks (an order the caller is done with; NULL is a no-op),
- * to be freed by the next build ahead_epoch_started queues, off the loop;
+/* Hands over picks (an order of npicks the caller is done with; NULL is a
+ * no-op), for the next build ahead_epoch_started queues to build into or
+ * free, off the loop;
  * freed at once while a build is busy (it would wait for that build and
  * the next one, uncharged to anyone's quota meanwhile).  Then call
  * ahead_discard_now, after ahead_epoch_started where the epoch starts at
  * once: what no build took is freed there, on the loop (an epoch whose
  * order is still being built waits for that build anyway). */
-void ahead_discard(struct ahead *a, uint64_t *picks);
+void ahead_discard(struct ahead *a, uint64_t *picks, uint64_t npicks);
 /* Frees what ahead_discard kept and no build took. */
 void ahead_discard_now(struct ahead *a);
 /* No more builds; frees the order kept.  Call again once not busy. */

@@ -356,6 +356,13 @@ int order_check(const struct order_spec *spec, uint64_t space, uint64_t *nshare,
 int order_build(const struct order_spec *spec, uint64_t space, uint64_t **picks, uint64_t *npicks,
 		char *err, size_t errlen)
 {
+	return order_build_into(spec, space, NULL, 0, picks, npicks, err, errlen);
+}
+
+int order_build_into(const struct order_spec *spec, uint64_t space, uint64_t *reuse,
+		     uint64_t reuse_len, uint64_t **picks, uint64_t *npicks, char *err,
+		     size_t errlen)
+{
 	uint32_t world = spec->world ? spec->world : 1;
 	uint64_t *list = NULL; /* owned: the whole epoch, before sharding */
 	uint64_t *share = NULL;
@@ -381,7 +388,14 @@ int order_build(const struct order_spec *spec, uint64_t space, uint64_t **picks,
 			rc = -ENOMEM;
 			goto out;
 		}
-		list = malloc((size_t)len * sizeof(*list));
+		/* The whole list is written below: a buffer that holds it
+		 * needs nothing more. */
+		if (reuse && reuse_len >= len) {
+			list = reuse;
+			reuse = NULL;
+		} else {
+			list = malloc((size_t)len * sizeof(*list));
+		}
 		if (!list) {
 			rc = -ENOMEM;
 			goto out;
@@ -403,10 +417,16 @@ int order_build(const struct order_spec *spec, uint64_t space, uint64_t **picks,
 			/* One rank: the share is the whole list, as is. */
 			*picks = list;
 			*npicks = len;
+			free(reuse);
 			return 0;
 		}
 	}
-	share = malloc((size_t)(nshare ? nshare : 1) * sizeof(*share));
+	if (reuse && reuse_len >= (nshare ? nshare : 1)) {
+		share = reuse; /* a rank's share, as the last epoch's was */
+		reuse = NULL;
+	} else {
+		share = malloc((size_t)(nshare ? nshare : 1) * sizeof(*share));
+	}
 	if (!share) {
 		rc = -ENOMEM;
 		goto out;
@@ -433,6 +453,7 @@ int order_build(const struct order_spec *spec, uint64_t space, uint64_t **picks,
 	share = NULL;
 	rc = 0;
 out:
+	free(reuse);
 	free(list);
 	free(share);
 	return rc;

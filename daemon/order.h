@@ -77,6 +77,13 @@ int order_check(const struct order_spec *spec, uint64_t space, uint64_t *nshare,
  * names the index and its position), -ENOMEM. */
 int order_build(const struct order_spec *spec, uint64_t space, uint64_t **picks, uint64_t *npicks,
 		char *err, size_t errlen);
+/* order_build, into reuse (reuse_len picks, malloc'd; NULL for none) where
+ * the order fits it: the last epoch's order, whose pages are already
+ * there, in place of a new allocation to fault in and an old one to
+ * unmap.  Takes reuse: what it does not build into, it frees. */
+int order_build_into(const struct order_spec *spec, uint64_t space, uint64_t *reuse,
+		     uint64_t reuse_len, uint64_t **picks, uint64_t *npicks, char *err,
+		     size_t errlen);
 
 /* The host memory order_build takes for spec over space, in bytes: the most
  * it holds while building (a shuffle permutes the whole schedule before a

@@ -577,7 +577,7 @@ int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req)
 	s->paced = false;
 	/* The last epoch's order goes with the next build ahead, off the
 	 * loop (ahead_discard; freed below if no build takes it). */
-	ahead_discard(&s->ahead, s->picks);
+	ahead_discard(&s->ahead, s->picks, s->npicks);
 	s->picks = NULL;
 	sess_give(s, &s->order_held, s->order_held);
 	s->npicks = nshare;
@@ -681,12 +681,16 @@ int sess_abandon(struct sess *s, uint64_t id, const Pf__Abandon *req)
 
 void sess_probe(struct sess *s, const Pf__Probe *req)
 {
+	uint64_t t0 = now_ns();
+
 	if (s->gpu < 0) {
 		/* Host sessions have no device memory to size against. */
 		s->gov.probe_free = req->free_bytes;
 		s->gov.probe_total = req->total_bytes;
 		return;
 	}
+	/* On the loop, once an epoch: the time it takes holds every batch. */
 	sess_cuda_probe(s, req->free_bytes, req->total_bytes);
+	log_debug("session %" PRIu64 ": probe handled in %.1f us", s->id, (now_ns() - t0) / 1e3);
 	sess_pump(s);
 }

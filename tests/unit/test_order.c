@@ -196,6 +196,49 @@ static void shuffle_order_of_one_rank_is_the_full_permutation(void **unused)
 	free(picks);
 }
 
+/* order_build_into writes the order into the buffer it is given when the
+ * order fits (the whole shuffle of one rank, or a rank's share), with the
+ * same picks as order_build; a buffer too small is freed (ASan and
+ * valgrind see a leak or a double free) and the order built anew. */
+static void build_into_reuses_a_buffer_that_fits_and_frees_one_that_does_not(void **unused)
+{
+	struct order_spec one = {.kind = ORDER_SHUFFLE, .seed = 42, .world = 1};
+	struct order_spec rank = {.kind = ORDER_SHUFFLE, .seed = 5, .rank = 1, .world = 3};
+	struct order_spec seq = {.kind = ORDER_SEQ};
+	uint64_t *want, *buf, *picks, nwant, n;
+
+	/* One rank: the whole list goes into the buffer. */
+	assert_int_equal(order_build(&one, 10, &want, &nwant, NULL, 0), 0);
+	buf = malloc(10 * sizeof(*buf));
+	assert_non_null(buf);
+	memset(buf, 0xff, 10 * sizeof(*buf));
+	assert_int_equal(order_build_into(&one, 10, buf, 10, &picks, &n, NULL, 0), 0);
+	assert_ptr_equal(picks, buf);
+	assert_int_equal(n, nwant);
+	assert_memory_equal(picks, want, nwant * sizeof(*want));
+	free(want);
+	/* Too small for 11: built elsewhere, the buffer freed. */
+	assert_int_equal(order_build(&one, 11, &want, &nwant, NULL, 0), 0);
+	assert_int_equal(order_build_into(&one, 11, picks, 10, &buf, &n, NULL, 0), 0);
+	assert_int_equal(n, 11);
+	assert_memory_equal(buf, want, 11 * sizeof(*want));
+	free(want);
+	/* A rank's share of 4 (of 10 in 3 ranks) goes into a buffer of 4. */
+	assert_int_equal(order_build(&rank, 10, &want, &nwant, NULL, 0), 0);
+	assert_int_equal(nwant, 4);
+	assert_int_equal(order_build_into(&rank, 10, buf, 4, &picks, &n, NULL, 0), 0);
+	assert_ptr_equal(picks, buf);
+	assert_memory_equal(picks, want, 4 * sizeof(*want));
+	free(want);
+	/* A sequential order, and a refused build, take the buffer too. */
+	assert_int_equal(order_build_into(&seq, 4, picks, 4, &buf, &n, NULL, 0), 0);
+	for (uint64_t i = 0; i < n; i++)
+		assert_int_equal(buf[i], i);
+	rank.rank = 3;
+	assert_int_equal(order_build_into(&rank, 10, buf, 4, &picks, &n, NULL, 0), -EINVAL);
+	assert_null(picks);
+}
+
 static void world_zero_is_taken_as_one(void **unused)
 {
 	struct order_spec spec = {.kind = ORDER_SHUFFLE, .seed = 42, .world = 0};
@@ -786,6 +829,7 @@ int main(void)
 		cmocka_unit_test(bounded_of_one_is_zero_and_costs_one_draw),
 		cmocka_unit_test(bounded_stays_below_m_and_reaches_every_value),
 		cmocka_unit_test(shuffle_of_10_with_seed_42_matches_the_reference),
+		cmocka_unit_test(build_into_reuses_a_buffer_that_fits_and_frees_one_that_does_not),
 		cmocka_unit_test(shuffle_of_16_with_seed_7_matches_the_reference),
 		cmocka_unit_test(shuffle_is_a_permutation_for_every_size),
 		cmocka_unit_test(long_shuffles_match_the_plain_algorithm),

@@ -665,13 +665,15 @@ static void a_host_epoch_delivers_every_sample_once_with_its_bytes(void **state)
 	assert_int_equal(consume_epoch(f, 2, &spec, 32), 10);
 }
 
-/* The order of the epoch that ended is freed by the next build ahead, on
- * the pool thread, not on the loop in front of the next epoch's first
- * batch; an epoch after which nothing is built ahead frees it at once. */
+/* The order of the epoch that ended goes to the next build ahead, on the
+ * pool thread, not freed on the loop in front of the next epoch's first
+ * batch: the build writes the next order into it.  An epoch after which
+ * nothing is built ahead frees it at once. */
 static void the_last_epochs_order_is_freed_by_the_next_build(void **state)
 {
 	struct fixture *f = *state;
 	struct order_spec spec = {.kind = ORDER_SHUFFLE, .seed = 7};
+	const uint64_t *first;
 
 	open_session(f, "host", 32, 0);
 	start_epoch(f, 1, PF__ORDER__ORDER_SHUFFLE, 7);
@@ -679,22 +681,32 @@ static void the_last_epochs_order_is_freed_by_the_next_build(void **state)
 	run_until(f, no_jobs);
 	assert_true(f->s->ahead.ready);
 	assert_int_equal(f->s->ahead.freed_off_loop, 0);
+	first = f->s->picks;
+	assert_non_null(first);
 	spec.seed = 8;
 	start_epoch(f, 2, PF__ORDER__ORDER_SHUFFLE, 8);
-	/* Epoch 1's order went with the build of epoch 3's, which freed it. */
+	/* Epoch 1's order went with the build of epoch 3's, which built
+	 * into it (consume_epoch checks every order's picks). */
 	assert_null(f->s->ahead.garbage);
 	assert_int_equal(consume_epoch(f, 2, &spec, 32), 10);
 	run_until(f, no_jobs);
 	assert_int_equal(f->s->ahead.freed_off_loop, 1);
 	assert_true(f->s->ahead.ready);
-	/* Nothing is built after a sequential epoch: epoch 2's order is
-	 * freed as the epoch starts, on the loop. */
-	spec = (struct order_spec){.kind = ORDER_SEQ};
-	start_epoch(f, 3, PF__ORDER__ORDER_SEQUENTIAL, 0);
-	assert_null(f->s->ahead.garbage);
+	assert_ptr_equal(f->s->ahead.picks, first);
+	spec.seed = 9;
+	start_epoch(f, 3, PF__ORDER__ORDER_SHUFFLE, 9);
+	assert_ptr_equal(f->s->picks, first);
 	assert_int_equal(consume_epoch(f, 3, &spec, 32), 10);
 	run_until(f, no_jobs);
-	assert_int_equal(f->s->ahead.freed_off_loop, 1);
+	assert_int_equal(f->s->ahead.freed_off_loop, 2);
+	/* Nothing is built after a sequential epoch: epoch 3's order is
+	 * freed as the epoch starts, on the loop. */
+	spec = (struct order_spec){.kind = ORDER_SEQ};
+	start_epoch(f, 4, PF__ORDER__ORDER_SEQUENTIAL, 0);
+	assert_null(f->s->ahead.garbage);
+	assert_int_equal(consume_epoch(f, 4, &spec, 32), 10);
+	run_until(f, no_jobs);
+	assert_int_equal(f->s->ahead.freed_off_loop, 2);
 }
 
 /* Starts a block-shuffled epoch of blocks of `rows` and windows of
