@@ -638,6 +638,13 @@ int pfc_keep_pool(struct pf_client *c, const Pf__SessionOpened *so)
 	return 0;
 }
 
+/* The pinned staging of inline gather ids: a part of batch_size 8-byte ids
+ * for each slot (a session may get either width). */
+static size_t staging_bytes(const struct pf_client *c)
+{
+	return (size_t)c->open_opts.batch_size * sizeof(uint64_t) * c->slots;
+}
+
 /* Unmaps slab id once no queued gather can read it. */
 static int drop_slab(struct pf_client *c, uint32_t id)
 {
@@ -721,6 +728,15 @@ static int add_pool_slab(struct pf_client *c, const Pf__PoolSlab *m)
 	if (rc)
 		return pfc_conn_fail(c, rc, "cannot map pool slab %" PRIu32 " (%.1f MiB) of %s: %s",
 				     m->id, m->bytes / 1048576.0, c->where, why);
+	/* The pinned staging that batches of hits take their inline ids
+	 * through (launch_gather), made with the pool's first slab rather
+	 * than in front of the first warm epoch's first batch.  Best effort:
+	 * launch_gather tries again, and says what failed. */
+	{
+		void *ids;
+
+		(void)pfcuda_gather_staging(c->gather, staging_bytes(c), &ids, why, sizeof(why));
+	}
 	return 0;
 }
 
@@ -846,7 +862,7 @@ static int launch_gather(struct pf_client *c, struct pfc_batch *q, const Pf__Bat
 		/* The size asked for changes only with the session (pf_open, a
 		 * reconnection), never inside a pass: a staging buffer the
 		 * waiting group's indices lie in is never replaced here. */
-		rc = pfcuda_gather_staging(c->gather, per * c->slots, &ids, why, sizeof(why));
+		rc = pfcuda_gather_staging(c->gather, staging_bytes(c), &ids, why, sizeof(why));
 		if (rc)
 			return pfc_conn_fail(c, rc, "gather staging: %s", why);
 		ids = (uint8_t *)ids + per * (size_t)b->slot;
