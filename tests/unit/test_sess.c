@@ -709,6 +709,39 @@ static void the_last_epochs_order_is_freed_by_the_next_build(void **state)
 	assert_int_equal(f->s->ahead.freed_off_loop, 2);
 }
 
+/* A sequential epoch after a sequential epoch of the same share starts
+ * from the last one's order as it is: nothing is built (the trainer would
+ * wait for it), the picks are checked whole, and the order's quota stays
+ * what it was.  A shuffle after it builds as before. */
+static void a_sequential_order_serves_the_next_sequential_epoch_as_it_is(void **state)
+{
+	struct fixture *f = *state;
+	struct order_spec spec = {.kind = ORDER_SEQ};
+	const uint64_t *first;
+	uint64_t held;
+
+	open_session(f, "host", 32, 0);
+	start_epoch(f, 1, PF__ORDER__ORDER_SEQUENTIAL, 0);
+	assert_int_equal(consume_epoch(f, 1, &spec, 32), 10);
+	run_until(f, no_jobs);
+	first = f->s->picks;
+	held = f->s->order_held;
+	assert_non_null(first);
+	assert_int_equal(held, N * sizeof(uint64_t));
+	start_epoch(f, 2, PF__ORDER__ORDER_SEQUENTIAL, 0);
+	assert_null(f->s->building); /* no build: the order is there */
+	assert_ptr_equal(f->s->picks, first);
+	assert_int_equal(f->s->order_held, held);
+	assert_int_equal(consume_epoch(f, 2, &spec, 32), 10);
+	run_until(f, no_jobs);
+	spec = (struct order_spec){.kind = ORDER_SHUFFLE, .seed = 3};
+	start_epoch(f, 3, PF__ORDER__ORDER_SHUFFLE, 3);
+	assert_non_null(f->s->building);
+	assert_int_equal(consume_epoch(f, 3, &spec, 32), 10);
+	run_until(f, no_jobs);
+	assert_int_equal(f->s->order_held, N * sizeof(uint64_t));
+}
+
 /* Starts a block-shuffled epoch of blocks of `rows` and windows of
  * `window`; true when its order was the one built ahead (taken at once,
  * nothing to build). */
@@ -1612,6 +1645,9 @@ int main(void)
 			a_block_shuffled_epoch_has_its_successor_built_ahead, setup, teardown),
 		cmocka_unit_test_setup_teardown(the_last_epochs_order_is_freed_by_the_next_build,
 						setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			a_sequential_order_serves_the_next_sequential_epoch_as_it_is, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(
 			an_order_outlives_its_session_for_the_trainer_that_comes_back, setup,
 			teardown),
