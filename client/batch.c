@@ -682,6 +682,7 @@ static int add_pool_slab(struct pf_client *c, const Pf__PoolSlab *m)
 	int fd = fd_kind ? wire_rx_take_fd(&c->rx) : -1;
 	struct pfc_slab *sl;
 	char why[256];
+	void *ids;
 	int rc;
 
 	if (!c->gathers || m->id >= PFC_MAX_POOL_SLABS || !m->gen || !m->bytes ||
@@ -732,11 +733,7 @@ static int add_pool_slab(struct pf_client *c, const Pf__PoolSlab *m)
 	 * through (launch_gather), made with the pool's first slab rather
 	 * than in front of the first warm epoch's first batch.  Best effort:
 	 * launch_gather tries again, and says what failed. */
-	{
-		void *ids;
-
-		(void)pfcuda_gather_staging(c->gather, staging_bytes(c), &ids, why, sizeof(why));
-	}
+	(void)pfcuda_gather_staging(c->gather, staging_bytes(c), &ids, why, sizeof(why));
 	return 0;
 }
 

@@ -71,9 +71,9 @@ uint64_t *ahead_take(struct ahead *a, const struct order_spec *spec, uint64_t sp
 		     uint64_t *npicks);
 /* Hands over picks (an order of npicks the caller is done with; NULL is a
  * no-op), for the next build ahead_epoch_started queues to build into or
- * free, off the loop;
- * freed at once while a build is busy (it would wait for that build and
- * the next one, uncharged to anyone's quota meanwhile).  Then call
+ * free, off the loop; freed at once while a build is busy (it would wait
+ * for that build and the next one, uncharged to anyone's quota
+ * meanwhile).  Then call
  * ahead_discard_now, after ahead_epoch_started where the epoch starts at
  * once: what no build took is freed there, on the loop (an epoch whose
  * order is still being built waits for that build anyway). */

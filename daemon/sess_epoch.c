@@ -384,10 +384,6 @@ static void build_done(uv_work_t *w, int status)
 	sess_pump(s);
 }
 
-/* Whether an epoch of spec reads its rows through a block cache: a block
- * shuffle of a dataset read with O_DIRECT, whose every pick the readers
- * read (no pool takes some of them, no augment reads a block once per
- * copy, far apart in the epoch). */
 /* The last epoch's order, taken (with its quota, into *held) when it is
  * the sequential order spec asks for: the same share of the same space is
  * the same list every epoch, so the epoch starts without a build for the
@@ -409,6 +405,10 @@ static uint64_t *same_sequential(struct sess *s, const struct order_spec *spec, 
 	return picks;
 }
 
+/* Whether an epoch of spec reads its rows through a block cache: a block
+ * shuffle of a dataset read with O_DIRECT, whose every pick the readers
+ * read (no pool takes some of them, no augment reads a block once per
+ * copy, far apart in the epoch). */
 static bool wants_blocks(const struct sess *s, const struct order_spec *spec)
 {
 	bool direct = false;
@@ -706,7 +706,7 @@ int sess_abandon(struct sess *s, uint64_t id, const Pf__Abandon *req)
 
 void sess_probe(struct sess *s, const Pf__Probe *req)
 {
-	uint64_t t0 = now_ns();
+	uint64_t t0;
 
 	if (s->gpu < 0) {
 		/* Host sessions have no device memory to size against. */
@@ -715,6 +715,7 @@ void sess_probe(struct sess *s, const Pf__Probe *req)
 		return;
 	}
 	/* On the loop, once an epoch: the time it takes holds every batch. */
+	t0 = now_ns();
 	sess_cuda_probe(s, req->free_bytes, req->total_bytes);
 	log_debug("session %" PRIu64 ": probe handled in %.1f us", s->id, (now_ns() - t0) / 1e3);
 	sess_pump(s);

@@ -642,13 +642,8 @@ class Loader:
         # CUDA: the batch is used on torch's current stream, which
         # libprefetch orders after the batch's assembly, and the one given
         # back is released behind it.
-        # _stream() and _forget(held), written out: this runs once a batch.
-        stream = None if self._torch is None else (
-            self._raw_stream(self._device_index) or None)
-        release = None
-        if held is not None:
-            release, held._ptr, held._cache = held._ptr, None, None
-            self._held = None
+        stream = self._stream()
+        release = self._forget(held) if held is not None else None
         fn = self._libref.pf_release_next_addr
         out = self._out
         waited = 0.0
