@@ -440,17 +440,29 @@ static bool epoch_started(struct fixture *f)
 	return f->s->had_epoch && f->s->epoch == want_epoch;
 }
 
-static void start_epoch(struct fixture *f, uint64_t epoch, Pf__Order order, uint64_t seed)
+/* Starts an epoch; true when its order came at once (built ahead, kept
+ * from an earlier epoch or session), with nothing to build.  That is read
+ * before the loop runs: a small build can come back on its first turn. */
+static bool start_req(struct fixture *f, const Pf__StartEpoch *req)
+{
+	bool taken;
+
+	assert_int_equal(sess_start_epoch(f->s, ++f->last_id, req), 0);
+	assert_true(sess_check(f->s));
+	taken = f->s->building == NULL;
+	/* The order is built off the loop (or taken from the one built
+	 * ahead): the epoch starts when it is back. */
+	want_epoch = req->epoch;
+	run_until(f, epoch_started);
+	return taken;
+}
+
+static bool start_epoch(struct fixture *f, uint64_t epoch, Pf__Order order, uint64_t seed)
 {
 	Pf__StartEpoch req = PF__START_EPOCH__INIT;
 
 	req.epoch = epoch, req.order = order, req.seed = seed;
-	assert_int_equal(sess_start_epoch(f->s, ++f->last_id, &req), 0);
-	assert_true(sess_check(f->s));
-	/* The order is built off the loop (or taken from the one built
-	 * ahead): the epoch starts when it is back. */
-	want_epoch = epoch;
-	run_until(f, epoch_started);
+	return start_req(f, &req);
 }
 
 static void ack(struct fixture *f, uint64_t epoch)
@@ -728,15 +740,14 @@ static void a_sequential_order_serves_the_next_sequential_epoch_as_it_is(void **
 	held = f->s->order_held;
 	assert_non_null(first);
 	assert_int_equal(held, N * sizeof(uint64_t));
-	start_epoch(f, 2, PF__ORDER__ORDER_SEQUENTIAL, 0);
-	assert_null(f->s->building); /* no build: the order is there */
+	/* No build: the order is there. */
+	assert_true(start_epoch(f, 2, PF__ORDER__ORDER_SEQUENTIAL, 0));
 	assert_ptr_equal(f->s->picks, first);
 	assert_int_equal(f->s->order_held, held);
 	assert_int_equal(consume_epoch(f, 2, &spec, 32), 10);
 	run_until(f, no_jobs);
 	spec = (struct order_spec){.kind = ORDER_SHUFFLE, .seed = 3};
-	start_epoch(f, 3, PF__ORDER__ORDER_SHUFFLE, 3);
-	assert_non_null(f->s->building);
+	assert_false(start_epoch(f, 3, PF__ORDER__ORDER_SHUFFLE, 3));
 	assert_int_equal(consume_epoch(f, 3, &spec, 32), 10);
 	run_until(f, no_jobs);
 	assert_int_equal(f->s->order_held, N * sizeof(uint64_t));
@@ -753,13 +764,9 @@ static bool start_block_epoch(struct fixture *f, uint64_t epoch, uint64_t seed, 
 
 	req.epoch = epoch, req.order = PF__ORDER__ORDER_BLOCK_SHUFFLE, req.seed = seed;
 	req.block_rows = rows, req.window_blocks = window;
-	assert_int_equal(sess_start_epoch(f->s, ++f->last_id, &req), 0);
-	assert_true(sess_check(f->s));
-	taken = f->s->building == NULL;
+	taken = start_req(f, &req);
 	assert_int_equal(f->s->block_rows, rows);
 	assert_int_equal(f->s->window_blocks, window);
-	want_epoch = epoch;
-	run_until(f, epoch_started);
 	return taken;
 }
 
@@ -794,22 +801,6 @@ static void a_block_shuffled_epoch_has_its_successor_built_ahead(void **state)
 	assert_int_equal(consume_epoch(f, 4, &spec, 32), 10);
 }
 
-/* Starts a shuffled epoch; true when its order came at once (built ahead,
- * or kept from an earlier session), with nothing to build. */
-static bool start_shuffle_taken(struct fixture *f, uint64_t epoch, uint64_t seed)
-{
-	Pf__StartEpoch req = PF__START_EPOCH__INIT;
-	bool taken;
-
-	req.epoch = epoch, req.order = PF__ORDER__ORDER_SHUFFLE, req.seed = seed;
-	assert_int_equal(sess_start_epoch(f->s, ++f->last_id, &req), 0);
-	assert_true(sess_check(f->s));
-	taken = f->s->building == NULL;
-	want_epoch = epoch;
-	run_until(f, epoch_started);
-	return taken;
-}
-
 /* A session that runs one shuffled epoch, checked, and goes; taken: its
  * order must (not) have come at once. */
 static void session_of_one_epoch(struct fixture *f, uint64_t epoch, uint64_t seed, bool taken)
@@ -817,7 +808,7 @@ static void session_of_one_epoch(struct fixture *f, uint64_t epoch, uint64_t see
 	struct order_spec spec = {.kind = ORDER_SHUFFLE, .seed = seed};
 
 	open_session(f, "host", 32, 0);
-	assert_int_equal(start_shuffle_taken(f, epoch, seed), taken);
+	assert_int_equal(start_epoch(f, epoch, PF__ORDER__ORDER_SHUFFLE, seed), taken);
 	assert_int_equal(consume_epoch(f, epoch, &spec, 32), 10);
 	run_until(f, no_jobs);
 	sess_detach(f->s);
@@ -830,7 +821,7 @@ static void an_order_outlives_its_session_for_the_trainer_that_comes_back(void *
 	struct order_spec spec = {.kind = ORDER_SHUFFLE, .seed = 7};
 
 	open_session(f, "host", 32, 0);
-	assert_false(start_shuffle_taken(f, 1, 7));
+	assert_false(start_epoch(f, 1, PF__ORDER__ORDER_SHUFFLE, 7));
 	consume_epoch(f, 1, &spec, 32);
 	run_until(f, no_jobs);
 	assert_true(f->s->ahead.ready); /* seed 8 */
@@ -845,7 +836,7 @@ static void an_order_outlives_its_session_for_the_trainer_that_comes_back(void *
 	/* Restarted, it redoes epoch 1: the kept order, at once, and the
 	 * right one (every sample once, in seed 7's order). */
 	open_session(f, "host", 32, 0);
-	assert_true(start_shuffle_taken(f, 1, 7));
+	assert_true(start_epoch(f, 1, PF__ORDER__ORDER_SHUFFLE, 7));
 	assert_int_equal(f->d.kept.n, 1);
 	assert_int_equal(consume_epoch(f, 1, &spec, 32), 10);
 	run_until(f, no_jobs);
@@ -862,10 +853,7 @@ static void an_order_outlives_its_session_for_the_trainer_that_comes_back(void *
 
 		req.epoch = 2, req.order = PF__ORDER__ORDER_SHUFFLE, req.seed = 8;
 		req.rank = 1, req.world = 2;
-		assert_int_equal(sess_start_epoch(f->s, ++f->last_id, &req), 0);
-		assert_non_null(f->s->building);
-		want_epoch = 2;
-		run_until(f, epoch_started);
+		assert_false(start_req(f, &req));
 	}
 	run_until(f, no_jobs);
 	sess_detach(f->s);
