@@ -7,19 +7,21 @@
  * Taking a batch sends its Ack (the daemon may prepare another: the
  * governor's `consumed`), with the stall accounting of this client: time
  * blocked inside pf_next (wait) and time between calls (busy).  Releasing
- * sends Release; CUDA batches wait for the trainer's stream first through
- * the pending-release list (struct pfc_release): an event is recorded on
- * the stream, and the Release goes out from a later call once the event has
- * completed.  Client copies start up to PFC_COPY_AHEAD batches before they
- * are taken (pfc_copy_ahead).  CUDA sessions also send the honest-depth
- * Probe: free device memory at each epoch's second batch (its first step
- * has run), every probe_interval_s the daemon asked for, and on pf_probe.
+ * sends Release; a CUDA batch's waits for the trainer's stream first: an
+ * event is recorded on the stream and the release handed to a lane of
+ * settle.c, whose thread waits for the event and sends the Release.
+ * Client copies start up to PFC_COPY_AHEAD batches before they are taken
+ * (pfc_copy_ahead).  CUDA sessions also send the honest-depth Probe: free
+ * device memory at each epoch's second batch (its first step has run),
+ * every probe_interval_s the daemon asked for, and on pf_probe.
  *
- * DESIGN: no threads, no locks.  The arena table, the queue, the held list,
- * the pending releases and the idle events are the struct pf_client's,
- * used by one thread at a time (prefetch.h says so).  A batch belongs to
- * the queue until it is taken, then to the held list until pf_release; a
- * release of a device batch then waits in the release list.  Arena
+ * DESIGN: the trainer's thread only; nothing here waits for the GPU on a
+ * batch's way (no synchronize, no event query): a copy or gather is queued
+ * on the library's stream and the trainer's stream waits for it on the GPU
+ * (cuStreamWaitEvent).  The arena table, the queue, the held list and the
+ * idle events are the struct pf_client's.  A batch belongs to the queue
+ * until it is taken, then to the held list until pf_release; a release of
+ * a device batch then belongs to its lane until pfc_settle_collect.  Arena
  * mappings belong to the arena table, or to a retired generation
  * (reconnect.c) once their connection has broken.
  */
@@ -80,31 +82,41 @@ static int event_get(struct pf_client *c, const char *what, struct pfc_event **o
 	return 0;
 }
 
-static int event_done(void *event);
+/* Gives back what a settled release held: a client copy's device buffer,
+ * or the slot (its Release, when the connection is still the one it came
+ * on); then its event and itself. */
+static void settle_now(struct pf_client *c, struct pfc_release *r)
+{
+	if (r->dbuf >= 0) {
+		if (c->dbuf_free)
+			c->dbuf_free[c->ndbuf_free++] = (uint32_t)r->dbuf;
+	} else if (!c->dead && r->gen == c->gen) {
+		pfc_send_release(c, r->epoch, r->seq, r->slot);
+	}
+	if (r->free_event)
+		r->free_event(r->event);
+	free(r);
+}
 
 /* Queues r, the release of batch b's slot (dbuf -1) or of its device
  * buffer (client copies), for when event e, recorded on stream, has
- * completed.  At the end of the list: it is kept in the order of the
- * events (see struct pfc_release's stream). */
+ * completed: a lane of settle.c waits for it and sends it.  Should no
+ * lane's thread start, the CPU waits here, blocked, instead. */
 static void queue_release(struct pf_client *c, struct pfc_release *r, const struct pfc_batch *b,
 			  struct pfc_event *e, const void *stream, int32_t dbuf)
 {
-	struct pfc_release **pp = &c->releases;
-
 	r->epoch = b->pub.epoch;
 	r->seq = b->pub.seq;
 	r->slot = b->slot;
 	r->dbuf = dbuf;
 	r->event = e;
 	r->stream = stream;
-	r->queued_ns = mono();
-	r->done = event_done;
+	r->gen = c->gen;
 	r->free_event = event_put;
-	r->next = NULL;
-	while (*pp)
-		pp = &(*pp)->next;
-	*pp = r;
-	c->nreleases++;
+	if (pfc_settle_queue(c, r) == 0)
+		return;
+	pfcuda_event_sync(c->cuda, e->ev, NULL, 0);
+	settle_now(c, r);
 }
 
 /* Queues the release of batch b (not taken) for when its gather has
@@ -130,141 +142,13 @@ int pfc_send_release(struct pf_client *c, uint64_t epoch, uint64_t seq, int32_t 
 	/* Unmark first: once the Release is out the daemon may announce the
 	 * slot again, possibly within the read that follows. */
 	if (slot >= 0 && (uint32_t)slot < c->slots)
-		c->slot_mine[slot] = 0;
+		slot_mark(c, slot, false);
 	msg.epoch = epoch;
 	msg.seq = seq;
 	msg.slot = slot;
 	env.msg_case = PF__ENVELOPE__MSG_RELEASE;
 	env.release = &msg;
 	return pfc_send(c, &env);
-}
-
-/* Streams a flush has found work pending on; a release on another one is
- * asked about even when this many are pending. */
-#define FLUSH_STREAMS 4
-
-/* Sends every pending release whose GPU work has retired.  With wait_ms > 0
- * it keeps polling that long for the rest (pf_close).  An event query costs
- * 1.7 us on an H200 (bench/NOTES.md): once one is not done, the later
- * releases of its stream are not asked about. */
-static int flush(struct pf_client *c, int wait_ms, int64_t fresh_after);
-
-int pfc_flush_releases(struct pf_client *c, int wait_ms)
-{
-	return flush(c, wait_ms, INT64_MAX);
-}
-
-int pfc_flush_settled(struct pf_client *c)
-{
-	return c->releases ? flush(c, 0, mono() - PFC_FRESH_NS) : 0;
-}
-
-/* The streams of one flush pass: on each, the newest release old enough
- * to ask about, and whether it is known done. */
-struct flush_stream {
-	const void *stream;
-	const struct pfc_release *newest;
-	uint32_t n;	     /* releases to ask about on it */
-	bool all_done;	     /* newest is done, so every one before it is */
-	bool newest_pending; /* newest was asked about and is not done */
-	bool busy;	     /* one is pending: ask no more */
-};
-
-/* The entry of stream in fs[*n], added if there is room; NULL if not. */
-static struct flush_stream *flush_stream(struct flush_stream *fs, uint32_t *n, const void *stream)
-{
-	uint32_t k;
-
-	for (k = 0; k < *n && fs[k].stream != stream; k++)
-		;
-	if (k == *n) {
-		if (*n == FLUSH_STREAMS)
-			return NULL;
-		memset(&fs[k], 0, sizeof(fs[k]));
-		fs[k].stream = stream;
-		(*n)++;
-	}
-	return &fs[k];
-}
-
-/* Releases queued after fresh_after count as pending, unasked.  Events of
- * one stream complete in the order they were recorded: where several
- * releases of a stream are to be asked about, the newest is asked first,
- * and when it is done so are the others, for one query instead of one
- * each (not for CU_STREAM_PER_THREAD, one handle for a stream per thread). */
-static int flush(struct pf_client *c, int wait_ms, int64_t fresh_after)
-{
-	int64_t deadline = pfc_deadline_after(wait_ms);
-	int rc = 0;
-
-	for (;;) {
-		struct pfc_release **pp = &c->releases;
-		struct flush_stream fs[FLUSH_STREAMS];
-		uint32_t nfs = 0;
-
-		for (const struct pfc_release *r = c->releases; r && r->queued_ns <= fresh_after;
-		     r = r->next) {
-			struct flush_stream *f;
-
-			if (!r->done || r->stream == PFC_STREAM_PER_THREAD)
-				continue;
-			f = flush_stream(fs, &nfs, r->stream);
-			if (f) {
-				f->newest = r;
-				f->n++;
-			}
-		}
-		for (uint32_t k = 0; k < nfs; k++) {
-			if (fs[k].n <= 1)
-				continue;
-			if (fs[k].newest->done(fs[k].newest->event) == 1)
-				fs[k].all_done = true;
-			else
-				fs[k].newest_pending = true;
-		}
-		while (*pp) {
-			struct pfc_release *r = *pp;
-			struct flush_stream *f = NULL;
-			int done = 1;
-
-			if (r->queued_ns > fresh_after) {
-				done = 0;
-			} else if (r->done) {
-				f = flush_stream(fs, &nfs, r->stream);
-				if (f && (f->busy || (f->newest == r && f->newest_pending)))
-					done = 0; /* asked already, this pass */
-				else if (!f || !f->all_done)
-					done = r->done(r->event);
-				if (f && f->newest == r) {
-					f->newest = NULL;
-					f->all_done = false; /* later ones were not asked about */
-				}
-			}
-			if (done == 0) {
-				if (f)
-					f->busy = true;
-				pp = &r->next;
-				continue;
-			}
-			*pp = r->next;
-			c->nreleases--;
-			if (r->dbuf >= 0) {
-				if (c->dbuf_free)
-					c->dbuf_free[c->ndbuf_free++] = (uint32_t)r->dbuf;
-			} else if (!c->dead) {
-				int src = pfc_send_release(c, r->epoch, r->seq, r->slot);
-
-				if (src && !rc)
-					rc = src;
-			}
-			if (r->free_event)
-				r->free_event(r->event);
-			free(r);
-		}
-		if (!c->releases || wait_ms <= 0 || pfc_ms_left(deadline) == 0)
-			return rc;
-		usleep(100);
-	}
 }
 
 /* A batch off the queue that is not taken after all, with nothing sent for
@@ -277,7 +161,7 @@ static void drop_untaken(struct pf_client *c, struct pfc_batch *b)
 	if (b->dbuf >= 0)
 		c->dbuf_free[c->ndbuf_free++] = (uint32_t)b->dbuf;
 	else if (b->slot >= 0)
-		c->slot_mine[b->slot] = 0;
+		slot_mark(c, b->slot, false);
 	pfc_free_batch(b);
 }
 
@@ -446,29 +330,6 @@ static int add_arena(struct pf_client *c, const Pf__Arena *msg)
 	}
 }
 
-/* Pending releases go unsent (the connection is going), their events
- * disposed of. */
-void pfc_drop_releases(struct pf_client *c)
-{
-	struct pfc_release **pp = &c->releases;
-
-	while (*pp) {
-		struct pfc_release *r = *pp;
-
-		/* A device buffer of ours still read by the trainer's work: it
-		 * outlives the connection (pf_close drops it after a sync). */
-		if (r->dbuf >= 0 && c->dbufs) {
-			pp = &r->next;
-			continue;
-		}
-		*pp = r->next;
-		c->nreleases--;
-		if (r->free_event)
-			r->free_event(r->event);
-		free(r);
-	}
-}
-
 /* Unmaps an arena table and frees it.  Device arenas go after every queued
  * kernel has finished: the trainer's released work may still read them. */
 void pfc_unmap_arenas(struct pf_client *c, struct pfc_arena *arenas, uint32_t n)
@@ -516,7 +377,7 @@ static int check_data_batch(struct pf_client *c, const Pf__BatchReady *b)
 				     "epoch %" PRIu64 " batch %" PRIu64 " names slot %" PRId32
 				     " of a session with %" PRIu32,
 				     b->epoch, b->seq, b->slot, c->slots);
-	if (c->slot_mine[b->slot])
+	if (slot_marked(c, b->slot))
 		return pfc_conn_fail(c, -EPROTO,
 				     "epoch %" PRIu64 " batch %" PRIu64 " reuses slot %" PRId32
 				     " before its release",
@@ -987,7 +848,7 @@ static int add_batch(struct pf_client *c, const Pf__BatchReady *b)
 				return rc;
 			}
 		}
-		c->slot_mine[b->slot] = 1;
+		slot_mark(c, b->slot, true);
 	} else {
 		q->message = strdup(b->message ? b->message : "");
 		if (!q->message) {
@@ -1099,17 +960,6 @@ static void maybe_probe(struct pf_client *c)
 	    (c->probe_interval_s <= 0 || now - c->last_probe_ns < c->probe_interval_s * 1e9))
 		return;
 	pfc_send_probe(c);
-}
-
-static int event_done(void *event)
-{
-	struct pfc_event *e = event;
-	int64_t t0 = PFC_T0(e->c);
-	int rc = pfcuda_event_query(e->c->cuda, e->ev, NULL, 0);
-
-	PFC_TADD(e->c, event_ns, t0);
-	e->c->counts.queries++;
-	return rc == 0 ? 1 : rc == -EAGAIN ? 0 : rc;
 }
 
 /* Drops one holder's reference; the last makes the event idle. */
@@ -1469,16 +1319,9 @@ int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_
 
 	if (c->dead)
 		return pfc_fail_dead(c);
-	/* A batch ready to take goes first; the releases wait for the
-	 * trainer's next release, or for the wait below.  Unless more wait
-	 * than a release and the copies ahead account for: a trainer that
-	 * takes several batches before it gives any back (gradient
-	 * accumulation) must not keep the slots its copies are done with. */
-	if (!c->queue.head || !pfc_can_take(c) || c->nreleases > PFC_COPY_AHEAD + 1) {
-		rc = pfc_flush_settled(c);
-		if (rc)
-			return rc;
-	}
+	/* Releases the lanes have settled since the last call: their device
+	 * buffers are free again (client copies), their events idle. */
+	pfc_settle_collect(c);
 	for (;;) {
 		Pf__Envelope *env;
 
@@ -1488,24 +1331,20 @@ int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_
 			return rc;
 		}
 		/* A client that copies also needs a free device buffer, which
-		 * a release of the trainer's gives back (polled below). */
+		 * a lane gives back once the trainer's work on it retired. */
 		if (c->queue.head ? pfc_can_take(c) : !c->epoch_live || c->epoch_ended)
 			return 0;
 		if (!*blocked_since)
 			*blocked_since = mono();
-		/* Releases waiting for the GPU may be what the daemon needs to
-		 * send the next batch (every slot can be held by them): wait in
-		 * short slices and send each one as its work retires. */
-		if (c->releases) {
-			int64_t slice = mono() + PFC_RELEASE_POLL_NS;
-
-			rc = pfc_read_env(c, deadline >= 0 && deadline < slice ? deadline : slice,
-					  &env);
-			/* pfc_read_env flushed them before it waited. */
-			if (rc == -ETIMEDOUT && (deadline < 0 || mono() < deadline))
-				continue;
-		} else {
-			rc = pfc_read_env(c, deadline, &env);
+		/* Blocked in poll until a frame comes or, for a client waiting
+		 * for a buffer, a lane gives one back: the Releases the daemon
+		 * needs to send more go from the lanes themselves, so nothing
+		 * here polls the GPU. */
+		rc = c->ccopy && c->queue.head ? pfc_read_env_or_buffer(c, deadline, &env)
+					       : pfc_read_env(c, deadline, &env);
+		if (rc == -EAGAIN) {
+			pfc_settle_woken(c);
+			continue;
 		}
 		if (rc == -ETIMEDOUT)
 			return pfc_set_err(c, rc, "no batch from %s within %d ms", c->where,

@@ -9,13 +9,18 @@
  * with -fvisibility=hidden), so it links from libprefetch.a but is not
  * exported from libprefetch.so.
  *
- * DESIGN: no threads and no locks.  A struct pf_client is used by one thread
- * at a time (the trainer's, or prefetchctl's main thread), which owns its
- * socket, its receive buffer and every list below.
+ * DESIGN: a struct pf_client is used by one thread at a time (the
+ * trainer's, or prefetchctl's main thread), which owns its receive buffer
+ * and every list below.  The one exception is settle.c's release lanes of
+ * a CUDA client: threads that wait for the GPU and write Releases to the
+ * socket.  They share with the owner only what settle.c's DESIGN names:
+ * the settle lock's lists, and, under send_lock, the socket's writes,
+ * sock, gen, dead and the slot marks (read with atomics: slot_marked).
  */
 #ifndef PF_CLIENT_INT_H
 #define PF_CLIENT_INT_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -48,13 +53,6 @@
  * lower (a few slots); more than this is a daemon bug, treated as a protocol
  * error rather than as a reason to grow without limit. */
 #define PFC_MAX_QUEUED 4096
-/* While releases wait for the GPU, pf_next checks them this often. */
-#define PFC_RELEASE_POLL_NS 200000
-/* A release queued less than this long ago is not asked about by the flush
- * of a release or of a pf_next that flushes (its GPU work has rarely
- * retired yet, and each question costs 1.4 us): a later flush, or the
- * wait's, sends it. */
-#define PFC_FRESH_NS 20000
 /* Client copies started before the trainer asks for their batches (as a
  * batch arrives, or when the trainer gives one back): pf_next then hands
  * over a batch already on the device, and its host slot goes back sooner.
@@ -123,12 +121,11 @@ int pfc_set_err(struct pf_client *c, int rc, const char *fmt, ...)
 
 /*
  * A release waiting for the trainer's queued GPU work.  Host batches are
- * released at once (done == NULL).  CUDA batches (client/cuda.c) record an
- * event on the trainer's stream and set done/event; pf_next, pf_release and
- * pf_close poll the list and send each Release whose done(event) returns 1,
- * so the trainer never blocks on it.  done returns 1 when the work has
- * retired, 0 while pending, -errno on failure (the release is sent anyway:
- * the batch is unusable either way).  free_event, when set, disposes event.
+ * released at once.  CUDA batches record an event on the stream their
+ * work is on and hand the release to a lane of settle.c, whose thread
+ * waits, blocked, for the event and then sends the Release (or, for a
+ * client copy's device buffer, only gives the buffer back); the trainer's
+ * thread never waits for it and never asks about it.
  */
 struct pfc_release {
 	uint64_t epoch;
@@ -138,14 +135,15 @@ struct pfc_release {
 	 * free list when done; nothing is sent (the slot went back after its
 	 * copy).  -1 otherwise. */
 	int32_t dbuf;
-	void *event; /* owned through free_event */
-	/* The stream event was recorded on: events of one stream complete in
-	 * the order they were recorded, so once one is not done, the later
-	 * ones of its stream are not either (pfc_flush_releases asks no
-	 * more). */
+	void *event; /* owned through free_event: a struct pfc_event */
+	/* The stream the event was recorded on: the lane that waits for it
+	 * (settle.c), in which events retire in the order recorded. */
 	const void *stream;
-	int64_t queued_ns; /* mono() when queued */
-	int (*done)(void *event);
+	/* The connection the slot belongs to (pf_client.gen); 0: send
+	 * nothing (the connection is going).  Written under the settle lock
+	 * once queued. */
+	uint64_t gen;
+	int wait_rc; /* what the lane's wait returned (settle.c) */
 	void (*free_event)(void *event);
 	struct pfc_release *next;
 };
@@ -232,7 +230,11 @@ struct pfc_retired {
 };
 
 struct pf_client {
-	int sock;    /* owned; -1 once the connection is broken */
+	int sock;    /* owned; -1 once the connection is broken; changed under send_lock */
+	/* Recursive: a failed send breaks the connection (pfc_conn_fail)
+	 * with the lock held.  Guards every write to sock, and sock, gen,
+	 * dead and slot_mine's replacement (settle.c's lanes write too). */
+	pthread_mutex_t send_lock;
 	char *where; /* owned: "prefetchd at PATH", for messages */
 	struct wire_rx rx;
 	bool corked;  /* pfc_cork: one-way messages wait in out */
@@ -364,8 +366,8 @@ struct pf_client {
 	uint32_t nqueued;
 	struct pfc_batch *held; /* owned: taken, not released */
 	uint32_t nheld;
-	struct pfc_release *releases; /* owned: waiting for the GPU, oldest first */
-	uint32_t nreleases;	      /* in releases */
+	struct pfc_settle *settle; /* owned: the release lanes (settle.c), made on first use */
+	uint32_t nreleases;	   /* queued on a lane and not collected yet */
 
 	/* An Error pushed with id 0 (a refused Ack or Release); pf_next
 	 * returns it once. */
@@ -426,6 +428,15 @@ int pfc_conn_fail(struct pf_client *c, int rc, const char *fmt, ...)
 int pfc_fail_dead(struct pf_client *c);
 int pfc_sane_code(int32_t code);
 int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env);
+/* pfc_read_env that also returns -EAGAIN, with no frame, as soon as a
+ * release lane has given a device buffer back (pfc_settle_fd): pf_next
+ * waiting for a free buffer looks again. */
+int pfc_read_env_or_buffer(struct pf_client *c, int64_t deadline, Pf__Envelope **env);
+/* From a release lane (settle.c): sends msg, unmarking slot first (when
+ * >= 0), if the connection is still gen's and whole.  A send that fails
+ * shuts the socket down, so that the owner's next read says the
+ * connection broke; the lane touches nothing else of c. */
+void pfc_send_for_gen(struct pf_client *c, Pf__Envelope *msg, uint64_t gen, int32_t slot);
 /* Handles first (when not NULL; taken) and then every frame already
  * received, without a system call, the gathers of the batches among them
  * grouped into as few launches as may be: 0, or the error that broke the
@@ -451,11 +462,7 @@ void pfc_free_dbufs(struct pf_client *c);
 int pfc_keep_pool(struct pf_client *c, const Pf__SessionOpened *so);
 void pfc_unmap_slabs(struct pf_client *c);
 int pfc_send_release(struct pf_client *c, uint64_t epoch, uint64_t seq, int32_t slot);
-int pfc_flush_releases(struct pf_client *c, int wait_ms);
-/* The same, leaving the releases queued within PFC_FRESH_NS unasked. */
-int pfc_flush_settled(struct pf_client *c);
 int pfc_release_queue(struct pf_client *c);
-void pfc_drop_releases(struct pf_client *c);
 void pfc_unmap_arenas(struct pf_client *c, struct pfc_arena *arenas, uint32_t n);
 int pfc_handle_push(struct pf_client *c, Pf__Envelope *env);
 /* A frame no request waits for, taken: a push is handled, the late reply to
@@ -478,6 +485,43 @@ int pfc_ack_ahead(struct pf_client *c);
  * whose queue is never taken from): 0, or the error that broke it. */
 int pfc_gather_flush(struct pf_client *c);
 int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_t *blocked_since);
+
+/* ---- settle.c: the release lanes -------------------------------------------- */
+
+/* Makes c's lanes (no thread starts until a release is queued). */
+int pfc_settle_open(struct pf_client *c);
+/* Hands r (its event recorded, free_event set) to the lane of r->stream,
+ * whose thread sends its Release once the event has completed.  0, or
+ * -errno (no thread could start) with r still the caller's. */
+int pfc_settle_queue(struct pf_client *c, struct pfc_release *r);
+/* Disposes of the settled releases: buffers and events back.  Cheap when
+ * there are none (one atomic load). */
+void pfc_settle_collect(struct pf_client *c);
+/* The same after pfc_settle_fd polled readable: the eventfd is read too. */
+void pfc_settle_woken(struct pf_client *c);
+/* Blocks (no spinning) up to wait_ms, < 0 for no limit, until every queued
+ * release has settled, then collects: 0, or -ETIMEDOUT. */
+int pfc_settle_drain(struct pf_client *c, int wait_ms);
+/* The releases still queued will settle without sending anything. */
+void pfc_settle_forget(struct pf_client *c);
+/* The eventfd written when a lane gives a device buffer back; -1: none. */
+int pfc_settle_fd(const struct pf_client *c);
+/* Stops the lanes, once what they wait for has run (pf_close synchronises
+ * the device first), collects, and frees them. */
+void pfc_settle_close(struct pf_client *c);
+
+/* The slot marks (pf_client.slot_mine), which a lane clears as it sends a
+ * Release: atomics, so that the owner's test of a slot the daemon just
+ * announced again sees the lane's clearing. */
+static inline bool slot_marked(const struct pf_client *c, int32_t slot)
+{
+	return __atomic_load_n(&c->slot_mine[slot], __ATOMIC_ACQUIRE) != 0;
+}
+
+static inline void slot_mark(struct pf_client *c, int32_t slot, bool mine)
+{
+	__atomic_store_n(&c->slot_mine[slot], (uint8_t)mine, __ATOMIC_RELEASE);
+}
 
 /* ---- reconnect.c: the session across daemon restarts ---------------------- */
 

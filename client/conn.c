@@ -14,11 +14,14 @@
  * out of order), breaks the connection: the socket is closed, so the daemon
  * takes every slot back, and every later call returns the same error.
  *
- * DESIGN: no threads, no locks.  The socket, the receive buffer and the
- * error texts are the struct pf_client's, used by one thread at a time
- * (prefetch.h says so).  pfc_conn_fail is the one place that closes the
- * socket; a new one is installed only by pfc_connect_fd, pf_connect and a
- * reconnection.
+ * DESIGN: the socket, the receive buffer and the error texts are the
+ * struct pf_client's, used by one thread at a time (prefetch.h says so),
+ * with one exception: the release lanes of a CUDA client (settle.c) write
+ * Releases from their threads (pfc_send_for_gen).  So every write of a
+ * frame holds send_lock, and so do the changes a lane must see whole:
+ * closing the socket (pfc_conn_fail, the one place that closes it),
+ * installing a new one (pfc_connect_fd, pf_connect, a reconnection) and
+ * the connection's gen.
  */
 #include "client_int.h"
 
@@ -31,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -89,10 +93,12 @@ pfc_conn_fail(struct pf_client *c, int rc, const char *fmt, ...)
 	vsnprintf(c->dead_msg, sizeof(c->dead_msg), fmt, ap);
 	va_end(ap);
 	snprintf(c->err, sizeof(c->err), "%s", c->dead_msg);
+	pthread_mutex_lock(&c->send_lock);
 	c->dead = rc;
 	if (c->sock >= 0)
 		close(c->sock);
 	c->sock = -1;
+	pthread_mutex_unlock(&c->send_lock);
 	return rc;
 }
 
@@ -151,10 +157,55 @@ static int send_bytes(struct pf_client *c, const uint8_t *frame, size_t len, int
 		      const char *what)
 {
 	int64_t t0 = PFC_T0(c);
-	int rc = send_bytes_now(c, frame, len, deadline, what);
+	int rc;
 
+	/* Whole frames only: a lane's Release must not land inside one. */
+	pthread_mutex_lock(&c->send_lock);
+	rc = send_bytes_now(c, frame, len, deadline, what);
+	pthread_mutex_unlock(&c->send_lock);
 	PFC_TADD(c, send_ns, t0);
 	return rc;
+}
+
+void pfc_send_for_gen(struct pf_client *c, Pf__Envelope *msg, uint64_t gen, int32_t slot)
+{
+	int64_t deadline = pfc_deadline_after(c->timeout_ms);
+	uint8_t *frame = NULL;
+	size_t len, off = 0;
+
+	msg->id = 0;
+	if (wire_encode(msg, &frame, &len))
+		return; /* out of memory: the slot comes back with the socket */
+	pthread_mutex_lock(&c->send_lock);
+	if (c->dead || c->sock < 0 || c->gen != gen)
+		goto out;
+	/* Unmarked before the Release is out: the daemon may announce the
+	 * slot again at once, and the owner's read of that must not find it
+	 * still marked. */
+	if (slot >= 0 && (uint32_t)slot < c->slots)
+		slot_mark(c, slot, false);
+	while (off < len) {
+		long n = wire_send_some(c->sock, frame + off, len - off, -1);
+		struct pollfd pfd = {.fd = c->sock, .events = POLLOUT};
+		int ready;
+
+		if (n > 0) {
+			off += (size_t)n;
+			continue;
+		}
+		if (n == -EAGAIN) {
+			ready = poll(&pfd, 1, pfc_ms_left(deadline));
+			if (ready > 0 || (ready < 0 && errno == EINTR))
+				continue;
+		}
+		/* Broken, or part of a frame on the wire: the stream is over.
+		 * The owner's next read finds it so and says why. */
+		shutdown(c->sock, SHUT_RDWR);
+		break;
+	}
+out:
+	pthread_mutex_unlock(&c->send_lock);
+	free(frame);
 }
 
 static int send_bytes_now(struct pf_client *c, const uint8_t *frame, size_t len, int64_t deadline,
@@ -372,34 +423,34 @@ int pfc_read_now(struct pf_client *c)
 	return pfc_take_in(c, NULL);
 }
 
-/* poll() with a deadline to the nanosecond (poll's own timeout counts in
- * milliseconds, which would make a 200 us slice a whole one). */
-static int poll_until(struct pollfd *pfd, int64_t deadline)
+/* poll() of n fds with a deadline to the nanosecond (poll's own timeout
+ * counts in milliseconds). */
+static int poll_until(struct pollfd *pfd, nfds_t n, int64_t deadline)
 {
 	struct timespec ts;
 	int64_t left;
 
 	if (deadline < 0)
-		return ppoll(pfd, 1, NULL, NULL);
+		return ppoll(pfd, n, NULL, NULL);
 	left = deadline - mono();
 	if (left < 0)
 		left = 0;
 	ts.tv_sec = (time_t)(left / 1000000000);
 	ts.tv_nsec = (long)(left % 1000000000);
-	return ppoll(pfd, 1, &ts, NULL);
+	return ppoll(pfd, n, &ts, NULL);
 }
 
 /*
  * Reads one frame, waiting until deadline.  Returns 0 with *env, -ETIMEDOUT
- * (the connection stays usable; no message set), or the error that broke the
- * connection.
+ * (the connection stays usable; no message set), -EAGAIN when wake_fd
+ * (>= 0) became readable first, or the error that broke the connection.
  */
-int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
+static int read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env, int wake_fd)
 {
 	bool polled = false;
 
 	for (;;) {
-		struct pollfd pfd;
+		struct pollfd pfd[2];
 		int64_t t0;
 		long n;
 		int rc;
@@ -423,20 +474,21 @@ int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
 			if (n != -EAGAIN)
 				return fill_failed(c, n);
 		}
-		/* Nothing to read: releases whose work is done (those that were
-		 * too fresh to ask about, pfc_flush_settled, included) and what
-		 * waits corked go out before we wait. */
-		rc = c->releases ? pfc_flush_releases(c, 0) : 0;
-		if (!rc)
-			rc = pfc_uncork(c);
+		/* Nothing to read: what waits corked goes out before we wait,
+		 * and the lanes' settled releases are disposed of. */
+		pfc_settle_collect(c);
+		rc = pfc_uncork(c);
 		if (rc)
 			return rc;
-		pfd.fd = c->sock;
-		pfd.events = POLLIN;
-		pfd.revents = 0;
+		pfd[0].fd = c->sock;
+		pfd[0].events = POLLIN;
+		pfd[0].revents = 0;
+		pfd[1].fd = wake_fd;
+		pfd[1].events = POLLIN;
+		pfd[1].revents = 0;
 		c->counts.polls++;
 		t0 = PFC_T0(c);
-		rc = poll_until(&pfd, deadline);
+		rc = poll_until(pfd, wake_fd >= 0 ? 2 : 1, deadline);
 		PFC_TADD(c, wait_ns, t0);
 		if (rc < 0 && errno == EINTR)
 			continue;
@@ -444,12 +496,34 @@ int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
 			return pfc_conn_fail(c, -errno, "poll: %s", strerror(errno));
 		if (rc == 0)
 			return -ETIMEDOUT;
+		if (wake_fd >= 0 && (pfd[1].revents & POLLIN) && !pfd[0].revents)
+			return -EAGAIN;
 		n = rx_fill(c);
 		if (n == 0)
 			return peer_closed(c);
 		if (n < 0 && n != -EAGAIN)
 			return fill_failed(c, n);
 	}
+}
+
+int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
+{
+	return read_env(c, deadline, env, -1);
+}
+
+int pfc_read_env_or_buffer(struct pf_client *c, int64_t deadline, Pf__Envelope **env)
+{
+	int fd = pfc_settle_fd(c);
+
+	/* Without an eventfd, look again every millisecond: rare (eventfd
+	 * failed), and a wait for a buffer only. */
+	if (fd < 0) {
+		int64_t slice = mono() + 1000000;
+		int rc = read_env(c, deadline >= 0 && deadline < slice ? deadline : slice, env, -1);
+
+		return rc == -ETIMEDOUT && (deadline < 0 || mono() < deadline) ? -EAGAIN : rc;
+	}
+	return read_env(c, deadline, env, fd);
 }
 
 /* ---- requests -------------------------------------------------------------- */
@@ -548,12 +622,19 @@ struct pf_client *pfc_client_new(const char *where)
 	struct pf_client *c = calloc(1, sizeof(*c));
 	const char *env = getenv(PFC_TIMEOUT_ENV);
 	const char *counters = getenv(PFC_COUNTERS_ENV);
+	pthread_mutexattr_t ma;
 	char *end;
 	long ms;
 
 	if (!c)
 		return NULL;
 	c->sock = -1;
+	/* Recursive: send_bytes holds it when a failed send breaks the
+	 * connection (pfc_conn_fail takes it again to close the socket). */
+	pthread_mutexattr_init(&ma);
+	pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+	pthread_mutex_init(&c->send_lock, &ma);
+	pthread_mutexattr_destroy(&ma);
 	c->timing = counters && *counters && strcmp(counters, "0") != 0;
 	c->where = strdup(where);
 	if (!c->where) {

@@ -479,7 +479,9 @@ int pfcuda_event_create(struct pfcuda_dev *d, void **ev, char *msg, size_t msgle
 	rc = push(d, msg, msglen);
 	if (rc < 0)
 		return rc;
-	r = drv.event_create(&e, CU_EVENT_DISABLE_TIMING);
+	/* Blocking sync: a lane (settle.c) or pf_close waiting for one
+	 * sleeps until the GPU gets there instead of spinning a core. */
+	r = drv.event_create(&e, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC);
 	pop();
 	if (r != CUDA_SUCCESS)
 		return cu_fail(r, "cuEventCreate", msg, msglen);
@@ -641,6 +643,7 @@ struct pfcuda_gather {
 	CUfunction fn;
 	CUfunction fn_group; /* pf_gather_group; NULL: one launch a batch */
 	CUstream stream;     /* non-blocking: ordered with the trainer's only by events */
+	CUevent idle;	     /* blocking-sync: pfcuda_gather_sync waits on it, asleep */
 	uint64_t *hbases;    /* pinned host copy of the slab bases, cap entries */
 	CUdeviceptr dbases;
 	uint32_t cap;
@@ -652,6 +655,16 @@ struct pfcuda_gather {
 };
 
 static int grow_bases(struct pfcuda_gather *g, uint32_t want, char *msg, size_t msglen);
+
+/* Waits, asleep, for the gather stream's work (context pushed).  An event,
+ * not cuStreamSynchronize, which spins or yields as the trainer's context
+ * was made (PyTorch's: spin while it has cores). */
+static CUresult stream_idle(struct pfcuda_gather *g)
+{
+	CUresult r = drv.event_record(g->idle, g->stream);
+
+	return r == CUDA_SUCCESS ? drv.event_synchronize(g->idle) : r;
+}
 
 int pfcuda_gather_open(struct pfcuda_dev *d, struct pfcuda_gather **out, char *msg, size_t msglen)
 {
@@ -682,6 +695,9 @@ int pfcuda_gather_open(struct pfcuda_dev *d, struct pfcuda_gather **out, char *m
 		what = "cuModuleGetFunction(pf_gather)";
 	else if ((r = drv.stream_create(&g->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
 		what = "cuStreamCreate";
+	else if ((r = drv.event_create(&g->idle, CU_EVENT_DISABLE_TIMING |
+							 CU_EVENT_BLOCKING_SYNC)) != CUDA_SUCCESS)
+		what = "cuEventCreate";
 	/* Optional: without it every batch is a launch of its own. */
 	if (r == CUDA_SUCCESS &&
 	    drv.module_get_function(&g->fn_group, g->mod, "pf_gather_group") != CUDA_SUCCESS)
@@ -717,6 +733,8 @@ void pfcuda_gather_close(struct pfcuda_gather *g)
 			drv.stream_synchronize(g->stream);
 			drv.stream_destroy(g->stream);
 		}
+		if (g->idle)
+			drv.event_destroy(g->idle);
 		if (g->dbases)
 			drv.mem_free(g->dbases);
 		if (g->hbases)
@@ -737,9 +755,9 @@ int pfcuda_gather_sync(struct pfcuda_gather *g, char *msg, size_t msglen)
 
 	if (rc < 0)
 		return rc;
-	r = drv.stream_synchronize(g->stream);
+	r = stream_idle(g);
 	pop();
-	return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuStreamSynchronize", msg, msglen);
+	return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuEventSynchronize", msg, msglen);
 }
 
 /* Makes room for slab ids below want (pushed context): a larger pinned
@@ -760,7 +778,7 @@ static int grow_bases(struct pfcuda_gather *g, uint32_t want, char *msg, size_t 
 		return cu_fail(r, "cuMemAlloc", msg, msglen);
 	}
 	memset(h, 0, cap * sizeof(*h));
-	drv.stream_synchronize(g->stream);
+	stream_idle(g);
 	if (g->cap)
 		memcpy(h, g->hbases, g->cap * sizeof(*h));
 	r = drv.memcpy_htod_async(dv, h, cap * sizeof(*h), g->stream);
@@ -817,7 +835,7 @@ int pfcuda_gather_staging(struct pfcuda_gather *g, size_t bytes, void **host, ch
 	rc = push(g->d, msg, msglen);
 	if (rc < 0)
 		return rc;
-	drv.stream_synchronize(g->stream); /* queued uploads read the old one */
+	stream_idle(g); /* queued gathers read the old one */
 	if (g->staging)
 		drv.mem_free_host(g->staging);
 	g->staging = NULL;

@@ -83,7 +83,8 @@ int pfcuda_event_record(struct pfcuda_dev *d, void *ev, void *stream, char *msg,
 /* 0 when the work before the record has completed, -EAGAIN while pending.
  * Never blocks. */
 int pfcuda_event_query(struct pfcuda_dev *d, void *ev, char *msg, size_t msglen);
-/* Waits on the CPU until the work before the record has completed. */
+/* Waits on the CPU, asleep (the events are made with blocking sync),
+ * until the work before the record has completed.  Any thread may wait. */
 int pfcuda_event_sync(struct pfcuda_dev *d, void *ev, char *msg, size_t msglen);
 /* NULL is a no-op. */
 void pfcuda_event_destroy(struct pfcuda_dev *d, void *ev);
@@ -119,7 +120,7 @@ struct pfcuda_gather;
 int pfcuda_gather_open(struct pfcuda_dev *d, struct pfcuda_gather **out, char *msg, size_t msglen);
 /* Waits for the stream's work, then frees everything.  NULL is a no-op. */
 void pfcuda_gather_close(struct pfcuda_gather *g);
-/* Blocks until every queued gather has finished. */
+/* Blocks, asleep, until every queued gather has finished. */
 int pfcuda_gather_sync(struct pfcuda_gather *g, char *msg, size_t msglen);
 /* Slab `slab` is mapped at base (0: no longer): later launches see it.
  * Call pfcuda_gather_sync before changing an entry a queued launch reads. */

@@ -593,7 +593,7 @@ PF_API int pf_next_stream(struct pf_client *c, int timeout_ms, void *stream,
 	return rc;
 }
 
-static int release_batch(struct pf_client *c, struct pf_batch *batch, void *stream, bool flush);
+static int release_batch(struct pf_client *c, struct pf_batch *batch, void *stream);
 
 /* rc of a release's sends: when they failed because the daemon died, on a
  * client that reconnects, the slot went with the daemon (as for a batch of
@@ -621,7 +621,7 @@ PF_API int pf_release_next(struct pf_client *c, struct pf_batch *release, void *
 		 * Ack, in one write; the settled pending releases are flushed
 		 * here, once. */
 		pfc_cork(c);
-		rc = release_batch(c, release, stream, false);
+		rc = release_batch(c, release, stream);
 		if (rc) {
 			if (pfc_uncork(c) && !c->dead)
 				pfc_fail_dead(c);
@@ -643,42 +643,31 @@ PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream)
 	if (!c || !batch)
 		return -EINVAL;
 	pfc_cork(c);
-	rc = release_batch(c, batch, stream, true);
+	rc = release_batch(c, batch, stream);
 	/* This call's Releases, in one write. */
 	urc = release_outage(c, pfc_uncork(c));
 	return rc ? rc : urc;
 }
 
-/* After a release: the pending releases whose GPU work is done go (every
- * one asked about with full, else the settled ones once more wait than a
- * release and the copies ahead account for, or the oldest has waited a
- * poll slice: each question costs 1.4-2 us, and one about the newest of a
- * stream answers for all of them); then, for a CUDA session, the frames
- * already received are taken in, and the socket read without waiting while
- * fewer than PFC_READ_AHEAD batches are queued, which starts their gathers
- * and copies, so that the pf_next after it hands over a batch that is on
- * the device already. */
-static int after_release(struct pf_client *c, bool full)
+/* After a release: the lanes' settled releases are disposed of; then, for
+ * a CUDA session, the frames already received are taken in, and the
+ * socket read without waiting while fewer than PFC_READ_AHEAD batches are
+ * queued, which starts their gathers and copies, so that the pf_next after
+ * it hands over a batch that is on the device already. */
+static int after_release(struct pf_client *c)
 {
-	int rc = 0;
-
-	if (full)
-		rc = pfc_flush_releases(c, 0);
-	else if (c->releases && (c->nreleases > PFC_COPY_AHEAD + 1 ||
-				 mono() - c->releases->queued_ns >= PFC_RELEASE_POLL_NS))
-		rc = pfc_flush_settled(c);
+	pfc_settle_collect(c);
 	/* What goes wrong in there (a frame, another batch's copy) is the
 	 * connection's: the next pf_next says so, this release went well. */
-	if (!rc && c->cuda && !c->dead &&
+	if (c->cuda && !c->dead &&
 	    !(c->nqueued < PFC_READ_AHEAD ? pfc_read_now(c) : pfc_read_buffered(c)) &&
 	    !pfc_copy_ahead(c))
 		pfc_ack_ahead(c);
-	return rc;
+	return 0;
 }
 
-/* pf_release; then after_release, flushing every pending release with
- * flush, else the settled ones. */
-static int release_batch(struct pf_client *c, struct pf_batch *batch, void *stream, bool flush)
+/* pf_release; then after_release. */
+static int release_batch(struct pf_client *c, struct pf_batch *batch, void *stream)
 {
 	struct pfc_batch **pp, *b;
 	int rc;
@@ -704,7 +693,7 @@ static int release_batch(struct pf_client *c, struct pf_batch *batch, void *stre
 		if (b->gen != c->gen)
 			pfc_retired_put(c, b->gen);
 		pfc_free_batch(b);
-		return release_outage(c, c->dead ? 0 : after_release(c, flush));
+		return release_outage(c, c->dead ? 0 : after_release(c));
 	}
 	/* A batch of a connection that broke, on a client that reconnects:
 	 * its slot died with that daemon, so there is nothing to send, only
@@ -720,7 +709,7 @@ static int release_batch(struct pf_client *c, struct pf_batch *batch, void *stre
 	if (c->dead) {
 		*pp = b->next;
 		c->nheld--;
-		c->slot_mine[b->slot] = 0;
+		slot_mark(c, b->slot, false);
 		pfc_free_batch(b);
 		return pfc_fail_dead(c);
 	}
@@ -741,7 +730,7 @@ static int release_batch(struct pf_client *c, struct pf_batch *batch, void *stre
 		pfc_free_batch(b);
 	}
 	if (!rc)
-		rc = after_release(c, flush);
+		rc = after_release(c);
 	return release_outage(c, rc);
 }
 
@@ -773,9 +762,6 @@ PF_API int pf_set_depth(struct pf_client *c, uint64_t session, uint32_t target)
 	}
 	return rc;
 }
-
-/* How long pf_abandon waits for released batches' GPU work (ms). */
-#define ABANDON_FLUSH_MS 20
 
 PF_API int pf_abandon(struct pf_client *c)
 {
@@ -814,12 +800,9 @@ PF_API int pf_abandon(struct pf_client *c)
 	/* Released after the daemon has stopped filling, so that a freed slot
 	 * is not filled again for the epoch being abandoned. */
 	qrc = pfc_release_queue(c);
-	/* Batches the trainer released behind its stream go back too once
-	 * that work retires; a short wait covers the usual case (the work
-	 * is microseconds from done), and longer work keeps its slot until
-	 * the next call, as in pf_next, rather than blocking the trainer. */
-	if (!qrc)
-		qrc = pfc_flush_releases(c, ABANDON_FLUSH_MS);
+	/* Batches the trainer released behind its stream go back too, from
+	 * their lanes, as that work retires: nothing to wait for here. */
+	pfc_settle_collect(c);
 	if ((rc || qrc) && c->dead && pfc_reconnecting(c)) {
 		/* It broke on the way: the epoch is not live, so it is not
 		 * started again, and there is nothing left to stop. */
@@ -904,15 +887,18 @@ PF_API void pf_close(struct pf_client *c)
 			pfc_send_release(c, b->pub.epoch, b->pub.seq, b->slot);
 		pfc_free_batch(b);
 	}
-	pfc_flush_releases(c, c->timeout_ms);
-	/* Work that has not retired by now still gets its release dropped
-	 * (the socket is closing, which returns every slot), but its events
-	 * are disposed of, and the arenas are unmapped only after the device
-	 * has finished with them (pfc_unmap_arenas): a queued kernel must not
+	/* The lanes send what the device finishes within the request
+	 * timeout (blocked, not polling); work that has not retired by then
+	 * gets its release dropped (the socket is closing, which returns
+	 * every slot), and everything is unmapped only after the device has
+	 * finished with it (pfc_unmap_arenas): a queued kernel must not
 	 * fault. */
-	pfc_drop_releases(c);
+	if (pfc_settle_drain(c, c->timeout_ms))
+		pfc_settle_forget(c);
+	if (c->nreleases)
+		pfcuda_sync(c->cuda, NULL, 0);
+	pfc_settle_close(c);
 	pfc_free_dbufs(c);
-	pfc_drop_releases(c); /* the device buffers' own, kept until now */
 	pfc_unmap_slabs(c);
 	pfc_unmap_arenas(c, c->arenas, c->narenas);
 	while (c->retired) {
@@ -947,6 +933,7 @@ PF_API void pf_close(struct pf_client *c)
 	free(c->path);
 	free(c->where);
 	free(c->out);
+	pthread_mutex_destroy(&c->send_lock);
 	free(c);
 }
 

@@ -78,7 +78,10 @@ static void drop_connection(struct pf_client *c)
 	uint32_t users = 0;
 
 	pfc_release_queue(c);
-	pfc_drop_releases(c);
+	/* The lanes' releases of this connection settle unsent (their gen
+	 * is no longer the client's); a client copy's buffer still comes
+	 * back once the trainer's work on it has run. */
+	pfc_settle_forget(c);
 	pfc_unmap_slabs(c);
 	c->out_len = 0; /* frames corked for the connection that broke */
 	for (struct pfc_batch *b = c->held; b; b = b->next)
@@ -101,9 +104,11 @@ static void drop_connection(struct pf_client *c)
 	}
 	c->arenas = NULL;
 	c->narenas = 0;
+	pthread_mutex_lock(&c->send_lock);
 	if (c->slot_mine)
 		memset(c->slot_mine, 0, c->slots ? c->slots : 1);
 	c->gen++;
+	pthread_mutex_unlock(&c->send_lock);
 }
 
 /* The connection has just been found broken: a reconnecting client
@@ -166,8 +171,10 @@ static int refresh_session(struct pf_client *c, const Pf__SessionOpened *so)
 		free(device);
 		return pfc_conn_fail(c, -ENOMEM, "out of memory");
 	}
+	pthread_mutex_lock(&c->send_lock);
 	free(c->slot_mine);
 	c->slot_mine = marks;
+	pthread_mutex_unlock(&c->send_lock);
 	free(c->device);
 	c->device = device;
 	for (size_t f = 0; f < so->n_fields; f++)
@@ -214,8 +221,10 @@ static int reconnect_once(struct pf_client *c, int64_t giveup, bool *final)
 	wire_rx_free(&c->rx);
 	wire_rx_init(&c->rx, PFC_MAX_RX_FRAME);
 	c->rx.fill_bytes = PFC_RX_FILL;
+	pthread_mutex_lock(&c->send_lock);
 	c->sock = sock;
 	c->dead = 0;
+	pthread_mutex_unlock(&c->send_lock);
 	c->dead_msg[0] = '\0';
 	c->greeted = false;
 	c->pending_err = 0;

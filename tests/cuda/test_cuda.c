@@ -474,6 +474,96 @@ static struct pf_batch *t_next_on(struct trainer *t, cudaStream_t st, struct pf_
 	return b;
 }
 
+/* mode=nowait (issue 33): the per-batch calls never wait for the GPU on
+ * the CPU.  Epoch 1 is drained (with pool = on it fills the pool, so epoch
+ * 2's batches are gathered in this process).  In epoch 2, after a batch is
+ * taken and the next ones have had time to arrive, about 100 ms of device
+ * copies are queued on the trainer's stream; pf_release_next (the batch
+ * in hand given back behind that work, the next taken on the same stream),
+ * pf_next and pf_release must each return while that work still runs:
+ * cudaStreamQuery says it is.  Not a timing bound: a call that waited for
+ * the stream, by a synchronize or by polling an event, would find it done.
+ * The rest of the epoch is then checked byte for byte. */
+static void mode_nowait(struct trainer *t)
+{
+	const size_t big = 256u << 20;
+	struct pf_batch *b = NULL, *b2 = NULL, *b3 = NULL;
+	Pf__SessionStatus *ss;
+	Pf__Envelope *env;
+	cudaStream_t st;
+	void *a = NULL, *a2 = NULL;
+	uint64_t hits;
+	double t0;
+	int rc, copies = 0;
+
+	if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess ||
+	    cudaMalloc(&a, big) != cudaSuccess || cudaMalloc(&a2, big) != cudaSuccess)
+		tfail("CUDA runtime: cannot make a stream and 2 x 256 MiB");
+	t_open(t, 1, 4);
+	t_start(t, t->o.seed);
+	while ((b = t_next_on(t, st, b)))
+		;
+	t_epoch_complete(t);
+	/* Give the pool time to take in the rows it admitted. */
+	usleep(300000);
+	t_start(t, t->o.seed + 1);
+	if (!(b = t_next_on(t, st, NULL)))
+		tfail("epoch 2 is empty");
+	usleep(100000); /* the daemon sends the next batches ahead */
+	t0 = td_now();
+	/* ~100 ms of work on the trainer's stream: each copy moves 512 MiB
+	 * through device memory (about 0.25 ms on an H100 or H200). */
+	while (td_now() - t0 < 0.002 || copies < 400) {
+		if (cudaMemcpyAsync(a, a2, big, cudaMemcpyDeviceToDevice, st) != cudaSuccess)
+			tfail("cudaMemcpyAsync D2D failed");
+		copies++;
+	}
+	if (cudaStreamQuery(st) != cudaErrorNotReady)
+		tfail("the %d copies finished before the test could use them", copies);
+	rc = pf_release_next(t->c, b, (void *)st, NEXT_TIMEOUT_MS, &b2);
+	if (rc || !b2)
+		tfail("pf_release_next behind a busy stream: %d %s", rc, pf_errmsg(t->c));
+	if (cudaStreamQuery(st) != cudaErrorNotReady)
+		tfail("pf_release_next returned only after the trainer's stream work had finished "
+		      "(%.1f ms after it was queued): it waited for the GPU",
+		      (td_now() - t0) * 1e3);
+	rc = pf_next_stream(t->c, NEXT_TIMEOUT_MS, (void *)st, &b3);
+	if (rc || !b3)
+		tfail("pf_next behind a busy stream: %d %s", rc, pf_errmsg(t->c));
+	if (cudaStreamQuery(st) != cudaErrorNotReady)
+		tfail("pf_next returned only after the trainer's stream work had finished: it "
+		      "waited for the GPU");
+	rc = pf_release(t->c, b3, (void *)st);
+	if (rc)
+		tfail("pf_release behind a busy stream: %d %s", rc, pf_errmsg(t->c));
+	if (cudaStreamQuery(st) != cudaErrorNotReady)
+		tfail("pf_release returned only after the trainer's stream work had finished: it "
+		      "waited for the GPU");
+	tlog("pf_release_next, pf_next and pf_release returned %.1f ms after %d copies were "
+	     "queued, the stream still busy",
+	     (td_now() - t0) * 1e3, copies);
+	/* b2, still held, is checked once the stream is done with it; b3 went
+	 * back unread (its bytes are the one batch this test does not see). */
+	if (cudaStreamSynchronize(st) != cudaSuccess)
+		tfail("cudaStreamSynchronize failed");
+	t_check(t, b2);
+	b = b2;
+	while ((b = t_next_on(t, st, b)))
+		;
+	ss = t_status(t, &env);
+	hits = ss->pool_hits;
+	pf__envelope__free_unpacked(env, NULL);
+	if (t->o.pool && !strcmp(t->o.pool, "on") && hits == 0)
+		tfail("pool = on, but no row came from the pool: the gather path was not tested");
+	tlog("epoch 2 with the stream busy: %" PRIu64 " batches, no pick twice, every byte "
+	     "checked but one batch's; %" PRIu64 " pool hits",
+	     t->ep.announced, hits);
+	t_close(t);
+	cudaFree(a);
+	cudaFree(a2);
+	cudaStreamDestroy(st);
+}
+
 /* mode=ahead (pool = off: the trainer copies): libprefetch starts copies
  * of batches before they are asked for.  Epoch 1: 5 batches on a stream of
  * the trainer's, then a pause (the copies ahead finish, more batches
@@ -1235,6 +1325,8 @@ static int trainer_main(int argc, char **argv)
 		mode_lag(&t);
 	else if (!strcmp(t.o.mode, "ahead"))
 		mode_ahead(&t);
+	else if (!strcmp(t.o.mode, "nowait"))
+		mode_nowait(&t);
 #endif
 	else if (!strcmp(t.o.mode, "stream"))
 		mode_stream(&t);
@@ -1876,6 +1968,30 @@ static void probe_on_a_free_gpu_raises_the_target_to_max_depth(void **state)
 	fx.done = true;
 }
 
+/* Issue 33: pf_next, pf_release_next and pf_release return while ~100 ms
+ * of the trainer's work is still queued on its stream, with the client's
+ * copies (pool off) and with its gathers from a warm pool. */
+static void nowait_test(const char *daemon_extra, const char *pool, const char *seed)
+{
+	const char *args[] = {"mode=nowait", pool, seed, NULL};
+
+	need_gpu();
+	start_daemon(daemon_extra, NULL);
+	run_trainer("nowait", args, 120000);
+	stop_daemon();
+	fx.done = true;
+}
+
+static void per_batch_calls_return_before_the_trainers_queued_work_with_copies(void **state)
+{
+	nowait_test("pool = off\n", "pool=off", "seed=71");
+}
+
+static void per_batch_calls_return_before_the_trainers_queued_work_with_gathers(void **state)
+{
+	nowait_test("pool = on\n", "pool=on", "seed=72");
+}
+
 static void trainer_ahead_of_its_gpu_gets_every_batch_as_releases_retire(void **state)
 {
 	const char *args[] = {"mode=lag", "seed=51", NULL};
@@ -2393,6 +2509,8 @@ int main(int argc, char **argv)
 		CASE(probe_on_a_nearly_full_gpu_lowers_the_target_to_one),
 		CASE(probe_on_a_free_gpu_raises_the_target_to_max_depth),
 		CASE(trainer_ahead_of_its_gpu_gets_every_batch_as_releases_retire),
+		CASE(per_batch_calls_return_before_the_trainers_queued_work_with_copies),
+		CASE(per_batch_calls_return_before_the_trainers_queued_work_with_gathers),
 		CASE(failed_device_allocation_halves_the_target_and_loses_no_sample),
 		CASE(allocation_failing_four_times_is_one_error_batch_and_the_epoch_goes_on),
 		CASE(pool_holding_every_row_serves_epoch_two_with_no_pcie_sample_bytes),

@@ -156,6 +156,10 @@ enum token_state {
 };
 
 static pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Broadcast whenever work that held an event sync may have run: a token
+ * freed, or work forced (a context or gather sync).  libprefetch's release
+ * lanes wait on it in pfcuda_event_sync, as a thread does on a GPU. */
+static pthread_cond_t fake_ran = PTHREAD_COND_INITIALIZER;
 
 static struct {
 	bool defaults_set;
@@ -201,6 +205,7 @@ static void lock(void)
 
 static void unlock(void)
 {
+	pthread_cond_broadcast(&fake_ran);
 	pthread_mutex_unlock(&fake_lock);
 }
 
@@ -981,8 +986,11 @@ int pfcuda_event_sync(struct pfcuda_dev *d, void *ev, char *msg, size_t msglen)
 
 	lock();
 	fake.n.event_syncs++;
-	if (e->stream)
-		run_to(e->stream, e->mark, true);
+	/* Asleep until the trainer's busy work before the mark is done (a
+	 * pfcuda_fake_unbusy, or a sync that forces it): as on a GPU, a wait
+	 * never finishes the trainer's work early. */
+	while (e->stream && !run_to(e->stream, e->mark, false))
+		pthread_cond_wait(&fake_ran, &fake_lock);
 	e->pending = 0;
 	unlock();
 	return 0;

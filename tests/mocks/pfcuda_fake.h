@@ -84,9 +84,10 @@ int pfcuda_fake_ipc_handle(int fd, uint8_t handle[PFCUDA_IPC_HANDLE_BYTES]);
  * pf_next_stream and pf_release, NULL the legacy default stream). */
 
 /* Queues work that does not complete until pfcuda_fake_unbusy(token): the
- * trainer's long kernel.  Returns the token (> 0) or -errno.  A sync that
- * must get past it (pfcuda_sync, an event sync) waits it out, as the GPU
- * would, and counts a busy_wait; a query does not. */
+ * trainer's long kernel.  Returns the token (> 0) or -errno.  A context or
+ * gather sync that must get past it waits it out, as the GPU would, and
+ * counts a busy_wait; an event sync (libprefetch's release lanes) sleeps
+ * until pfcuda_fake_unbusy or such a sync; a query does not wait. */
 int pfcuda_fake_busy(void *stream);
 void pfcuda_fake_unbusy(int token);
 /* Queues the trainer's read of bytes at device address src into dst (its

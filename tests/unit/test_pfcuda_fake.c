@@ -8,6 +8,7 @@
  * on a client that faults on a GPU.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -222,6 +223,18 @@ static void copy_from_memory_no_longer_registered_is_a_fault(void **state)
 	pfcuda_event_destroy(r->d, ev);
 }
 
+/* Set by unbusy_later once it has freed the token. */
+static volatile bool unbusied;
+
+/* A thread standing for the GPU: finishes the busy work 50 ms later. */
+static void *unbusy_later(void *arg)
+{
+	usleep(50000);
+	unbusied = true;
+	pfcuda_fake_unbusy(*(int *)arg);
+	return NULL;
+}
+
 static void trainer_stream_waits_for_the_gather_and_busy_work_holds_it(void **state)
 {
 	struct rig *r = *state;
@@ -256,10 +269,25 @@ static void trainer_stream_waits_for_the_gather_and_busy_work_holds_it(void **st
 	pfcuda_fake_counts(&n);
 	assert_int_equal(n.gathers_run, 1);
 	assert_int_equal(n.busy_waits, 0);
-	/* A sync must get past busy work: it waits it out, and says so. */
-	assert_true(pfcuda_fake_busy(stream) > 0);
+	/* An event sync behind busy work sleeps until the work is done (as
+	 * a release lane's does on a GPU), never finishing it early. */
+	token = pfcuda_fake_busy(stream);
+	assert_true(token > 0);
 	assert_int_equal(pfcuda_event_record(r->d, after, stream, NULL, 0), 0);
-	assert_int_equal(pfcuda_event_sync(r->d, after, NULL, 0), 0);
+	{
+		pthread_t th;
+
+		assert_int_equal(pthread_create(&th, NULL, unbusy_later, &token), 0);
+		assert_int_equal(pfcuda_event_sync(r->d, after, NULL, 0), 0);
+		pthread_join(th, NULL);
+	}
+	assert_true(unbusied);
+	pfcuda_fake_counts(&n);
+	assert_int_equal(n.busy_waits, 0);
+	/* A context sync must get past busy work: it waits it out, and says
+	 * so. */
+	assert_true(pfcuda_fake_busy(stream) > 0);
+	assert_int_equal(pfcuda_sync(r->d, NULL, 0), 0);
 	pfcuda_fake_counts(&n);
 	assert_int_equal(n.busy_waits, 1);
 	pfcuda_event_destroy(r->d, gathered);
