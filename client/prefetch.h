@@ -25,7 +25,9 @@
  *
  * Every function returns 0 or a negative errno-style code; pf_errmsg()
  * describes the last failure on that client.  Nothing here aborts or exits.
- * A client is not thread-safe: use it from one thread at a time.
+ * A client is not thread-safe: use it from one thread at a time.  (A CUDA
+ * client runs threads of its own, which only wait for release events and
+ * send Releases; see pf_release.)
  *
  * A daemon that dies.  Every wait in this library is a poll() on the
  * daemon's socket, and the kernel closes that socket when the daemon's
@@ -248,7 +250,11 @@ PF_API int pf_release_next(struct pf_client *c, struct pf_batch *release, void *
 /* Gives the batch's slot back.  stream: the cudaStream_t whose queued work
  * still reads the batch (CUDA sessions; NULL = the legacy default stream),
  * ignored for host sessions.  The batch must not be used afterwards.  A
- * batch of a connection that broke: see "Daemon restart" above. */
+ * CUDA release never waits for the GPU: an event is recorded on stream,
+ * and a thread of this library (one per stream released on, started with
+ * the first release there) waits for it asleep and sends the Release when
+ * the work has retired, whether or not the trainer calls in.  A batch of a
+ * connection that broke: see "Daemon restart" above. */
 PF_API int pf_release(struct pf_client *c, struct pf_batch *batch, void *stream);
 /* Target depth of a session: target 0 means automatic.  session 0: own. */
 PF_API int pf_set_depth(struct pf_client *c, uint64_t session, uint32_t target);
