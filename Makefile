@@ -359,9 +359,12 @@ bench-cuda: all
 
 # A compute-bound PyTorch training step fed by prefetchd (pool off and on),
 # by the DataLoader, and in a tight loop; with the readers x ring_bytes
-# sweep next to the default configuration (GPU machine, torch).
+# sweep next to the default configuration (GPU machine, torch).  Then eager
+# training steps (MLPs, small GPTs on token shards, a CUDA-graph step) whose
+# CPU runs ahead of the GPU, against the same steps on batches already there.
 bench-train: all
 	@python3 bench/train_step.py
+	@python3 bench/eager_step.py
 
 # Trainers that come back (a new process and Loader each epoch) with the
 # pool lingering and without it; a dataset twice its pool budget.
