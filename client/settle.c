@@ -71,7 +71,7 @@ struct pfc_settle {
 	int wake_fd; /* eventfd; -1 if none could be made */
 };
 
-static void lane_send_release(struct pf_client *c, const struct pfc_release *r)
+static void lane_send_release(struct pf_client *c, const struct pfc_release *r, uint64_t gen)
 {
 	Pf__Envelope env = PF__ENVELOPE__INIT;
 	Pf__Release msg = PF__RELEASE__INIT;
@@ -81,7 +81,7 @@ static void lane_send_release(struct pf_client *c, const struct pfc_release *r)
 	msg.slot = r->slot;
 	env.msg_case = PF__ENVELOPE__MSG_RELEASE;
 	env.release = &msg;
-	pfc_send_for_gen(c, &env, r->gen, r->slot);
+	pfc_send_for_gen(c, &env, gen, r->slot);
 }
 
 static void *lane_main(void *arg)
@@ -93,7 +93,7 @@ static void *lane_main(void *arg)
 	pthread_mutex_lock(&s->lock);
 	for (;;) {
 		struct pfc_release *r;
-		uint64_t one = 1;
+		uint64_t one = 1, gen;
 
 		while (!l->head && !s->stop)
 			pthread_cond_wait(&l->work, &s->lock);
@@ -106,8 +106,13 @@ static void *lane_main(void *arg)
 		 * batch is unusable either way, and the daemon must have its
 		 * slot back. */
 		r->wait_rc = pfcuda_event_sync(c->cuda, ((struct pfc_event *)r->event)->ev, NULL, 0);
-		if (r->dbuf < 0 && r->gen)
-			lane_send_release(c, r);
+		/* gen is read under the lock: pfc_settle_forget may clear it
+		 * while we waited. */
+		pthread_mutex_lock(&s->lock);
+		gen = r->gen;
+		pthread_mutex_unlock(&s->lock);
+		if (r->dbuf < 0 && gen)
+			lane_send_release(c, r, gen);
 		pthread_mutex_lock(&s->lock);
 		l->head = r->next;
 		if (!l->head)
