@@ -87,15 +87,9 @@ static int event_get(struct pf_client *c, const char *what, struct pfc_event **o
  * on); then its event and itself. */
 static void settle_now(struct pf_client *c, struct pfc_release *r)
 {
-	if (r->dbuf >= 0) {
-		if (c->dbuf_free)
-			c->dbuf_free[c->ndbuf_free++] = (uint32_t)r->dbuf;
-	} else if (!c->dead && r->gen == c->gen) {
+	if (r->dbuf < 0 && !c->dead && r->gen == c->gen)
 		pfc_send_release(c, r->epoch, r->seq, r->slot);
-	}
-	if (r->free_event)
-		r->free_event(r->event);
-	free(r);
+	pfc_release_dispose(c, r);
 }
 
 /* Queues r, the release of batch b's slot (dbuf -1) or of its device

@@ -143,7 +143,6 @@ struct pfc_release {
 	 * nothing (the connection is going).  Written under the settle lock
 	 * once queued. */
 	uint64_t gen;
-	int wait_rc; /* what the lane's wait returned (settle.c) */
 	void (*free_event)(void *event);
 	struct pfc_release *next;
 };
@@ -230,7 +229,7 @@ struct pfc_retired {
 };
 
 struct pf_client {
-	int sock;    /* owned; -1 once the connection is broken; changed under send_lock */
+	int sock; /* owned; -1 once the connection is broken; changed under send_lock */
 	/* Recursive: a failed send breaks the connection (pfc_conn_fail)
 	 * with the lock held.  Guards every write to sock, and sock, gen,
 	 * dead and slot_mine's replacement (settle.c's lanes write too). */
@@ -488,12 +487,14 @@ int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_
 
 /* ---- settle.c: the release lanes -------------------------------------------- */
 
-/* Makes c's lanes (no thread starts until a release is queued). */
-int pfc_settle_open(struct pf_client *c);
 /* Hands r (its event recorded, free_event set) to the lane of r->stream,
  * whose thread sends its Release once the event has completed.  0, or
  * -errno (no thread could start) with r still the caller's. */
 int pfc_settle_queue(struct pf_client *c, struct pfc_release *r);
+/* What a settled release held goes back: a client copy's device buffer to
+ * the free stack, the event to the idle list; r is freed.  Trainer's
+ * thread; the Release itself was sent (or is not to be). */
+void pfc_release_dispose(struct pf_client *c, struct pfc_release *r);
 /* Disposes of the settled releases: buffers and events back.  Cheap when
  * there are none (one atomic load). */
 void pfc_settle_collect(struct pf_client *c);

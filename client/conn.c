@@ -150,6 +150,7 @@ static int peer_closed(struct pf_client *c)
 
 static int send_bytes_now(struct pf_client *c, const uint8_t *frame, size_t len, int64_t deadline,
 			  const char *what);
+static int write_all(int sock, const uint8_t *frame, size_t len, int64_t deadline, uint64_t *sends);
 
 /* Writes len bytes of frames, waiting until deadline; what names them in an
  * error.  A partial write is the end of the connection. */
@@ -171,7 +172,8 @@ void pfc_send_for_gen(struct pf_client *c, Pf__Envelope *msg, uint64_t gen, int3
 {
 	int64_t deadline = pfc_deadline_after(c->timeout_ms);
 	uint8_t *frame = NULL;
-	size_t len, off = 0;
+	uint64_t sends = 0; /* not counted: c->counts is the owner's */
+	size_t len;
 
 	msg->id = 0;
 	if (wire_encode(msg, &frame, &len))
@@ -184,64 +186,63 @@ void pfc_send_for_gen(struct pf_client *c, Pf__Envelope *msg, uint64_t gen, int3
 	 * still marked. */
 	if (slot >= 0 && (uint32_t)slot < c->slots)
 		slot_mark(c, slot, false);
-	while (off < len) {
-		long n = wire_send_some(c->sock, frame + off, len - off, -1);
-		struct pollfd pfd = {.fd = c->sock, .events = POLLOUT};
-		int ready;
-
-		if (n > 0) {
-			off += (size_t)n;
-			continue;
-		}
-		if (n == -EAGAIN) {
-			ready = poll(&pfd, 1, pfc_ms_left(deadline));
-			if (ready > 0 || (ready < 0 && errno == EINTR))
-				continue;
-		}
-		/* Broken, or part of a frame on the wire: the stream is over.
-		 * The owner's next read finds it so and says why. */
+	/* Broken, or part of a frame on the wire: the stream is over, and
+	 * the owner's next read finds it so and says why. */
+	if (write_all(c->sock, frame, len, deadline, &sends))
 		shutdown(c->sock, SHUT_RDWR);
-		break;
-	}
 out:
 	pthread_mutex_unlock(&c->send_lock);
 	free(frame);
 }
 
-static int send_bytes_now(struct pf_client *c, const uint8_t *frame, size_t len, int64_t deadline,
-			  const char *what)
+/* Writes len bytes to sock, waiting until deadline for room: 0, or -errno
+ * (-ETIMEDOUT when the deadline passed, with part of the bytes possibly
+ * on the wire).  *sends counts the system calls.  Touches nothing else, so
+ * a release lane may use it too (send_lock held). */
+static int write_all(int sock, const uint8_t *frame, size_t len, int64_t deadline, uint64_t *sends)
 {
 	size_t off = 0;
 
 	while (off < len) {
-		long n = wire_send_some(c->sock, frame + off, len - off, -1);
-		struct pollfd pfd = {.fd = c->sock, .events = POLLOUT};
+		long n = wire_send_some(sock, frame + off, len - off, -1);
+		struct pollfd pfd = {.fd = sock, .events = POLLOUT};
 		int ready;
 
-		c->counts.sends++;
+		(*sends)++;
 		if (n > 0) {
 			off += (size_t)n;
 			continue;
 		}
-		if (n == -EPIPE || n == -ECONNRESET)
-			return peer_closed(c);
 		if (n != -EAGAIN)
-			return pfc_conn_fail(c, (int)n, "cannot send to %s: %s", c->where,
-					     strerror((int)-n));
+			return (int)n;
 		ready = poll(&pfd, 1, pfc_ms_left(deadline));
 		if (ready < 0 && errno == EINTR)
 			continue;
 		if (ready == 0)
-			/* Part of a frame may be on the wire: the stream cannot
-			 * be resynchronised, so the connection is over.  Not
-			 * -ETIMEDOUT, which pf_next returns for "no batch yet,
-			 * call again": a caller (the Python loop) would retry a
-			 * dead connection for ever. */
-			return pfc_conn_fail(c, -ECONNABORTED, "%s did not take %s in time",
-					     c->where, what);
+			return -ETIMEDOUT;
 		if (ready < 0)
-			return pfc_conn_fail(c, -errno, "poll: %s", strerror(errno));
+			return -errno;
 	}
+	return 0;
+}
+
+static int send_bytes_now(struct pf_client *c, const uint8_t *frame, size_t len, int64_t deadline,
+			  const char *what)
+{
+	int rc = write_all(c->sock, frame, len, deadline, &c->counts.sends);
+
+	if (rc == -EPIPE || rc == -ECONNRESET)
+		return peer_closed(c);
+	if (rc == -ETIMEDOUT)
+		/* Part of a frame may be on the wire: the stream cannot be
+		 * resynchronised, so the connection is over.  Not -ETIMEDOUT,
+		 * which pf_next returns for "no batch yet, call again": a
+		 * caller (the Python loop) would retry a dead connection for
+		 * ever. */
+		return pfc_conn_fail(c, -ECONNABORTED, "%s did not take %s in time", c->where,
+				     what);
+	if (rc)
+		return pfc_conn_fail(c, rc, "cannot send to %s: %s", c->where, strerror(-rc));
 	return 0;
 }
 

@@ -100,7 +100,6 @@ static struct {
 	PFN_cuStreamCreate_v2000 stream_create;
 	PFN_cuStreamDestroy_v4000 stream_destroy;
 	PFN_cuStreamWaitEvent_v3020 stream_wait_event;
-	PFN_cuStreamSynchronize_v2000 stream_synchronize;
 	PFN_cuMemcpyHtoDAsync_v3020 memcpy_htod_async;
 	PFN_cuMemAllocHost_v3020 mem_alloc_host;
 	PFN_cuMemHostGetDevicePointer_v3020 mem_host_get_device_pointer;
@@ -227,7 +226,6 @@ static void load(void)
 	SYM(stream_create, "cuStreamCreate");
 	SYM(stream_destroy, "cuStreamDestroy");
 	SYM(stream_wait_event, "cuStreamWaitEvent");
-	SYM(stream_synchronize, "cuStreamSynchronize");
 	SYM(memcpy_htod_async, "cuMemcpyHtoDAsync");
 	SYM(mem_alloc_host, "cuMemAllocHost");
 	SYM(mem_free_host, "cuMemFreeHost");
@@ -730,7 +728,8 @@ void pfcuda_gather_close(struct pfcuda_gather *g)
 		return;
 	if (push(g->d, NULL, 0) == 0) {
 		if (g->stream) {
-			drv.stream_synchronize(g->stream);
+			if (g->idle)
+				stream_idle(g);
 			drv.stream_destroy(g->stream);
 		}
 		if (g->idle)

@@ -105,7 +105,7 @@ static void *lane_main(void *arg)
 		 * event; a failure (a faulted context) settles it too: the
 		 * batch is unusable either way, and the daemon must have its
 		 * slot back. */
-		r->wait_rc = pfcuda_event_sync(c->cuda, ((struct pfc_event *)r->event)->ev, NULL, 0);
+		pfcuda_event_sync(c->cuda, ((struct pfc_event *)r->event)->ev, NULL, 0);
 		/* gen is read under the lock: pfc_settle_forget may clear it
 		 * while we waited. */
 		pthread_mutex_lock(&s->lock);
@@ -132,7 +132,7 @@ static void *lane_main(void *arg)
 	return NULL;
 }
 
-int pfc_settle_open(struct pf_client *c)
+static int settle_open(struct pf_client *c)
 {
 	struct pfc_settle *s;
 
@@ -181,7 +181,7 @@ int pfc_settle_queue(struct pf_client *c, struct pfc_release *r)
 	struct pfc_lane *l;
 	int rc;
 
-	if (!c->settle && (rc = pfc_settle_open(c)) != 0)
+	if (!c->settle && (rc = settle_open(c)) != 0)
 		return rc;
 	s = c->settle;
 	r->next = NULL;
@@ -207,6 +207,15 @@ int pfc_settle_queue(struct pf_client *c, struct pfc_release *r)
 	return 0;
 }
 
+void pfc_release_dispose(struct pf_client *c, struct pfc_release *r)
+{
+	if (r->dbuf >= 0 && c->dbuf_free)
+		c->dbuf_free[c->ndbuf_free++] = (uint32_t)r->dbuf;
+	if (r->free_event)
+		r->free_event(r->event);
+	free(r);
+}
+
 /* Disposes of every settled release: device buffers back to the free
  * stack, events back to the idle list.  Trainer's thread only. */
 void pfc_settle_collect(struct pf_client *c)
@@ -225,12 +234,8 @@ void pfc_settle_collect(struct pf_client *c)
 	while (r) {
 		struct pfc_release *next = r->next;
 
-		if (r->dbuf >= 0 && c->dbuf_free)
-			c->dbuf_free[c->ndbuf_free++] = (uint32_t)r->dbuf;
-		if (r->free_event)
-			r->free_event(r->event);
 		c->nreleases--;
-		free(r);
+		pfc_release_dispose(c, r);
 		r = next;
 	}
 }
