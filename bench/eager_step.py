@@ -86,6 +86,7 @@ VOCAB = 50304  # padded to a multiple of 128, as llm.c and nanoGPT do
 COMPUTE_REPS = (3, 2)  # before the loaders, after them
 CHECK_EVERY = 32
 POOL_WAIT_S = 20
+BREAKDOWN = False  # --breakdown: where the time inside __next__ and b[field] goes
 
 # Token shards: windows per shard (their sum a multiple of the batch, so every batch is
 # whole) and tokens past the last whole window, up to seq_len - 1, so that a check that let
@@ -400,19 +401,55 @@ def run_epoch(torch, loader, n, step, field, start=None):
     if start is None:
         torch.cuda.synchronize()
         start = (pc(), cpu())
+    timer = None
+    if BREAKDOWN:
+        timer = loader._libref = LibTimer(loader._libref)
     it = iter(loader.epoch(n))
-    inside, nb = 0.0, 0
-    while True:
-        t0 = pc()
-        b = next(it, None)
-        inside += pc() - t0
-        if b is None:
-            break
-        step(b[field])
-        nb += 1
-    torch.cuda.synchronize()
-    return {"epoch": n, "wall_s": pc() - start[0], "cpu_s": cpu() - start[1], "batches": nb,
-            "next_s": inside}
+    inside, field_s, nb = 0.0, 0.0, 0
+    try:
+        while True:
+            t0 = pc()
+            b = next(it, None)
+            inside += pc() - t0
+            if b is None:
+                break
+            if timer is None:
+                step(b[field])
+            else:
+                t0 = pc()
+                x = b[field]
+                field_s += pc() - t0
+                step(x)
+            nb += 1
+        torch.cuda.synchronize()
+    finally:
+        if timer is not None:
+            loader._libref = timer.lib
+    out = {"epoch": n, "wall_s": pc() - start[0], "cpu_s": cpu() - start[1], "batches": nb,
+           "next_s": inside}
+    if timer is not None:
+        out.update(c_s=timer.wall, c_cpu_s=timer.cpu, field_s=field_s)
+    return out
+
+
+class LibTimer:
+    """--breakdown: stands in for the Loader's ctypes library, timing pf_release_next_addr
+    (the release of the batch in hand and the next batch, libprefetch's whole per-batch
+    work) in wall and the calling thread's CPU time."""
+
+    def __init__(self, lib):
+        self.lib, self.wall, self.cpu = lib, 0.0, 0.0
+
+    def __getattr__(self, name):
+        return getattr(self.lib, name)
+
+    def pf_release_next_addr(self, *a):
+        pc, tt = time.perf_counter, time.thread_time
+        t0, c0 = pc(), tt()
+        rc = self.lib.pf_release_next_addr(*a)
+        self.wall += pc() - t0
+        self.cpu += tt() - c0
+        return rc
 
 
 def wait_pool(d, ds):
@@ -581,9 +618,13 @@ def run_workload(ctx, name):
 def metrics(ep, ref):
     n = ep["batches"]
     step = ep["wall_s"] / n
-    return {"step_us": step * 1e6, "overhead_pct": (step / ref["step_s"] - 1) * 100,
-            "cpu_us_extra": (ep["cpu_s"] / n - ref["cpu_s"]) * 1e6,
-            "next_us": ep["next_s"] / n * 1e6}
+    m = {"step_us": step * 1e6, "overhead_pct": (step / ref["step_s"] - 1) * 100,
+         "cpu_us_extra": (ep["cpu_s"] / n - ref["cpu_s"]) * 1e6,
+         "next_us": ep["next_s"] / n * 1e6}
+    for k in ("c_s", "c_cpu_s", "field_s"):
+        if k in ep:
+            m[k[:-2] + "_us"] = ep[k] / n * 1e6
+    return m
 
 
 def add_metrics(res):
@@ -681,9 +722,11 @@ def report(res, env):
                                          c["cpu_s"] * 1e6, r["batches"],
                                          ("; " + r["optimizer"]) if "optimizer" in r else ""))
         for tag, what, m in epoch_rows(name, r):
-            print("%-10s %-9s %-34s %9.1f %11.2f %13.1f %8.1f" % (
+            print("%-10s %-9s %-34s %9.1f %11.2f %13.1f %8.1f%s" % (
                 name, tag, what, m["step_us"], m["overhead_pct"], m["cpu_us_extra"],
-                m["next_us"]))
+                m["next_us"], "" if "c_us" not in m else
+                "   in C %.1f us (CPU %.1f), b[field] %.1f us" % (m["c_us"], m["c_cpu_us"],
+                                                              m["field_us"])))
         for tag, L in r["loaders"].items():
             print("%-10s %-9s check: %s" % (name, tag, L["check"]))
             if "check_relaunch" in L:
@@ -705,6 +748,9 @@ def parse_args(argv):
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "pf-eager-step"))
     ap.add_argument("--prefetchd-bin", default=os.path.join(REPO, "build", "prefetchd"))
     ap.add_argument("--json", metavar="OUT")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also time libprefetch's call and b[field] inside each batch (a "
+                    "diagnostic: the timers add a few us a batch)")
     # What train_step's Daemon asks of its args.
     ap.set_defaults(diag=False, keep_logs=None)
     args = ap.parse_args(argv)
@@ -719,7 +765,9 @@ def parse_args(argv):
 
 
 def main(argv=None):
+    global BREAKDOWN
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    BREAKDOWN = args.breakdown
     import torch
     if not torch.cuda.is_available():
         log("no CUDA device: nothing to measure")

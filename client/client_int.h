@@ -144,6 +144,7 @@ struct pfc_release {
 	 * once queued. */
 	uint64_t gen;
 	void (*free_event)(void *event);
+	int64_t queued_ns; /* when it was queued ($PREFETCH_CLIENT_COUNTERS) */
 	struct pfc_release *next;
 };
 
@@ -398,6 +399,9 @@ struct pf_client {
 		 * queries. */
 		uint64_t send_ns, read_ns, decode_ns, batch_ns, launch_ns, event_ns;
 		uint64_t wait_ns; /* in poll, waiting for the daemon */
+		/* Releases settled by the lanes, and their time from queued to
+		 * sent (lanes' threads: atomic adds). */
+		uint64_t settled, settle_ns;
 	} counts;
 	bool timing; /* $PREFETCH_CLIENT_COUNTERS: counts' times are kept */
 };

@@ -846,13 +846,15 @@ static void print_counts(const struct pf_client *c)
 		"%.2f reads (%.2f empty; %.2f us), %.2f polls, %.2f frames (decoded in %.2f us, "
 		"handled in %.2f us), %.2f gather launches (%.2f batches a launch; %.2f us), "
 		"%.2f copies, %.2f event records, %.2f stream waits, %.2f event queries "
-		"(events %.2f us), %.2f us waiting for the daemon\n",
+		"(events %.2f us), %.2f us waiting for the daemon; %" PRIu64 " releases settled "
+		"by the lanes, %.2f us each from queued to sent\n",
 		c->batches, k->sends / n, k->send_ns / n / 1e3, k->reads / n, k->empty_reads / n,
 		k->read_ns / n / 1e3, k->polls / n, k->frames / n, k->decode_ns / n / 1e3,
 		k->batch_ns / n / 1e3, k->launches / n,
 		k->launches ? (double)k->grouped / k->launches : 0.0, k->launch_ns / n / 1e3,
 		k->copies / n, k->records / n, k->waits / n, k->queries / n, k->event_ns / n / 1e3,
-		k->wait_ns / n / 1e3);
+		k->wait_ns / n / 1e3, k->settled,
+		k->settled ? k->settle_ns / (double)k->settled / 1e3 : 0.0);
 }
 
 PF_API void pf_close(struct pf_client *c)

@@ -113,6 +113,11 @@ static void *lane_main(void *arg)
 		pthread_mutex_unlock(&s->lock);
 		if (r->dbuf < 0 && gen)
 			lane_send_release(c, r, gen);
+		if (c->timing) {
+			__atomic_add_fetch(&c->counts.settled, 1, __ATOMIC_RELAXED);
+			__atomic_add_fetch(&c->counts.settle_ns, (uint64_t)(mono() - r->queued_ns),
+					   __ATOMIC_RELAXED);
+		}
 		pthread_mutex_lock(&s->lock);
 		l->head = r->next;
 		if (!l->head)
@@ -185,6 +190,7 @@ int pfc_settle_queue(struct pf_client *c, struct pfc_release *r)
 		return rc;
 	s = c->settle;
 	r->next = NULL;
+	r->queued_ns = PFC_T0(c);
 	pthread_mutex_lock(&s->lock);
 	l = lane_for(c, r->stream);
 	if (!l->started) {

@@ -31,6 +31,11 @@ kernel still reading the batch never sees it overwritten, and the trainer
 never blocks on it.  Host arrays are read synchronously by the trainer, so
 their slot goes back at once: after its release an array (or tensor) taken
 from a batch may show another batch's bytes; ``arr.copy()`` keeps the data.
+A CUDA batch's tensor may be the very tensor object an earlier batch in the
+same slot gave: it is handed out again while it is as it was made (no
+``requires_grad_``, no in-place reshape, no attribute set on it), which
+spares an eager trainer's CPU a new tensor every batch; a changed one is
+left to its owner and the slot's next batch gets a new tensor.
 
 Lifetime.  The memory an array or tensor reads stays mapped as long as it
 exists: each one holds (through its base chain, or torch's reference to the
@@ -60,6 +65,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Optional, Union
 
 import ctypes
+import struct
 
 import numpy as np
 
@@ -77,6 +83,14 @@ _MAX_SKIPPED_KEPT = 100
 # ctypes.c_char * (8 * count), by count: the types a batch's picks are
 # copied out through (one a batch size, in practice).
 _PICKS_TYPES: dict = {}
+# struct pf_batch as it lies in memory (x86-64 and aarch64 alike): epoch,
+# seq, count, picks, nfields, data, on_device.  One unpack of its bytes
+# reads it whole, a fifth of the cost of its ctypes fields one by one.
+_BATCH = struct.Struct("=QQI4xQI4xQ?")
+_BATCH_BYTES = ctypes.c_char * _BATCH.size
+assert [getattr(_lib.Batch, f).offset for f, _ in _lib.Batch._fields_] == [0, 8, 16, 24, 32, 40, 48]
+_ADDR = struct.Struct("=Q")
+_ADDR_BYTES = ctypes.c_char * _ADDR.size
 
 # What may stand for a device: "cpu", "host", "cuda", "cuda:N" or a
 # torch.device (anything whose str() is one of those).
@@ -197,24 +211,24 @@ class Batch(Mapping):
                  "count", "seq", "epoch", "__weakref__")
 
     def __init__(self, loader, addr):
-        b = _lib.Batch.from_address(addr)
+        epoch, seq, count, picks, _, data, on_device = _BATCH.unpack_from(
+            _BATCH_BYTES.from_address(addr))
         self._loader = loader
         self._ptr = addr  # the struct pf_batch's address; None once released
-        self._data = b.data
+        self._data = data  # the address of its field pointers
         self._cache = None
-        self.on_device: bool = b.on_device
-        self.count: int = b.count
-        self.seq: int = b.seq
-        self.epoch: int = b.epoch
+        self.on_device: bool = on_device
+        self.count: int = count
+        self.seq: int = seq
+        self.epoch: int = epoch
         # The picks' bytes, copied now (the release frees them); the array
         # is made from them on first use, which a loop that never looks at
         # them does not pay for.  Copied through a char array type kept per
         # size: half the cost of ctypes.string_at, which is a foreign call.
-        count = self.count
         picks_type = _PICKS_TYPES.get(count)
         if picks_type is None:
             picks_type = _PICKS_TYPES.setdefault(count, ctypes.c_char * (8 * count))
-        self._picks_raw = picks_type.from_address(b.picks).raw if count else b""
+        self._picks_raw = picks_type.from_address(picks).raw if count else b""
         self._picks = None
 
     @property
@@ -240,7 +254,8 @@ class Batch(Mapping):
                                "their data" % (self.seq, self.epoch))
         loader = self._loader
         index = loader._field_index[name]  # KeyError for a field it lacks
-        arr = loader._view(self._data[index], index, self.count)
+        addr = _ADDR.unpack_from(_ADDR_BYTES.from_address(self._data + 8 * index))[0]
+        arr = loader._view(addr, index, self.count)
         if cache is None:
             self._cache = {name: arr}
         else:
@@ -262,6 +277,25 @@ class Batch(Mapping):
     def __repr__(self):
         return "<prefetch.Batch epoch=%d seq=%d count=%d%s>" % (
             self.epoch, self.seq, self.count, " released" if self._ptr is None else "")
+
+
+def _reused_tensor(base, addr):
+    """The maker of a slot's tensors for Loader._view: the tensor it made
+    last, while that one is still a plain view of the slot (no gradient
+    asked of it, no attribute set on it, its shape, strides and address as
+    made); else a new one, base.detach().  Data written into the tensor
+    is not looked at: it is the slot's memory, which the next batch
+    overwrites either way."""
+    shape, strides = tuple(base.shape), base.stride()
+    last = [base.detach()]
+
+    def make():
+        t = last[0]
+        if (t.requires_grad or t.data_ptr() != addr or t.shape != shape or
+                t.stride() != strides or t.__dict__):
+            t = last[0] = base.detach()
+        return t
+    return make
 
 
 def _cuda_torch():
@@ -594,15 +628,17 @@ class Loader:
                 view = self._torch.as_tensor(view, device=self._torch_device)
         if len(self._views) >= _MAX_VIEWS:
             self._views.clear()  # a reconnect moved the arenas: start again
-        # Kept as what makes each batch's object: a new tensor or numpy
-        # array over the same memory each time, since what a trainer does
-        # to one batch's tensor (requires_grad_, an in-place reshape) must
-        # not reach the next batch in that slot.  A DeviceArray, a plain
-        # descriptor, is handed out as it is.
+        # Kept as what makes each batch's object: what a trainer does to
+        # one batch's tensor or array (requires_grad_, an in-place reshape)
+        # must not reach the next batch in that slot.  A numpy array is a
+        # new view each time; a tensor is the slot's last one again while
+        # it is as it was made (a new tensor costs an eager trainer's CPU
+        # 5-10 us a batch, bench/NOTES.md run 60), else a new one.  A
+        # DeviceArray, a plain descriptor, is handed out as it is.
         if isinstance(view, DeviceArray):
             fresh = (lambda v=view: v)
         elif self._torch is not None:
-            fresh = view.detach
+            fresh = _reused_tensor(view, addr)
         else:
             fresh = view.view
         self._views[key] = fresh
