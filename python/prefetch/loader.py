@@ -31,11 +31,6 @@ kernel still reading the batch never sees it overwritten, and the trainer
 never blocks on it.  Host arrays are read synchronously by the trainer, so
 their slot goes back at once: after its release an array (or tensor) taken
 from a batch may show another batch's bytes; ``arr.copy()`` keeps the data.
-A CUDA batch's tensor may be the very tensor object an earlier batch in the
-same slot gave: it is handed out again while it is as it was made (no
-``requires_grad_``, no in-place reshape, no attribute set on it), which
-spares an eager trainer's CPU a new tensor every batch; a changed one is
-left to its owner and the slot's next batch gets a new tensor.
 
 Lifetime.  The memory an array or tensor reads stays mapped as long as it
 exists: each one holds (through its base chain, or torch's reference to the
@@ -277,25 +272,6 @@ class Batch(Mapping):
     def __repr__(self):
         return "<prefetch.Batch epoch=%d seq=%d count=%d%s>" % (
             self.epoch, self.seq, self.count, " released" if self._ptr is None else "")
-
-
-def _reused_tensor(base, addr):
-    """The maker of a slot's tensors for Loader._view: the tensor it made
-    last, while that one is still a plain view of the slot (no gradient
-    asked of it, no attribute set on it, its shape, strides and address as
-    made); else a new one, base.detach().  Data written into the tensor
-    is not looked at: it is the slot's memory, which the next batch
-    overwrites either way."""
-    shape, strides = tuple(base.shape), base.stride()
-    last = [base.detach()]
-
-    def make():
-        t = last[0]
-        if (t.requires_grad or t.data_ptr() != addr or t.shape != shape or
-                t.stride() != strides or t.__dict__):
-            t = last[0] = base.detach()
-        return t
-    return make
 
 
 def _cuda_torch():
@@ -628,17 +604,17 @@ class Loader:
                 view = self._torch.as_tensor(view, device=self._torch_device)
         if len(self._views) >= _MAX_VIEWS:
             self._views.clear()  # a reconnect moved the arenas: start again
-        # Kept as what makes each batch's object: what a trainer does to
-        # one batch's tensor or array (requires_grad_, an in-place reshape)
-        # must not reach the next batch in that slot.  A numpy array is a
-        # new view each time; a tensor is the slot's last one again while
-        # it is as it was made (a new tensor costs an eager trainer's CPU
-        # 5-10 us a batch, bench/NOTES.md run 60), else a new one.  A
-        # DeviceArray, a plain descriptor, is handed out as it is.
+        # Kept as what makes each batch's object: a new tensor or numpy
+        # array over the same memory each time, since what a trainer does
+        # to one batch's tensor (requires_grad_, an in-place reshape) must
+        # not reach the next batch in that slot.  A DeviceArray, a plain
+        # descriptor, is handed out as it is.  (Handing a slot's tensor out
+        # again while unchanged saved too little to be worth it: NOTES run
+        # 61.)
         if isinstance(view, DeviceArray):
             fresh = (lambda v=view: v)
         elif self._torch is not None:
-            fresh = _reused_tensor(view, addr)
+            fresh = view.detach
         else:
             fresh = view.view
         self._views[key] = fresh
