@@ -403,7 +403,7 @@ def run_epoch(torch, loader, n, step, field, start=None):
         start = (pc(), cpu())
     timer = None
     if BREAKDOWN:
-        timer = loader._libref = LibTimer(loader._libref)
+        timer = loader._libref = ts.PfNextTimer(loader._libref)
     it = iter(loader.epoch(n))
     inside, field_s, nb = 0.0, 0.0, 0
     try:
@@ -424,32 +424,12 @@ def run_epoch(torch, loader, n, step, field, start=None):
         torch.cuda.synchronize()
     finally:
         if timer is not None:
-            loader._libref = timer.lib
+            loader._libref = timer._lib
     out = {"epoch": n, "wall_s": pc() - start[0], "cpu_s": cpu() - start[1], "batches": nb,
            "next_s": inside}
     if timer is not None:
-        out.update(c_s=timer.wall, c_cpu_s=timer.cpu, field_s=field_s)
+        out.update(c_s=timer.inside, c_cpu_s=timer.inside_cpu, field_s=field_s)
     return out
-
-
-class LibTimer:
-    """--breakdown: stands in for the Loader's ctypes library, timing pf_release_next_addr
-    (the release of the batch in hand and the next batch, libprefetch's whole per-batch
-    work) in wall and the calling thread's CPU time."""
-
-    def __init__(self, lib):
-        self.lib, self.wall, self.cpu = lib, 0.0, 0.0
-
-    def __getattr__(self, name):
-        return getattr(self.lib, name)
-
-    def pf_release_next_addr(self, *a):
-        pc, tt = time.perf_counter, time.thread_time
-        t0, c0 = pc(), tt()
-        rc = self.lib.pf_release_next_addr(*a)
-        self.wall += pc() - t0
-        self.cpu += tt() - c0
-        return rc
 
 
 def wait_pool(d, ds):

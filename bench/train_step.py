@@ -238,20 +238,23 @@ def calibrate(torch, args):
 
 class PfNextTimer:
     """Stands in for the Loader's ctypes library: the time spent inside libprefetch's
-    pf_release_next (the previous batch's release and pf_next_stream, one call)."""
+    pf_release_next (the previous batch's release and pf_next_stream, one call), in wall
+    time (inside) and the calling thread's CPU time (inside_cpu)."""
 
     def __init__(self, lib):
         self._lib = lib
         self.inside = 0.0
+        self.inside_cpu = 0.0
         self.other = 0.0
 
     def __getattr__(self, name):
         return getattr(self._lib, name)
 
     def pf_release_next_addr(self, *a):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         rc = self._lib.pf_release_next_addr(*a)
         self.inside += time.perf_counter() - t0
+        self.inside_cpu += time.thread_time() - c0
         return rc
 
     def pf_start_epoch(self, *a):

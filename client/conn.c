@@ -148,9 +148,39 @@ static int peer_closed(struct pf_client *c)
 	return pfc_conn_fail(c, -ECONNRESET, "%s went away (the connection closed)", c->where);
 }
 
+/* Writes len bytes to sock, waiting until deadline for room: 0, or -errno
+ * (-ETIMEDOUT when the deadline passed, with part of the bytes possibly
+ * on the wire).  *sends counts the system calls.  Touches nothing else, so
+ * a release lane may use it too (send_lock held). */
+static int write_all(int sock, const uint8_t *frame, size_t len, int64_t deadline, uint64_t *sends)
+{
+	size_t off = 0;
+
+	while (off < len) {
+		long n = wire_send_some(sock, frame + off, len - off, -1);
+		struct pollfd pfd = {.fd = sock, .events = POLLOUT};
+		int ready;
+
+		(*sends)++;
+		if (n > 0) {
+			off += (size_t)n;
+			continue;
+		}
+		if (n != -EAGAIN)
+			return (int)n;
+		ready = poll(&pfd, 1, pfc_ms_left(deadline));
+		if (ready < 0 && errno == EINTR)
+			continue;
+		if (ready == 0)
+			return -ETIMEDOUT;
+		if (ready < 0)
+			return -errno;
+	}
+	return 0;
+}
+
 static int send_bytes_now(struct pf_client *c, const uint8_t *frame, size_t len, int64_t deadline,
 			  const char *what);
-static int write_all(int sock, const uint8_t *frame, size_t len, int64_t deadline, uint64_t *sends);
 
 /* Writes len bytes of frames, waiting until deadline; what names them in an
  * error.  A partial write is the end of the connection. */
@@ -193,37 +223,6 @@ void pfc_send_for_gen(struct pf_client *c, Pf__Envelope *msg, uint64_t gen, int3
 out:
 	pthread_mutex_unlock(&c->send_lock);
 	free(frame);
-}
-
-/* Writes len bytes to sock, waiting until deadline for room: 0, or -errno
- * (-ETIMEDOUT when the deadline passed, with part of the bytes possibly
- * on the wire).  *sends counts the system calls.  Touches nothing else, so
- * a release lane may use it too (send_lock held). */
-static int write_all(int sock, const uint8_t *frame, size_t len, int64_t deadline, uint64_t *sends)
-{
-	size_t off = 0;
-
-	while (off < len) {
-		long n = wire_send_some(sock, frame + off, len - off, -1);
-		struct pollfd pfd = {.fd = sock, .events = POLLOUT};
-		int ready;
-
-		(*sends)++;
-		if (n > 0) {
-			off += (size_t)n;
-			continue;
-		}
-		if (n != -EAGAIN)
-			return (int)n;
-		ready = poll(&pfd, 1, pfc_ms_left(deadline));
-		if (ready < 0 && errno == EINTR)
-			continue;
-		if (ready == 0)
-			return -ETIMEDOUT;
-		if (ready < 0)
-			return -errno;
-	}
-	return 0;
 }
 
 static int send_bytes_now(struct pf_client *c, const uint8_t *frame, size_t len, int64_t deadline,

@@ -838,6 +838,9 @@ static void print_counts(const struct pf_client *c)
 {
 	const struct pfc_counts *k = &c->counts;
 	double n = c->batches ? (double)c->batches : 1.0;
+	/* The lanes may still be settling: their counts are read as they add. */
+	uint64_t settled = __atomic_load_n(&k->settled, __ATOMIC_RELAXED);
+	uint64_t settle_ns = __atomic_load_n(&k->settle_ns, __ATOMIC_RELAXED);
 
 	if (!c->timing)
 		return;
@@ -853,8 +856,7 @@ static void print_counts(const struct pf_client *c)
 		k->batch_ns / n / 1e3, k->launches / n,
 		k->launches ? (double)k->grouped / k->launches : 0.0, k->launch_ns / n / 1e3,
 		k->copies / n, k->records / n, k->waits / n, k->queries / n, k->event_ns / n / 1e3,
-		k->wait_ns / n / 1e3, k->settled,
-		k->settled ? k->settle_ns / (double)k->settled / 1e3 : 0.0);
+		k->wait_ns / n / 1e3, settled, settled ? settle_ns / (double)settled / 1e3 : 0.0);
 }
 
 PF_API void pf_close(struct pf_client *c)

@@ -60,7 +60,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Optional, Union
 
 import ctypes
-import struct
 
 import numpy as np
 
@@ -78,14 +77,6 @@ _MAX_SKIPPED_KEPT = 100
 # ctypes.c_char * (8 * count), by count: the types a batch's picks are
 # copied out through (one a batch size, in practice).
 _PICKS_TYPES: dict = {}
-# struct pf_batch as it lies in memory (x86-64 and aarch64 alike): epoch,
-# seq, count, picks, nfields, data, on_device.  One unpack of its bytes
-# reads it whole, a fifth of the cost of its ctypes fields one by one.
-_BATCH = struct.Struct("=QQI4xQI4xQ?")
-_BATCH_BYTES = ctypes.c_char * _BATCH.size
-assert [getattr(_lib.Batch, f).offset for f, _ in _lib.Batch._fields_] == [0, 8, 16, 24, 32, 40, 48]
-_ADDR = struct.Struct("=Q")
-_ADDR_BYTES = ctypes.c_char * _ADDR.size
 
 # What may stand for a device: "cpu", "host", "cuda", "cuda:N" or a
 # torch.device (anything whose str() is one of those).
@@ -206,24 +197,24 @@ class Batch(Mapping):
                  "count", "seq", "epoch", "__weakref__")
 
     def __init__(self, loader, addr):
-        epoch, seq, count, picks, _, data, on_device = _BATCH.unpack_from(
-            _BATCH_BYTES.from_address(addr))
+        b = _lib.Batch.from_address(addr)
         self._loader = loader
         self._ptr = addr  # the struct pf_batch's address; None once released
-        self._data = data  # the address of its field pointers
+        self._data = b.data
         self._cache = None
-        self.on_device: bool = on_device
-        self.count: int = count
-        self.seq: int = seq
-        self.epoch: int = epoch
+        self.on_device: bool = b.on_device
+        self.count: int = b.count
+        self.seq: int = b.seq
+        self.epoch: int = b.epoch
         # The picks' bytes, copied now (the release frees them); the array
         # is made from them on first use, which a loop that never looks at
         # them does not pay for.  Copied through a char array type kept per
         # size: half the cost of ctypes.string_at, which is a foreign call.
+        count = self.count
         picks_type = _PICKS_TYPES.get(count)
         if picks_type is None:
             picks_type = _PICKS_TYPES.setdefault(count, ctypes.c_char * (8 * count))
-        self._picks_raw = picks_type.from_address(picks).raw if count else b""
+        self._picks_raw = picks_type.from_address(b.picks).raw if count else b""
         self._picks = None
 
     @property
@@ -249,8 +240,7 @@ class Batch(Mapping):
                                "their data" % (self.seq, self.epoch))
         loader = self._loader
         index = loader._field_index[name]  # KeyError for a field it lacks
-        addr = _ADDR.unpack_from(_ADDR_BYTES.from_address(self._data + 8 * index))[0]
-        arr = loader._view(addr, index, self.count)
+        arr = loader._view(self._data[index], index, self.count)
         if cache is None:
             self._cache = {name: arr}
         else:
@@ -608,9 +598,7 @@ class Loader:
         # array over the same memory each time, since what a trainer does
         # to one batch's tensor (requires_grad_, an in-place reshape) must
         # not reach the next batch in that slot.  A DeviceArray, a plain
-        # descriptor, is handed out as it is.  (Handing a slot's tensor out
-        # again while unchanged saved too little to be worth it: NOTES run
-        # 61.)
+        # descriptor, is handed out as it is.
         if isinstance(view, DeviceArray):
             fresh = (lambda v=view: v)
         elif self._torch is not None:
