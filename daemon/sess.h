@@ -318,6 +318,9 @@ void sess_probe(struct sess *s, const Pf__Probe *req);
 int sess_load(struct sess *s, uint64_t id, const Pf__LoadBatch *req);
 /* Something outside changed (target): fill and send what is now allowed. */
 void sess_kick(struct sess *s);
+/* ring.wake: the ring has a slot for session owner's next batch; its pump
+ * runs in the loop's next turn (sess_pump.c). */
+void sess_ring_wake(void *owner);
 /* Shutdown: the handle that carries pumps over to the next turn closes. */
 void sess_pump_stop(struct daemon *d);
 /* The connection is gone: leave status now, free once jobs are back. */

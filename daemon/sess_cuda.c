@@ -158,11 +158,14 @@ int sess_cuda_setup(struct sess *s, const Pf__OpenSession *req, char *err, size_
 		return rc;
 	}
 	/* Ring slots: enough for every reader to work on a batch of this
-	 * session plus one being copied, never more than can be in flight. */
+	 * session plus one being copied, never more than can be in flight;
+	 * min_depth + 1 of them are kept for it whatever the others take. */
 	want = cfg->readers + 2;
 	if (want > s->gov.max_depth + 1)
 		want = s->gov.max_depth + 1;
-	rc = ring_lease_take(&d->ring, &c->lease, want, ring_stride, err, errlen);
+	d->ring.wake = sess_ring_wake;
+	rc = ring_lease_take(&d->ring, &c->lease, s, s->gpu, want, s->gov.min_depth + 1,
+			     ring_stride, err, errlen);
 	if (rc)
 		return rc;
 	for (uint32_t i = 0; i < s->nslots; i++)

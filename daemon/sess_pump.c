@@ -405,6 +405,11 @@ static void on_pump_idle(uv_idle_t *h)
 		if (s->pump_later) {
 			s->pump_later = false;
 			sess_pump(s);
+			/* Woken for a ring slot and took none (it wanted none
+			 * after all): the next waiter's turn, or the ring would
+			 * wait for it forever. */
+			if (!s->pump_later && s->gpu >= 0)
+				ring_turn_pass(&s->cuda.lease);
 		}
 	}
 	for (struct sess *s = d->sessions; s && !more; s = s->next)
@@ -426,6 +431,11 @@ static void pump_later(struct sess *s)
 		d->pump_idle_live = true;
 	}
 	uv_idle_start(&d->pump_idle, on_pump_idle);
+}
+
+void sess_ring_wake(void *owner)
+{
+	pump_later(owner);
 }
 
 void sess_pump_stop(struct daemon *d)
