@@ -234,6 +234,9 @@ static void json_session(FILE *out, const Pf__SessionStatus *s)
 	jk_u64(out, &first, "max_depth", s->max_depth);
 	jk_u64(out, &first, "slots", s->slots);
 	jk_u64(out, &first, "ring_fill", s->ring_fill);
+	jk_u64(out, &first, "ring_slots", s->ring_slots);
+	jk_u64(out, &first, "ring_min", s->ring_min);
+	jk_u64(out, &first, "ring_held", s->ring_held);
 	jk_u64(out, &first, "arenas", s->arenas);
 	jk_u64(out, &first, "arena_bytes", s->arena_bytes);
 	jk_u64(out, &first, "bytes_sent", s->bytes_sent);
@@ -305,6 +308,9 @@ void ctl_json_status(FILE *out, const Pf__StatusReply *st, bool sessions)
 		jk_num(out, &first, "uptime_s", st->uptime_s);
 		jk_u64(out, &first, "readers", st->readers);
 		jk_u64(out, &first, "ring_bytes", st->ring_bytes);
+		jk_u64(out, &first, "ring_used", st->ring_used);
+		jk_u64(out, &first, "ring_reserved", st->ring_reserved);
+		jk_u64(out, &first, "ring_waits", st->ring_waits);
 		jk_str(out, &first, "gpu", st->gpu);
 		json_key(out, &first, "sessions");
 		fputc('[', out);
@@ -523,11 +529,22 @@ int ctl_print_status(const Pf__StatusReply *st)
 			  .head = {">SESSION", "NAME", "DATASET", "DEVICE", ">EPOCH", "STATE",
 				   ">SENT", ">CONSUMED", ">HELD", ">TARGET", ">RING", ">WAIT_S",
 				   ">STALL", ">GB/S", "WHY"}};
-	char up[32], ring[32], daemon[64], gpu[256];
+	char up[32], ring[160], daemon[64], gpu[256], kept[32], used[32];
 	int rc = 0;
 
 	human_duration(up, sizeof(up), st->uptime_s);
 	ctl_human_bytes(ring, sizeof(ring), st->ring_bytes);
+	if (st->ring_reserved) {
+		/* How full the ring is for the next session: what the open
+		 * ones keep, what is busy now, and whether batches queued. */
+		size_t n = strlen(ring);
+
+		ctl_human_bytes(kept, sizeof(kept), st->ring_reserved);
+		ctl_human_bytes(used, sizeof(used), st->ring_used);
+		snprintf(ring + n, sizeof(ring) - n,
+			 " (%s kept for sessions, %s in use, %" PRIu64 " wait%s)", kept, used,
+			 st->ring_waits, st->ring_waits == 1 ? "" : "s");
+	}
 	/* The daemon's version string names the program already
 	 * ("prefetchd 0.1.0"); an older one may send just the number. */
 	snprintf(daemon, sizeof(daemon), "%s", st->daemon);

@@ -28,6 +28,7 @@
 #ifndef PF_GPU_H
 #define PF_GPU_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -164,6 +165,10 @@ void gpu_fake_set_mem(uint64_t free_bytes, uint64_t total_bytes);
 /* A recorded event reports -EAGAIN for this many queries before it
  * completes (gpu_event_sync completes it at once). */
 void gpu_fake_set_event_delay(int queries);
+/* While held, gpu_event_query says every event is still pending (copies
+ * stay in flight, holding what they read); gpu_event_sync still waits
+ * them out. */
+void gpu_fake_hold_events(bool hold);
 /* Device allocations made and not yet freed, on all devices. */
 int gpu_fake_live_allocs(void);
 /* Gather kernels the fake GPU has run (compare two readings). */

@@ -492,10 +492,12 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 	if (gpu >= 0)
 		log_info("session %" PRIu64
 			 " opened by %s: dataset %s, device %s (ipc %s), batch %u, "
-			 "up to %u device slots of %.2f MiB, %u ring slot(s), target %u",
+			 "up to %u device slots of %.2f MiB, ring share %u slot(s) of up to %u "
+			 "(%u kept), target %u",
 			 s->id, p->name, ds->name, s->device,
 			 s->cuda.ipc == GPU_IPC_FD ? "fd" : "legacy", s->batch_size, s->nslots,
-			 s->lay.slot_bytes / 1048576.0, s->cuda.lease.nslots, s->gov.target);
+			 s->lay.slot_bytes / 1048576.0, s->cuda.lease.cap, s->cuda.lease.nslots,
+			 s->cuda.lease.min, s->gov.target);
 	else
 		log_info("session %" PRIu64 " opened by %s: dataset %s, device %s%s, batch %u, %u "
 			 "slots of %.2f MiB in %u arena(s), target %u",

@@ -75,6 +75,9 @@ static void session_status(const struct sess *s, Pf__SessionStatus *st)
 	st->h2d_bytes = s->cuda.h2d_bytes;
 	st->pool_hits = s->cuda.pool_hits;
 	st->index_bytes = s->cuda.index_bytes;
+	st->ring_slots = s->cuda.lease.cap;
+	st->ring_min = s->cuda.lease.min;
+	st->ring_held = s->cuda.lease.held;
 	if (s->blocks)
 		blocks_stats(s->blocks, &st->blocks_read, &st->block_cache_bytes,
 			     &st->block_cache_peak);
@@ -186,6 +189,9 @@ int status_reply(struct daemon *d, const struct peer *p, uint64_t id)
 	msg.uptime_s = (now_ns() - d->started_ns) / 1e9;
 	msg.readers = d->cfg.readers;
 	msg.ring_bytes = d->cfg.ring_bytes;
+	msg.ring_used = d->ring.used;
+	msg.ring_reserved = d->ring.reserved;
+	msg.ring_waits = d->ring.waits;
 	msg.gpu = d->gpu_desc;
 	env.msg_case = PF__ENVELOPE__MSG_STATUS_REPLY;
 	env.status_reply = &msg;

@@ -100,6 +100,7 @@ static struct {
 	int inited; /* devices since the last successful gpu_init, else 0 */
 	int fail_allocs;
 	int event_delay;
+	bool hold_events; /* gpu_fake_hold_events */
 	uint64_t free_bytes[FAKE_MAX_DEV];
 	uint64_t total_bytes[FAKE_MAX_DEV];
 	struct fake_mem *mems; /* owned: live allocations */
@@ -124,6 +125,7 @@ static void set_defaults(void)
 	fake.inited = 0;
 	fake.fail_allocs = 0;
 	fake.event_delay = 0;
+	fake.hold_events = false;
 	for (i = 0; i < FAKE_MAX_DEV; i++) {
 		fake.free_bytes[i] = FAKE_DEFAULT_MEM;
 		fake.total_bytes[i] = FAKE_DEFAULT_MEM;
@@ -187,6 +189,13 @@ void gpu_fake_set_event_delay(int queries)
 {
 	lock();
 	fake.event_delay = queries < 0 ? 0 : queries;
+	unlock();
+}
+
+void gpu_fake_hold_events(bool hold)
+{
+	lock();
+	fake.hold_events = hold;
 	unlock();
 }
 
@@ -837,7 +846,9 @@ int gpu_event_query(struct gpu_event *e)
 	int rc = 0;
 
 	lock();
-	if (e->pending > 0) {
+	if (fake.hold_events) {
+		rc = -EAGAIN;
+	} else if (e->pending > 0) {
 		e->pending--;
 		rc = -EAGAIN;
 	} else {

@@ -102,6 +102,9 @@ struct slab_map {
 struct fixture {
 	uv_loop_t loop;
 	struct daemon d;
+	/* borrowed: the fixture whose daemon and loop serve this one's peer
+	 * (itself, or the test's main fixture for another trainer: client_new) */
+	struct fixture *home;
 	struct peer peer;
 	struct sess *s; /* the peer's session (the connection's, in the server) */
 	struct msg msgs[MAX_MSGS];
@@ -299,13 +302,18 @@ static int group_teardown(void **state)
 	return 0;
 }
 
+/* GPUs of the fake back end the next setup gives its daemon. */
+static int setup_gpus = 1;
+
 static int setup(void **state)
 {
 	struct fixture *f = calloc(1, sizeof(*f));
 	char err[256];
 
 	assert_non_null(f);
+	f->home = f;
 	gpu_fake_reset();
+	gpu_fake_set_devices(setup_gpus);
 	assert_int_equal(uv_loop_init(&f->loop), 0);
 	config_defaults(&f->d.cfg);
 	f->d.cfg.readers = 2;
@@ -317,8 +325,8 @@ static int setup(void **state)
 	daemon_config_pools(&f->d);
 	daemon_config_quota(&f->d);
 	f->d.ngpus = gpu_init(f->d.gpu_desc, sizeof(f->d.gpu_desc));
-	assert_int_equal(f->d.ngpus, 1);
-	f->d.xfers = calloc(1, sizeof(*f->d.xfers));
+	assert_int_equal(f->d.ngpus, setup_gpus);
+	f->d.xfers = calloc((size_t)setup_gpus, sizeof(*f->d.xfers));
 	assert_non_null(f->d.xfers);
 	assert_int_equal(ring_init(&f->d.ring, 16u << 20, err, sizeof(err)), 0);
 	assert_int_equal(reader_start(&f->d.readers, 2, &f->loop, sess_job_done, &f->d), 0);
@@ -333,7 +341,7 @@ static int setup(void **state)
 static void run_until(struct fixture *f, bool (*pred)(struct fixture *f))
 {
 	for (int i = 0; i < 5000; i++) {
-		uv_run(&f->loop, UV_RUN_NOWAIT);
+		uv_run(&f->home->loop, UV_RUN_NOWAIT);
 		if (f->s)
 			assert_true(sess_check(f->s));
 		if (pred(f))
@@ -348,38 +356,9 @@ static bool no_jobs(struct fixture *f)
 	return !f->s || (f->s->jobs == 0 && !f->s->ahead.busy);
 }
 
-static int teardown(void **state)
+/* What a fixture's peer was sent and mapped goes, and the fixture. */
+static void client_free(struct fixture *f)
 {
-	struct fixture *f = *state;
-
-	if (f->s) {
-		sess_detach(f->s);
-		f->s = NULL;
-	}
-	assert_int_equal(f->d.nsessions, 0);
-	f->d.stopping = true;
-	reader_stop(f->d.readers);
-	if (f->d.xfers[0])
-		xfer_stop(f->d.xfers[0]);
-	linger_stop(&f->d);
-	uv_run(&f->loop, UV_RUN_DEFAULT);
-	free(f->d.linger);
-	order_keep_purge(&f->d.kept, INT64_MAX);
-	/* Pools first, as main.c does: a lingering pool's slabs are freed
-	 * through the transfer thread's memory calls (xfer_free_mem). */
-	pool_destroy_all(&f->d.pools);
-	if (f->d.xfers[0])
-		xfer_free(f->d.xfers[0]);
-	free(f->d.xfers);
-	assert_int_equal(gpu_fake_live_allocs(), 0);
-	ring_destroy(&f->d.ring);
-	assert_int_equal(uv_loop_close(&f->loop), 0);
-	/* Every byte and session the session took went back. */
-	assert_true(quota_check(&f->d.quota));
-	assert_int_equal(f->d.quota.held[QUOTA_MEMORY], 0);
-	assert_int_equal(f->d.quota.held[QUOTA_SESSIONS], 0);
-	quota_free(&f->d.quota);
-	config_free(&f->d.cfg);
 	for (int i = 0; i < f->nmsgs; i++) {
 		free(f->msgs[i].b.picks);
 		free(f->msgs[i].ids);
@@ -391,6 +370,65 @@ static int teardown(void **state)
 		if (f->slabs[j].base)
 			munmap((void *)f->slabs[j].base, f->slabs[j].bytes);
 	free(f);
+}
+
+/* Another trainer of home's daemon: its own peer, session and messages. */
+static struct fixture *client_new(struct fixture *home)
+{
+	struct fixture *c = calloc(1, sizeof(*c));
+
+	assert_non_null(c);
+	c->home = home;
+	c->peer = (struct peer){.conn = c, .send = fake_send, .uid = getuid(), .pid = getpid()};
+	snprintf(c->peer.name, sizeof(c->peer.name), "test peer %p", (void *)c);
+	return c;
+}
+
+/* The trainer leaves: its session is detached, its mappings go. */
+static void client_end(struct fixture *c)
+{
+	if (c->s)
+		sess_detach(c->s);
+	c->s = NULL;
+	client_free(c);
+}
+
+static int teardown(void **state)
+{
+	struct fixture *f = *state;
+
+	if (f->s) {
+		sess_detach(f->s);
+		f->s = NULL;
+	}
+	assert_int_equal(f->d.nsessions, 0);
+	f->d.stopping = true;
+	reader_stop(f->d.readers);
+	for (int i = 0; i < f->d.ngpus; i++)
+		if (f->d.xfers[i])
+			xfer_stop(f->d.xfers[i]);
+	linger_stop(&f->d);
+	sess_pump_stop(&f->d);
+	uv_run(&f->loop, UV_RUN_DEFAULT);
+	free(f->d.linger);
+	order_keep_purge(&f->d.kept, INT64_MAX);
+	/* Pools first, as main.c does: a lingering pool's slabs are freed
+	 * through the transfer thread's memory calls (xfer_free_mem). */
+	pool_destroy_all(&f->d.pools);
+	for (int i = 0; i < f->d.ngpus; i++)
+		if (f->d.xfers[i])
+			xfer_free(f->d.xfers[i]);
+	free(f->d.xfers);
+	assert_int_equal(gpu_fake_live_allocs(), 0);
+	ring_destroy(&f->d.ring);
+	assert_int_equal(uv_loop_close(&f->loop), 0);
+	/* Every byte and session the session took went back. */
+	assert_true(quota_check(&f->d.quota));
+	assert_int_equal(f->d.quota.held[QUOTA_MEMORY], 0);
+	assert_int_equal(f->d.quota.held[QUOTA_SESSIONS], 0);
+	quota_free(&f->d.quota);
+	config_free(&f->d.cfg);
+	client_free(f);
 	return 0;
 }
 
@@ -423,7 +461,7 @@ static void open_session(struct fixture *f, const char *device, uint32_t batch, 
 	req.device = (char *)device;
 	req.batch_size = batch;
 	req.max_depth = max_depth;
-	assert_int_equal(sess_open(&f->d, &f->peer, &f->s, ++f->last_id, &req), 0);
+	assert_int_equal(sess_open(&f->home->d, &f->peer, &f->s, ++f->last_id, &req), 0);
 	assert_non_null(f->s);
 	assert_true(f->nmsgs > before);
 	assert_int_equal(f->msgs[before].what, PF__ENVELOPE__MSG_OPENED);
@@ -1623,10 +1661,214 @@ static void auto_readers_and_ring_fit_the_machine_and_set_values_stay(void **sta
 	config_free(&cfg);
 }
 
+/* ---- many sessions on one ring ------------------------------------------------ */
+
+static bool no_sessions_left(struct fixture *f)
+{
+	return f->d.nsessions == 0 && g.ds.users == 0;
+}
+
+static uint64_t lease_bytes(const struct fixture *c)
+{
+	return (uint64_t)c->s->cuda.lease.nslots * c->s->cuda.lease.stride;
+}
+
+static bool a_slot_waits(struct fixture *f)
+{
+	return f->d.ring.wait_head || f->d.ring.turn;
+}
+
+/* Every one of n trainers starts epoch `epoch` at once.  With held=true
+ * each may hold every slot it wants, past the ring (as the minimums can
+ * make the shares), and the copies are held in flight until a slot waits
+ * for ring space; then they are let go, and the waiters get their turns.
+ * Then each takes its whole epoch in turn, every batch checked row by
+ * row. */
+static void all_take_an_epoch(struct fixture **c, int n, uint64_t epoch, bool held)
+{
+	struct order_spec spec = {.kind = ORDER_SHUFFLE};
+	struct ring *r = &c[0]->home->d.ring;
+
+	if (held) {
+		for (int i = 0; i < n; i++)
+			c[i]->s->cuda.lease.cap = c[i]->s->cuda.lease.nslots;
+		gpu_fake_hold_events(true);
+	}
+	for (int i = 0; i < n; i++) {
+		Pf__StartEpoch req = PF__START_EPOCH__INIT;
+
+		req.epoch = epoch, req.order = PF__ORDER__ORDER_SHUFFLE, req.seed = epoch * 100 + i;
+		assert_int_equal(sess_start_epoch(c[i]->s, ++c[i]->last_id, &req), 0);
+	}
+	if (held) {
+		run_until(c[0]->home, a_slot_waits);
+		for (int i = 0; i < n; i++)
+			assert_true(c[i]->s->cuda.lease.held <= c[i]->s->cuda.lease.cap);
+		assert_int_equal(ring_check(r), 0);
+		assert_true(r->bytes - r->used < (r->turn ? r->turn : r->wait_head)->stride ||
+			    ring_largest_free(r) < (r->turn ? r->turn : r->wait_head)->stride);
+		gpu_fake_hold_events(false);
+	}
+	for (int i = 0; i < n; i++) {
+		spec.seed = epoch * 100 + i;
+		want_epoch = epoch;
+		run_until(c[i], epoch_started);
+		assert_int_equal(consume_epoch(c[i], epoch, &spec, c[i]->s->batch_size),
+				 (N + c[i]->s->batch_size - 1) / c[i]->s->batch_size);
+		assert_int_equal(ring_check(&c[0]->home->d.ring), 0);
+	}
+}
+
+/* The order that refused the eighth trainer when each session took one
+ * range of the ring: sessions of small and big batches alternate, all
+ * take epochs, the small ones leave, and big ones come in their place.
+ * Together they want far more of the ring than it has; every one opens
+ * (the ring counts only their minimums) and delivers every sample once,
+ * byte for byte, with their slots waiting their turn for ring space. */
+static void
+sessions_past_what_the_ring_holds_all_open_and_deliver_in_the_order_that_cut_it(void **state)
+{
+	struct fixture *f = *state, *c[16];
+	char err[256];
+	int n = 0, nbig = 0;
+	uint64_t wanted = 0, waits;
+
+	/* Up to 4 batches each in flight (the big ones' epochs have 3):
+	 * 2.4 MiB of a ring of 2. */
+	f->d.cfg.depth = 4;
+	ring_destroy(&f->d.ring);
+	assert_int_equal(ring_init(&f->d.ring, 2u << 20, err, sizeof(err)), 0);
+	for (int i = 0; i < 8; i++) {
+		c[n] = client_new(f);
+		open_session(c[n], "cuda:0", i % 2 ? 128 : 16, 0);
+		wanted += lease_bytes(c[n]);
+		n++;
+	}
+	assert_true(wanted > f->d.ring.bytes);
+	all_take_an_epoch(c, n, 1, true);
+	waits = f->d.ring.waits;
+	/* The small ones leave; big ones take their place. */
+	for (int i = 0, k = 0; i < n; i++) {
+		if (c[i]->s->batch_size == 16)
+			client_end(c[i]);
+		else
+			c[k++] = c[i];
+	}
+	n = 4;
+	wanted = 0;
+	for (;;) {
+		struct fixture *b = client_new(f);
+		Pf__OpenSession req = PF__OPEN_SESSION__INIT;
+		uint64_t before = f->d.ring.reserved;
+
+		req.dataset = "ds", req.name = "", req.device = "cuda:0", req.batch_size = 128;
+		assert_int_equal(sess_open(&f->d, &b->peer, &b->s, ++b->last_id, &req), 0);
+		if (!b->s) {
+			/* Refused only once the minimums fill the ring, and
+			 * the reason says so. */
+			assert_int_equal(b->msgs[0].what, PF__ENVELOPE__MSG_ERROR);
+			assert_non_null(strstr(b->msgs[0].text, "the pinned ring has no room"));
+			assert_true(before + 2 * c[0]->s->cuda.lease.stride > f->d.ring.bytes);
+			client_free(b);
+			break;
+		}
+		b->seen = b->nmsgs;
+		c[n++] = b;
+		nbig++;
+		assert_true(n < 16);
+	}
+	assert_true(nbig >= 1);
+	for (int i = 0; i < n; i++)
+		wanted += lease_bytes(c[i]);
+	assert_true(wanted > f->d.ring.bytes);
+	all_take_an_epoch(c, n, 2, true);
+	assert_true(f->d.ring.waits > waits);
+	for (int i = 0; i < n; i++)
+		client_end(c[i]);
+	run_until(f, no_sessions_left);
+	assert_int_equal(f->d.ring.used, 0);
+	assert_int_equal(f->d.ring.reserved, 0);
+}
+
+/* A default ring holds about 100 batches of 5 MiB (502 MiB); here the same
+ * ratio, 100 batches of this dataset's 256 rows.  Sixteen trainers on one
+ * GPU all open and deliver. */
+static void sixteen_sessions_share_a_ring_of_a_hundred_batches_on_one_gpu(void **state)
+{
+	struct fixture *f = *state, *c[16];
+	char err[256];
+
+	for (int i = 0; i < 16; i++) {
+		c[i] = client_new(f);
+		open_session(c[i], "cuda:0", 256, 0);
+		if (i == 0) {
+			uint64_t stride = c[0]->s->lay.slot_stride;
+
+			client_end(c[0]);
+			run_until(f, no_sessions_left);
+			ring_destroy(&f->d.ring);
+			assert_int_equal(ring_init(&f->d.ring, 100 * stride, err, sizeof(err)), 0);
+			c[0] = client_new(f);
+			open_session(c[0], "cuda:0", 256, 0);
+		}
+	}
+	for (int i = 1; i < 16; i++)
+		assert_int_equal(c[i]->s->cuda.lease.cap, c[0]->s->cuda.lease.cap);
+	all_take_an_epoch(c, 16, 1, false);
+	for (int i = 0; i < 16; i++)
+		client_end(c[i]);
+	run_until(f, no_sessions_left);
+	assert_int_equal(f->d.ring.reserved, 0);
+}
+
+/* Eight GPUs, a session on each, and a second on GPU 0: the ring is
+ * shared by GPU first (each GPU has its own link and copy stream), so the
+ * lone sessions of GPUs 1-7 get twice the share of GPU 0's two. */
+static void eight_gpus_share_the_ring_by_gpu_then_by_session(void **state)
+{
+	struct fixture *f = *state, *c[9];
+	char dev[16];
+
+	assert_int_equal(f->d.ngpus, 8);
+	for (int i = 0; i < 9; i++) {
+		c[i] = client_new(f);
+		snprintf(dev, sizeof(dev), "cuda:%d", i % 8);
+		open_session(c[i], dev, 16, 0);
+		assert_int_equal(c[i]->s->gpu, i % 8);
+	}
+	/* Every session wants all it may (readers + 2 slots) and the ring
+	 * is big enough for that: shares are what they asked. */
+	for (int i = 0; i < 9; i++)
+		assert_int_equal(c[i]->s->cuda.lease.cap, c[i]->s->cuda.lease.nslots);
+	all_take_an_epoch(c, 9, 1, false);
+	for (int i = 0; i < 9; i++)
+		client_end(c[i]);
+	run_until(f, no_sessions_left);
+	assert_int_equal(f->d.ring.reserved, 0);
+}
+
+static int setup8(void **state)
+{
+	int rc;
+
+	setup_gpus = 8;
+	rc = setup(state);
+	setup_gpus = 1;
+	return rc;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(auto_readers_and_ring_fit_the_machine_and_set_values_stay),
+		cmocka_unit_test_setup_teardown(
+			sessions_past_what_the_ring_holds_all_open_and_deliver_in_the_order_that_cut_it,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			sixteen_sessions_share_a_ring_of_a_hundred_batches_on_one_gpu, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(eight_gpus_share_the_ring_by_gpu_then_by_session,
+						setup8, teardown),
 		cmocka_unit_test_setup_teardown(
 			a_host_epoch_delivers_every_sample_once_with_its_bytes, setup, teardown),
 		cmocka_unit_test_setup_teardown(
