@@ -8,7 +8,8 @@
 #   make check      the whole test suite, Python's included (CUDA tests skip
 #                   without a GPU)
 #   make check-cuda the CUDA tests, C and torch (needs a GPU)
-#   make bench-host / bench-cuda / bench-train / bench-linger / bench-cold / bench-multi
+#   make bench-host / bench-cuda / bench-train / bench-linger / bench-cold / bench-multi /
+#   bench-node
 #   make install PREFIX=/usr/local DESTDIR=   (builds only what it installs;
 #                   PYTHONDIR=DIR puts the Python package there too)
 #   make uninstall PREFIX=/usr/local DESTDIR=
@@ -140,7 +141,7 @@ PROGS := $(B)/prefetchd $(B)/prefetchctl $(B)/libprefetch.so $(B)/libprefetch.a 
          $(B)/libprefetch.pc $(TOOLS)
 
 .SECONDARY:
-.PHONY: all run serve stop check check-unit check-integration check-cuda bench-host bench-cuda bench-train bench-linger bench-cold bench-multi \
+.PHONY: all run serve stop check check-unit check-integration check-cuda bench-host bench-cuda bench-train bench-linger bench-cold bench-multi bench-node \
         install uninstall clean deps format
 all: $(PROGS) $(UNIT_TESTS) $(INTEG_TESTS) $(CUDA_TESTS) $(TEST_PROGS) $(BENCHES)
 
@@ -375,6 +376,13 @@ bench-linger: all
 # step overhead on both), against the host's own gather limit (2 GPUs).
 bench-multi: all
 	@python3 bench/multi_gpu.py
+
+# A node's worth of trainers on one GPU: N = 1, 2, 4, 8, 16 processes, each
+# its own Loader and seed, default configuration, pool off and on: aggregate
+# GB/s against the pinned limit, first batches, the daemon's CPU per GB, and
+# the eager MLP step in every process against the same N compute-only.
+bench-node: all
+	@python3 bench/node.py
 
 # A 16 GiB dataset read with read = direct: the disk's own sequential and
 # random rates, and prefetchd's with shuffle and block_shuffle (GPU machine).
