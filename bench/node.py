@@ -36,7 +36,8 @@ off) and above it (pool on), per-trainer step overhead <= 5%, daemon CPU per GB 
 (the largest N's within 1.5x of N = 1's).
 
   python3 bench/node.py [--gib 2] [--n 1,2,4,8,16] [--steps 100] [--tight-s 1.5]
-                        [--pool off,on] [--data DIR] [--json OUT]
+                        [--pool off,on] [--daemon-lines "max_depth = 4;readers = 8"]
+                        [--data DIR] [--json OUT]
 
 Progress goes to stderr, the report to stdout.  Exit status 0 whether or not a target is met,
 1 on a failed check or an error, 77 with no CUDA device.
@@ -58,6 +59,7 @@ import train_step as ts  # noqa: E402 (after the path)
 ROWS = 1280  # 5 MiB batches of 4 KiB rows
 BATCH_BYTES = ROWS * ts.ROW_BYTES
 HIDDEN = 4096
+TUNED = ""  # --daemon-lines, for the report
 
 
 def log(msg):
@@ -270,8 +272,9 @@ def verdict(ok):
 
 
 def report(res, limit):
-    print("node.py: %d-process trainers on one GPU, 5 MiB batches, default configuration"
-          % max(r["n"] for r in res))
+    print("node.py: up to %d trainer processes on one GPU, 5 MiB batches, %s"
+          % (max(r["n"] for r in res), "[daemon] " + TUNED if TUNED else
+             "default configuration"))
     print("pinned host->device limit, 5 MiB: %.2f GB/s" % limit)
     print("%-5s %3s %5s %8s %6s %9s %9s %9s %8s %8s %8s" % (
         "pool", "N", "open", "GB/s", "/pin", "first_ms", "dCPU_s/GB", "compute", "step+%",
@@ -325,6 +328,8 @@ def parse_args(argv):
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--tight-s", type=float, default=1.5)
     ap.add_argument("--pool", default="off,on")
+    ap.add_argument("--daemon-lines", default="",
+                    help="[daemon] lines to tune with, ';'-separated (default: none)")
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "prefetchd-bench"))
     ap.add_argument("--prefetchd-bin", default=os.path.join(ts.REPO, "build", "prefetchd"))
     ap.add_argument("--json")
@@ -335,9 +340,11 @@ def parse_args(argv):
 
 
 def main(argv=None):
+    global TUNED
     args = parse_args(argv)
     if args.child:
         return child(args)
+    TUNED = args.daemon_lines
     try:
         import torch
     except ImportError:
@@ -353,7 +360,8 @@ def main(argv=None):
     res = []
     with tempfile.TemporaryDirectory() as tmp:
         for pool in args.pool.split(","):
-            d = ts.Daemon(args, tmp, data, "", pool == "on", "node-" + pool)
+            d = ts.Daemon(args, tmp, data, "\n".join(args.daemon_lines.split(";")),
+                          pool == "on", "node-" + pool)
             try:
                 if pool == "on":
                     fill_pool(args, data, d)

@@ -8,6 +8,8 @@
  *   readers = auto                  ; reader threads (auto: usable CPUs less a fifth, >= 2)
  *   ring_bytes = auto               ; pinned reader ring (CUDA sessions; auto:
  *                                   ; 1/256 of the memory, 256M .. 1G)
+ *   fill_bytes = auto               ; host slots all sessions may fill ahead (auto:
+ *                                   ; half the L3 cache, 32M at least)
  *   arena_bytes = 256M              ; largest single arena
  *   session_bytes = 2G              ; most slot memory one session may hold
  *   max_sessions = 64
@@ -130,6 +132,7 @@ struct config {
 	char *socket_group;  /* owned, NULL: leave the group alone */
 	unsigned readers;    /* 0: auto until daemon_config_machine */
 	uint64_t ring_bytes; /* 0: auto until daemon_config_machine */
+	uint64_t fill_bytes; /* host-arena batches filled ahead, all sessions; 0: auto */
 	uint64_t arena_bytes;
 	uint64_t session_bytes;
 	unsigned max_sessions;

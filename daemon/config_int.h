@@ -24,6 +24,7 @@
 #define DAEMON_KEYS(X)                                                                             \
 	X(SOCKET, socket), X(SOCKET_MODE, socket_mode), X(SOCKET_GROUP, socket_group),             \
 		X(READERS, readers), X(RING_BYTES, ring_bytes), X(ARENA_BYTES, arena_bytes),       \
+		X(FILL_BYTES, fill_bytes),                                                         \
 		X(SESSION_BYTES, session_bytes), X(MAX_SESSIONS, max_sessions),                    \
 		X(MAX_FRAME, max_frame), X(ALLOW_USERS, allow_users),                              \
 		X(ALLOW_GROUPS, allow_groups), X(DEPTH, depth), X(MAX_DEPTH, max_depth),           \

@@ -349,6 +349,7 @@ int config_daemon_key(struct parse *st, const char *name, const char *value)
 		}
 		return key_uint(st, name, value, 1, 256, &cfg->readers);
 	case K_RING_BYTES: return key_size_or_auto(st, name, value, 4096, &cfg->ring_bytes);
+	case K_FILL_BYTES: return key_size_or_auto(st, name, value, 1ULL << 20, &cfg->fill_bytes);
 	case K_ARENA_BYTES: return key_size(st, name, value, 4096, UINT64_MAX, &cfg->arena_bytes);
 	case K_SESSION_BYTES:
 		return key_size(st, name, value, 4096, UINT64_MAX, &cfg->session_bytes);

@@ -30,6 +30,10 @@ struct gov {
 	uint64_t probe_free, probe_total; /* last honest figure, 0 if none */
 	uint64_t probe_budget;		  /* bytes the last sizing allowed */
 	unsigned halvings;		  /* OOM back-offs so far */
+	/* 0, or the most batches in flight whatever an automatic target
+	 * says: the session's even share of fill_bytes (sess_fill_shares).
+	 * A target set by hand is the user's: the share leaves it alone. */
+	uint32_t share;
 };
 
 void gov_init(struct gov *g, uint32_t min_depth, uint32_t max_depth, uint32_t default_depth);
@@ -38,9 +42,14 @@ static inline uint64_t gov_in_flight(const struct gov *g)
 {
 	return g->prepared - g->consumed;
 }
+/* What fills stop at: target, or the share when that is lower. */
+static inline uint32_t gov_limit(const struct gov *g)
+{
+	return g->share && g->share < g->target && !g->manual ? g->share : g->target;
+}
 static inline bool gov_may_fill(const struct gov *g)
 {
-	return gov_in_flight(g) < g->target;
+	return gov_in_flight(g) < gov_limit(g);
 }
 /* prefetchctl depth N: fixes target at N clamped to the bounds. */
 void gov_set_manual(struct gov *g, uint32_t target);

@@ -65,6 +65,7 @@ static void sess_link(struct daemon *d, struct sess *s)
 		d->sessions->prev = s;
 	d->sessions = s;
 	d->nsessions++;
+	sess_fill_shares(d);
 }
 
 static void sess_unlink(struct sess *s)
@@ -79,6 +80,7 @@ static void sess_unlink(struct sess *s)
 		s->next->prev = s->prev;
 	s->next = s->prev = NULL;
 	d->nsessions--;
+	sess_fill_shares(d);
 }
 
 static void free_sess_mem(uv_handle_t *h)
@@ -275,7 +277,7 @@ static int reply_opened(struct sess *s, uint64_t id)
 	msg.fields = fieldp;
 	msg.slot_bytes = s->lay.slot_bytes;
 	msg.slots = s->nslots;
-	msg.target = s->gov.target;
+	msg.target = gov_limit(&s->gov);
 	msg.device = s->device;
 	msg.probe_interval_s = s->gpu >= 0 ? s->d->cfg.probe_interval : 0;
 	msg.client_copy = s->client_copy;

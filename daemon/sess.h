@@ -248,6 +248,7 @@ struct sess {
 	struct arena *arenas; /* owned: host sessions' arenas */
 	uint32_t narenas;
 	struct gov gov;
+	char share_why[120]; /* status: why gov.share is what it is */
 	struct sess_cuda cuda;
 
 	/* The current epoch.  Epoch numbers are the trainer's own (Python's
@@ -321,6 +322,9 @@ void sess_kick(struct sess *s);
 /* ring.wake: the ring has a slot for session owner's next batch; its pump
  * runs in the loop's next turn (sess_pump.c). */
 void sess_ring_wake(void *owner);
+/* Every host-arena session's gov.share: an even part of fill_bytes, never
+ * below its min_depth (sess_pump.c).  On every open and close. */
+void sess_fill_shares(struct daemon *d);
 /* Shutdown: the handle that carries pumps over to the next turn closes. */
 void sess_pump_stop(struct daemon *d);
 /* The connection is gone: leave status now, free once jobs are back. */

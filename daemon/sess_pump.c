@@ -438,6 +438,33 @@ void sess_ring_wake(void *owner)
 	pump_later(owner);
 }
 
+void sess_fill_shares(struct daemon *d)
+{
+	uint64_t budget = daemon_fill_bytes(d), n = 0;
+
+	for (struct sess *s = d->sessions; s; s = s->next)
+		n += s->gpu < 0;
+	for (struct sess *s = d->sessions; s; s = s->next) {
+		uint64_t share;
+		uint32_t was = gov_limit(&s->gov);
+
+		if (s->gpu >= 0)
+			continue;
+		share = budget / n / (s->lay.slot_stride ? s->lay.slot_stride : 1);
+		if (share < s->gov.min_depth)
+			share = s->gov.min_depth;
+		s->gov.share = share < UINT32_MAX ? (uint32_t)share : UINT32_MAX;
+		snprintf(s->share_why, sizeof(s->share_why),
+			 "fill_bytes = %.0f MiB shared by %" PRIu64
+			 " session(s): %u batch(es) each",
+			 budget / 1048576.0, n, s->gov.share);
+		/* Room it did not have: it fills in the loop's next turn (not
+		 * here, inside another session's open or close). */
+		if (gov_limit(&s->gov) > was && s->running)
+			pump_later(s);
+	}
+}
+
 void sess_pump_stop(struct daemon *d)
 {
 	if (d->pump_idle_live) {

@@ -46,8 +46,9 @@ static void session_status(const struct sess *s, Pf__SessionStatus *st)
 	st->sent = s->sent;
 	st->consumed = s->gov.consumed;
 	st->held = held;
-	st->target = s->gov.target;
-	st->target_reason = (char *)s->gov.reason;
+	st->target = gov_limit(&s->gov);
+	st->target_reason =
+		(char *)(gov_limit(&s->gov) < s->gov.target ? s->share_why : s->gov.reason);
 	st->slots = s->nslots;
 	st->ring_fill = ready;
 	st->arenas = s->narenas + s->cuda.narenas;

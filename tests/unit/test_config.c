@@ -629,6 +629,7 @@ static void assert_same_config(const struct config *a, const struct config *b, c
 	SAME(socket_mode);
 	SAME(readers);
 	SAME(ring_bytes);
+	SAME(fill_bytes);
 	SAME(arena_bytes);
 	SAME(session_bytes);
 	SAME(max_sessions);

@@ -1847,6 +1847,74 @@ static void eight_gpus_share_the_ring_by_gpu_then_by_session(void **state)
 	assert_int_equal(f->d.ring.reserved, 0);
 }
 
+static struct fixture *share_probe; /* the session whose fills settle */
+
+static bool fills_settled(struct fixture *f)
+{
+	(void)f;
+	return share_probe->s->jobs == 0 &&
+	       gov_in_flight(&share_probe->s->gov) == gov_limit(&share_probe->s->gov);
+}
+
+/* Host sessions (and clients that copy) share fill_bytes: each fills ahead
+ * only its even part of it, never below min_depth; when one leaves, the
+ * others fill deeper at once; every epoch is still whole and byte-exact. */
+static void host_sessions_fill_ahead_an_even_share_of_fill_bytes(void **state)
+{
+	struct fixture *f = *state, *c[3];
+	struct order_spec spec = {.kind = ORDER_SHUFFLE};
+	uint64_t stride;
+
+	f->d.cfg.depth = 8;
+	c[0] = client_new(f);
+	open_session(c[0], "host", 16, 0);
+	stride = c[0]->s->lay.slot_stride;
+	assert_int_equal(c[0]->s->gov.share, daemon_fill_bytes(&f->d) / stride);
+	f->d.cfg.fill_bytes = 12 * stride;
+	sess_fill_shares(&f->d);
+	assert_int_equal(c[0]->s->gov.share, 12);
+	assert_int_equal(gov_limit(&c[0]->s->gov), 8); /* the target is lower */
+	c[1] = client_new(f);
+	open_session(c[1], "host", 16, 0);
+	c[2] = client_new(f);
+	open_session(c[2], "host", 16, 0);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(c[i]->s->gov.share, 4);
+		assert_int_equal(gov_limit(&c[i]->s->gov), 4);
+	}
+	for (int i = 0; i < 3; i++) {
+		Pf__StartEpoch req = PF__START_EPOCH__INIT;
+
+		req.epoch = 1, req.order = PF__ORDER__ORDER_SHUFFLE, req.seed = 10 + i;
+		assert_int_equal(sess_start_epoch(c[i]->s, ++c[i]->last_id, &req), 0);
+		want_epoch = 1;
+		run_until(c[i], epoch_started);
+	}
+	for (int i = 0; i < 3; i++) {
+		share_probe = c[i];
+		run_until(f, fills_settled);
+		assert_int_equal(gov_in_flight(&c[i]->s->gov), 4);
+	}
+	/* One leaves: the other two fill 6 ahead, without being asked. */
+	client_end(c[2]);
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(gov_limit(&c[i]->s->gov), 6);
+		share_probe = c[i];
+		run_until(f, fills_settled);
+		assert_int_equal(gov_in_flight(&c[i]->s->gov), 6);
+	}
+	/* A target set by hand is the user's. */
+	gov_set_manual(&c[1]->s->gov, 8);
+	assert_int_equal(gov_limit(&c[1]->s->gov), 8);
+	for (int i = 0; i < 2; i++) {
+		spec.seed = 10 + i;
+		assert_int_equal(consume_epoch(c[i], 1, &spec, 16), (N + 15) / 16);
+	}
+	for (int i = 0; i < 2; i++)
+		client_end(c[i]);
+	run_until(f, no_sessions_left);
+}
+
 static int setup8(void **state)
 {
 	int rc;
@@ -1869,6 +1937,8 @@ int main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(eight_gpus_share_the_ring_by_gpu_then_by_session,
 						setup8, teardown),
+		cmocka_unit_test_setup_teardown(
+			host_sessions_fill_ahead_an_even_share_of_fill_bytes, setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			a_host_epoch_delivers_every_sample_once_with_its_bytes, setup, teardown),
 		cmocka_unit_test_setup_teardown(
