@@ -166,18 +166,7 @@ def daemon_cpu_s(pid):
 
 
 def pinned_limit(torch):
-    host = torch.empty(BATCH_BYTES, dtype=torch.uint8).pin_memory()
-    dev = torch.empty(BATCH_BYTES, dtype=torch.uint8, device="cuda:0")
-    best = None
-    for _ in range(4):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(200):
-            dev.copy_(host, non_blocking=True)
-        torch.cuda.synchronize()
-        t = (time.perf_counter() - t0) / 200
-        best = t if best is None else min(best, t)
-    return BATCH_BYTES / best / 1e9
+    return BATCH_BYTES / ts.copy_time(torch, BATCH_BYTES) / 1e9
 
 
 class Trainers:

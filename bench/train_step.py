@@ -189,10 +189,11 @@ class Step:
         mm(self.y, self.w2, out=self.z)
 
 
-def copy_time(torch):
-    """Seconds one pinned 4 MiB host-to-device copy takes (best of 3 x 200)."""
-    host = torch.empty(BATCH_BYTES, dtype=torch.uint8).pin_memory()
-    dev = torch.empty(BATCH_BYTES, dtype=torch.uint8, device="cuda:0")
+def copy_time(torch, nbytes=BATCH_BYTES):
+    """Seconds one pinned host-to-device copy of nbytes (a 4 MiB batch) takes (best of 3 x
+    200)."""
+    host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
     best = None
     for _ in range(4):
         torch.cuda.synchronize()
