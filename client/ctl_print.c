@@ -251,6 +251,7 @@ static void json_session(FILE *out, const Pf__SessionStatus *s)
 	jk_u64(out, &first, "blocks_read", s->blocks_read);
 	jk_u64(out, &first, "block_cache_bytes", s->block_cache_bytes);
 	jk_u64(out, &first, "block_cache_peak", s->block_cache_peak);
+	jk_u64(out, &first, "order_bytes", s->order_bytes);
 	fputc('}', out);
 }
 
@@ -306,6 +307,9 @@ void ctl_json_status(FILE *out, const Pf__StatusReply *st, bool sessions)
 		jk_u64(out, &first, "readers", st->readers);
 		jk_u64(out, &first, "ring_bytes", st->ring_bytes);
 		jk_str(out, &first, "gpu", st->gpu);
+		jk_u64(out, &first, "kept_orders", st->kept_orders);
+		jk_u64(out, &first, "kept_order_bytes", st->kept_order_bytes);
+		jk_u64(out, &first, "kept_order_cap", st->kept_order_cap);
 		json_key(out, &first, "sessions");
 		fputc('[', out);
 		for (size_t i = 0; i < st->n_sessions; i++) {
@@ -523,11 +527,13 @@ int ctl_print_status(const Pf__StatusReply *st)
 			  .head = {">SESSION", "NAME", "DATASET", "DEVICE", ">EPOCH", "STATE",
 				   ">SENT", ">CONSUMED", ">HELD", ">TARGET", ">RING", ">WAIT_S",
 				   ">STALL", ">GB/S", "WHY"}};
-	char up[32], ring[32], daemon[64], gpu[256];
+	char up[32], ring[32], daemon[64], gpu[256], kept[32], kept_cap[32];
 	int rc = 0;
 
 	human_duration(up, sizeof(up), st->uptime_s);
 	ctl_human_bytes(ring, sizeof(ring), st->ring_bytes);
+	ctl_human_bytes(kept, sizeof(kept), st->kept_order_bytes);
+	ctl_human_bytes(kept_cap, sizeof(kept_cap), st->kept_order_cap);
 	/* The daemon's version string names the program already
 	 * ("prefetchd 0.1.0"); an older one may send just the number. */
 	snprintf(daemon, sizeof(daemon), "%s", st->daemon);
@@ -537,6 +543,8 @@ int ctl_print_status(const Pf__StatusReply *st)
 	printf("%s%s, up %s, %" PRIu32 " reader%s, ring %s%s%s\n",
 	       strncmp(daemon, "prefetchd", 9) ? "prefetchd " : "", daemon, up, st->readers,
 	       st->readers == 1 ? "" : "s", ring, gpu[0] ? ", gpu: " : "", gpu);
+	/* Memory that no session holds and no quota counts: its own line. */
+	printf("kept orders: %" PRIu32 ", %s of %s\n", st->kept_orders, kept, kept_cap);
 	for (size_t i = 0; i < st->n_sessions && !rc; i++) {
 		const Pf__SessionStatus *s = st->sessions[i];
 		char id[24], epoch[24], sent[24], consumed[24], held[24], target[24], fill[32];

@@ -126,7 +126,7 @@ static void sess_free(struct sess *s)
 	fill_layout_free(&s->lay);
 	/* Every job is back: nothing reads the picks any more. */
 	order_keep_put(&s->d->kept, &s->order_spec, s->order_space, s->picks, s->npicks, keep_s,
-		       now_ns());
+		       now_ns(), s->d->cfg.kept_order_bytes);
 	if (s->cuda.retry_live) {
 		s->cuda.retry.data = s;
 		uv_close((uv_handle_t *)&s->cuda.retry, free_sess_mem);
@@ -531,7 +531,8 @@ void sess_detach(struct sess *s)
 		uint64_t *picks = ahead_take_ready(&s->ahead, &spec, &space, &npicks);
 
 		order_keep_put(&s->d->kept, &spec, space, picks, npicks,
-			       daemon_pool_linger(s->d, s->ds), now_ns());
+			       daemon_pool_linger(s->d, s->ds), now_ns(),
+			       s->d->cfg.kept_order_bytes);
 	}
 	ahead_cancel(&s->ahead);
 	sess_maybe_free(s);
