@@ -224,6 +224,7 @@ void order_keep_put(struct order_keep *k, const struct order_spec *spec, uint64_
 					   .npicks = npicks,
 					   .until_ns = now + (int64_t)(keep_s * 1e9)};
 	k->bytes += bytes;
+	assert(order_keep_check(k) && k->bytes <= cap);
 }
 
 uint64_t *order_keep_take(struct order_keep *k, const struct order_spec *spec, uint64_t space,

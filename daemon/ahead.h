@@ -96,6 +96,13 @@ uint64_t *ahead_take_ready(struct ahead *a, struct order_spec *spec, uint64_t *s
  * ORDER_KEEP_MAX of them and kept_order_bytes in all (outside the quota:
  * nobody's), oldest dropped first.
  *
+ * The cap is on what the orders hold, not on what they are worth: every
+ * order's buffer holds exactly its npicks picks (order_build_into shrinks
+ * a reused one to the order it builds), so npicks * 8 is the memory it
+ * keeps.  Before that, a world-2 share of 32M picks (128 MiB) reused for
+ * a share of a few picks was kept counted as those few, and a user parked
+ * 900 MiB here while the cap read a few KiB (issue 37).
+ *
  * DESIGN: loop thread only; the kept picks are owned by the cache and
  * referenced by no reader (a session's own go only once its jobs are
  * back).
