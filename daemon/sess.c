@@ -333,7 +333,10 @@ static int count_slots(struct sess *s, uint32_t min_depth, uint32_t *max_depth, 
  * slot of a CUDA session may carry a pool plan and staged-row offsets. */
 static uint64_t open_bytes(const struct sess *s)
 {
-	uint64_t per_slot = sizeof(struct slot) + (uint64_t)s->batch_size * sizeof(uint64_t), bytes;
+	/* A slot's sample numbers come from big_alloc: whole huge pages from
+	 * 2 MiB on (a batch of 300K picks maps 4 MiB). */
+	uint64_t rows = big_size((size_t)s->batch_size * sizeof(uint64_t));
+	uint64_t per_slot = sizeof(struct slot) + rows, bytes;
 
 	if (s->gpu >= 0)
 		per_slot += s->ds->nfields * sizeof(uint64_t) +
