@@ -394,6 +394,13 @@ int order_build_into(const struct order_spec *spec, uint64_t space, uint64_t *re
 	rc = order_check(spec, space, &nshare, err, errlen);
 	if (rc)
 		goto out;
+	/* A reuse too short for the share (and so for the list) goes now,
+	 * before the build makes memory of its own: the quota counts the
+	 * build's peak, not a buffer it was handed (ahead.h, freeing). */
+	if (reuse && reuse_len < (nshare ? nshare : 1)) {
+		free(reuse);
+		reuse = NULL;
+	}
 
 	/* Every rank gets ceil(len / world) picks: the list is virtually padded
 	 * to a multiple of world by cycling from its head, exactly as
@@ -413,6 +420,10 @@ int order_build_into(const struct order_spec *spec, uint64_t space, uint64_t *re
 		 * and holds no more than it; with more it is freed below. */
 		if (reuse && reuse_len >= len) {
 			list = world == 1 ? fit(reuse, reuse_len, len) : reuse;
+			reuse = NULL;
+		} else if (reuse) {
+			/* The share's, shrunk to it before the list is made. */
+			share = fit(reuse, reuse_len, nshare ? nshare : 1);
 			reuse = NULL;
 		}
 		if (!list)
@@ -442,7 +453,7 @@ int order_build_into(const struct order_spec *spec, uint64_t space, uint64_t *re
 			return 0;
 		}
 	}
-	if (reuse && reuse_len >= (nshare ? nshare : 1)) {
+	if (reuse) {
 		/* A rank's share, as the last epoch's was, or a smaller one. */
 		share = fit(reuse, reuse_len, nshare ? nshare : 1);
 		reuse = NULL;
