@@ -254,6 +254,7 @@ static void json_session(FILE *out, const Pf__SessionStatus *s)
 	jk_u64(out, &first, "blocks_read", s->blocks_read);
 	jk_u64(out, &first, "block_cache_bytes", s->block_cache_bytes);
 	jk_u64(out, &first, "block_cache_peak", s->block_cache_peak);
+	jk_u64(out, &first, "order_bytes", s->order_bytes);
 	fputc('}', out);
 }
 
@@ -312,6 +313,9 @@ void ctl_json_status(FILE *out, const Pf__StatusReply *st, bool sessions)
 		jk_u64(out, &first, "ring_reserved", st->ring_reserved);
 		jk_u64(out, &first, "ring_waits", st->ring_waits);
 		jk_str(out, &first, "gpu", st->gpu);
+		jk_u64(out, &first, "kept_orders", st->kept_orders);
+		jk_u64(out, &first, "kept_order_bytes", st->kept_order_bytes);
+		jk_u64(out, &first, "kept_order_cap", st->kept_order_cap);
 		json_key(out, &first, "sessions");
 		fputc('[', out);
 		for (size_t i = 0; i < st->n_sessions; i++) {
@@ -529,7 +533,7 @@ int ctl_print_status(const Pf__StatusReply *st)
 			  .head = {">SESSION", "NAME", "DATASET", "DEVICE", ">EPOCH", "STATE",
 				   ">SENT", ">CONSUMED", ">HELD", ">TARGET", ">RING", ">WAIT_S",
 				   ">STALL", ">GB/S", "WHY"}};
-	char up[32], ring[160], daemon[64], gpu[256], kept[32], used[32];
+	char up[32], ring[160], daemon[64], gpu[256], kept[32], kept_cap[32], rkept[32], used[32];
 	int rc = 0;
 
 	human_duration(up, sizeof(up), st->uptime_s);
@@ -539,12 +543,14 @@ int ctl_print_status(const Pf__StatusReply *st)
 		 * ones keep, what is busy now, and whether batches queued. */
 		size_t n = strlen(ring);
 
-		ctl_human_bytes(kept, sizeof(kept), st->ring_reserved);
+		ctl_human_bytes(rkept, sizeof(rkept), st->ring_reserved);
 		ctl_human_bytes(used, sizeof(used), st->ring_used);
 		snprintf(ring + n, sizeof(ring) - n,
-			 " (%s kept for sessions, %s in use, %" PRIu64 " wait%s)", kept, used,
+			 " (%s reserved for sessions, %s in use, %" PRIu64 " wait%s)", rkept, used,
 			 st->ring_waits, st->ring_waits == 1 ? "" : "s");
 	}
+	ctl_human_bytes(kept, sizeof(kept), st->kept_order_bytes);
+	ctl_human_bytes(kept_cap, sizeof(kept_cap), st->kept_order_cap);
 	/* The daemon's version string names the program already
 	 * ("prefetchd 0.1.0"); an older one may send just the number. */
 	snprintf(daemon, sizeof(daemon), "%s", st->daemon);
@@ -554,6 +560,8 @@ int ctl_print_status(const Pf__StatusReply *st)
 	printf("%s%s, up %s, %" PRIu32 " reader%s, ring %s%s%s\n",
 	       strncmp(daemon, "prefetchd", 9) ? "prefetchd " : "", daemon, up, st->readers,
 	       st->readers == 1 ? "" : "s", ring, gpu[0] ? ", gpu: " : "", gpu);
+	/* Memory that no session holds and no quota counts: its own line. */
+	printf("kept orders: %" PRIu32 ", %s of %s\n", st->kept_orders, kept, kept_cap);
 	for (size_t i = 0; i < st->n_sessions && !rc; i++) {
 		const Pf__SessionStatus *s = st->sessions[i];
 		char id[24], epoch[24], sent[24], consumed[24], held[24], target[24], fill[32];

@@ -199,13 +199,13 @@ static void keep_drop(struct order_keep *k, uint32_t i)
 }
 
 void order_keep_put(struct order_keep *k, const struct order_spec *spec, uint64_t space,
-		    uint64_t *picks, uint64_t npicks, double keep_s, int64_t now)
+		    uint64_t *picks, uint64_t npicks, double keep_s, int64_t now, uint64_t cap)
 {
 	uint64_t bytes = npicks * sizeof(uint64_t);
 
 	if (!picks)
 		return;
-	if (!builds_ahead(spec) || keep_s <= 0 || bytes > ORDER_KEEP_BYTES) {
+	if (!builds_ahead(spec) || keep_s <= 0 || bytes > cap) {
 		free(picks);
 		return;
 	}
@@ -216,7 +216,7 @@ void order_keep_put(struct order_keep *k, const struct order_spec *spec, uint64_
 			keep_drop(k, i);
 			break;
 		}
-	while (k->n && (k->n == ORDER_KEEP_MAX || k->bytes + bytes > ORDER_KEEP_BYTES))
+	while (k->n && (k->n == ORDER_KEEP_MAX || k->bytes + bytes > cap))
 		keep_drop(k, 0);
 	k->e[k->n++] = (struct order_kept){.spec = order_of(spec),
 					   .space = space,
@@ -224,6 +224,7 @@ void order_keep_put(struct order_keep *k, const struct order_spec *spec, uint64_
 					   .npicks = npicks,
 					   .until_ns = now + (int64_t)(keep_s * 1e9)};
 	k->bytes += bytes;
+	assert(order_keep_check(k) && k->bytes <= cap);
 }
 
 uint64_t *order_keep_take(struct order_keep *k, const struct order_spec *spec, uint64_t space,
@@ -252,4 +253,18 @@ void order_keep_purge(struct order_keep *k, int64_t now)
 			keep_drop(k, i);
 		else
 			i++;
+}
+
+bool order_keep_check(const struct order_keep *k)
+{
+	uint64_t bytes = 0;
+
+	if (k->n > ORDER_KEEP_MAX)
+		return false;
+	for (uint32_t i = 0; i < k->n; i++) {
+		if (!k->e[i].picks)
+			return false;
+		bytes += k->e[i].npicks * sizeof(uint64_t);
+	}
+	return bytes == k->bytes;
 }

@@ -93,15 +93,21 @@ uint64_t *ahead_take_ready(struct ahead *a, struct order_spec *spec, uint64_t *s
  * and so starts the next one in a new session) asks for an order a session
  * just had or had built ahead.  An order is a function of (spec, space)
  * alone, so any session may take it.  Kept for the dataset's pool_linger,
- * ORDER_KEEP_MAX of them and ORDER_KEEP_BYTES in all (outside the quota:
+ * ORDER_KEEP_MAX of them and kept_order_bytes in all (outside the quota:
  * nobody's), oldest dropped first.
+ *
+ * The cap is on what the orders hold, not on what they are worth: every
+ * order's buffer holds exactly its npicks picks (order_build_into shrinks
+ * a reused one to the order it builds), so npicks * 8 is the memory it
+ * keeps.  Before that, a world-2 share of 32M picks (128 MiB) reused for
+ * a share of a few picks was kept counted as those few, and a user parked
+ * 900 MiB here while the cap read a few KiB (issue 37).
  *
  * DESIGN: loop thread only; the kept picks are owned by the cache and
  * referenced by no reader (a session's own go only once its jobs are
  * back).
  */
-#define ORDER_KEEP_MAX	 16 /* 2 for each of 8 ranks restarted together */
-#define ORDER_KEEP_BYTES (256ull << 20)
+#define ORDER_KEEP_MAX 16 /* 2 for each of 8 ranks restarted together */
 
 struct order_kept {
 	struct order_spec spec;
@@ -118,13 +124,17 @@ struct order_keep {
 };
 
 /* Keeps picks (ownership moves, freed at once when it cannot be kept: a
- * kind not built ahead, keep_s <= 0, larger than the cap) for keep_s. */
+ * kind not built ahead, keep_s <= 0, larger than cap) for keep_s, making
+ * room under cap bytes (kept_order_bytes) by dropping the oldest. */
 void order_keep_put(struct order_keep *k, const struct order_spec *spec, uint64_t space,
-		    uint64_t *picks, uint64_t npicks, double keep_s, int64_t now);
+		    uint64_t *picks, uint64_t npicks, double keep_s, int64_t now, uint64_t cap);
 /* The kept order for (spec, space), its ownership to the caller; else NULL. */
 uint64_t *order_keep_take(struct order_keep *k, const struct order_spec *spec, uint64_t space,
 			  uint64_t *npicks);
 /* Drops what has expired by now (every orders with now = INT64_MAX). */
 void order_keep_purge(struct order_keep *k, int64_t now);
+/* The invariant: bytes is the sum of the kept orders' npicks * 8.  True
+ * when it holds. */
+bool order_keep_check(const struct order_keep *k);
 
 #endif

@@ -56,13 +56,18 @@ static void drop(unsigned i)
 	munmap(take(i), len);
 }
 
+size_t big_size(size_t n)
+{
+	return n < BIGMEM_MIN ? n : align_up(n, BIGMEM_MIN);
+}
+
 void *big_alloc(size_t n)
 {
 	size_t len;
 
 	if (n < BIGMEM_MIN)
 		return malloc(n ? n : 1);
-	len = align_up(n, BIGMEM_MIN);
+	len = big_size(n);
 	for (unsigned i = 0; i < nkept; i++) {
 		if (kept[i].len == len)
 			return take(i);

@@ -29,6 +29,10 @@
 
 /* n bytes, not zeroed; NULL when out of memory. */
 void *big_alloc(size_t n);
+/* The memory big_alloc(n) holds: n, in whole huge pages from BIGMEM_MIN
+ * on.  What a quota counts for the buffer: a 2 MiB + 1 byte frame maps
+ * 4 MiB. */
+size_t big_size(size_t n);
 /* Frees what big_alloc(n) gave, with the same n.  NULL is a no-op. */
 void big_free(void *p, size_t n);
 /* Any thread: makes the n bytes at p (from big_alloc) present and

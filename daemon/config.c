@@ -270,6 +270,10 @@ void config_defaults(struct config *cfg)
 	cfg->pool_bytes = 0;
 	cfg->pool_slab = 256ULL << 20;
 	cfg->pool_linger = CONFIG_POOL_LINGER_DEFAULT;
+	/* 16 orders of 2M picks, or one of 32M: the shuffles of a node's
+	 * restarted trainers (ahead.h), at a small part of a training
+	 * node's memory. */
+	cfg->kept_order_bytes = 256ULL << 20;
 	/* No allow keys: the daemon's own uid and root. */
 	cfg->allow_uids = malloc(2 * sizeof(*cfg->allow_uids));
 	if (cfg->allow_uids) {

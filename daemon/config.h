@@ -39,6 +39,8 @@
  *   pool_slab = 256M                ; the pool's unit of allocation and of release
  *   pool_linger = 300               ; s a pool stays resident after its last session
  *                                   ; (0: given back at once); README, "VRAM pool"
+ *   kept_order_bytes = 256M         ; orders kept after their sessions, for
+ *                                   ; pool_linger (0: none kept)
  *
  *   [dataset.NAME]
  *   format = npy
@@ -161,6 +163,7 @@ struct config {
 	uint64_t pool_bytes;		 /* cap per pool, 0: only the probe's budget */
 	uint64_t pool_slab;		 /* bytes per slab */
 	double pool_linger;		 /* s a pool outlives its last session (0: none) */
+	uint64_t kept_order_bytes;	 /* the kept orders' cap (ahead.h), by what they hold */
 	struct config_dataset *datasets; /* owned, in file order */
 	size_t ndatasets;
 };

@@ -409,6 +409,8 @@ int config_daemon_key(struct parse *st, const char *name, const char *value)
 	case K_IDLE_TIMEOUT: return key_seconds(st, name, value, &cfg->idle_timeout);
 	case K_FRAME_TIMEOUT: return key_seconds(st, name, value, &cfg->frame_timeout);
 	case K_DEPTH_LIMIT: return key_uint(st, name, value, 1, 65536, &cfg->depth_limit);
+	case K_KEPT_ORDER_BYTES:
+		return key_size(st, name, value, 0, UINT64_MAX, &cfg->kept_order_bytes);
 	case K_POOL_SLAB:
 		/* Below 2M a slab is smaller than the allocation granularity;
 		 * 64G is far above any sane slab and keeps counts small. */

@@ -359,6 +359,26 @@ int order_build(const struct order_spec *spec, uint64_t space, uint64_t **picks,
 	return order_build_into(spec, space, NULL, 0, picks, npicks, err, errlen);
 }
 
+/* reuse, holding no more than n picks: what is beyond them goes back now.
+ * Whoever owns an order counts it by its length (the quota, the kept
+ * orders' cap), so a buffer of a longer order must not pass for a shorter
+ * one: a world-2 share reused for a world-16 one held 8 times what was
+ * counted, for as long as it was kept (issue 37).  A shrink moves nothing
+ * (glibc remaps a mapped block smaller, or splits a heap one), so the
+ * pages the reuse is for stay.  NULL when it cannot be shrunk: the caller
+ * makes a new one. */
+static uint64_t *fit(uint64_t *reuse, uint64_t reuse_len, uint64_t n)
+{
+	uint64_t *p;
+
+	if (reuse_len == n)
+		return reuse;
+	p = realloc(reuse, (size_t)n * sizeof(*p));
+	if (!p)
+		free(reuse);
+	return p;
+}
+
 int order_build_into(const struct order_spec *spec, uint64_t space, uint64_t *reuse,
 		     uint64_t reuse_len, uint64_t **picks, uint64_t *npicks, char *err,
 		     size_t errlen)
@@ -374,6 +394,13 @@ int order_build_into(const struct order_spec *spec, uint64_t space, uint64_t *re
 	rc = order_check(spec, space, &nshare, err, errlen);
 	if (rc)
 		goto out;
+	/* A reuse too short for the share (and so for the list) goes now,
+	 * before the build makes memory of its own: the quota counts the
+	 * build's peak, not a buffer it was handed (ahead.h, freeing). */
+	if (reuse && reuse_len < (nshare ? nshare : 1)) {
+		free(reuse);
+		reuse = NULL;
+	}
 
 	/* Every rank gets ceil(len / world) picks: the list is virtually padded
 	 * to a multiple of world by cycling from its head, exactly as
@@ -389,13 +416,18 @@ int order_build_into(const struct order_spec *spec, uint64_t space, uint64_t *re
 			goto out;
 		}
 		/* The whole list is written below: a buffer that holds it
-		 * needs nothing more. */
+		 * needs nothing more.  With one rank the list is the order,
+		 * and holds no more than it; with more it is freed below. */
 		if (reuse && reuse_len >= len) {
-			list = reuse;
+			list = world == 1 ? fit(reuse, reuse_len, len) : reuse;
 			reuse = NULL;
-		} else {
-			list = malloc((size_t)len * sizeof(*list));
+		} else if (reuse) {
+			/* The share's, shrunk to it before the list is made. */
+			share = fit(reuse, reuse_len, nshare ? nshare : 1);
+			reuse = NULL;
 		}
+		if (!list)
+			list = malloc((size_t)len * sizeof(*list));
 		if (!list) {
 			rc = -ENOMEM;
 			goto out;
@@ -421,12 +453,13 @@ int order_build_into(const struct order_spec *spec, uint64_t space, uint64_t *re
 			return 0;
 		}
 	}
-	if (reuse && reuse_len >= (nshare ? nshare : 1)) {
-		share = reuse; /* a rank's share, as the last epoch's was */
+	if (reuse) {
+		/* A rank's share, as the last epoch's was, or a smaller one. */
+		share = fit(reuse, reuse_len, nshare ? nshare : 1);
 		reuse = NULL;
-	} else {
-		share = malloc((size_t)(nshare ? nshare : 1) * sizeof(*share));
 	}
+	if (!share)
+		share = malloc((size_t)(nshare ? nshare : 1) * sizeof(*share));
 	if (!share) {
 		rc = -ENOMEM;
 		goto out;

@@ -80,7 +80,10 @@ int order_build(const struct order_spec *spec, uint64_t space, uint64_t **picks,
 /* order_build, into reuse (reuse_len picks, malloc'd; NULL for none) where
  * the order fits it: the last epoch's order, whose pages are already
  * there, in place of a new allocation to fault in and an old one to
- * unmap.  Takes reuse: what it does not build into, it frees. */
+ * unmap.  Takes reuse: what it does not build into, it frees.  Like
+ * order_build's, *picks holds *npicks picks and no more (a longer reuse
+ * is shrunk to the order), so an order counted by its length is counted
+ * by the memory it holds. */
 int order_build_into(const struct order_spec *spec, uint64_t space, uint64_t *reuse,
 		     uint64_t reuse_len, uint64_t **picks, uint64_t *npicks, char *err,
 		     size_t errlen);

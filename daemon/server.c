@@ -171,14 +171,15 @@ static int conn_send(void *conn, const Pf__Envelope *env, int pass_fd)
 	/* A big frame (the BatchReady of a batch of millions) comes in huge
 	 * pages: its first touch would otherwise hold the loop. */
 	f->cap = pass_fd < 0 && len < CONN_OUT_CHUNK ? CONN_OUT_CHUNK : len;
-	if (!c->last_words && (rc = conn_take(c, f->cap, "a reply waiting to be sent"))) {
+	/* Counted as what it maps (big_size), as given back when sent. */
+	if (!c->last_words && (rc = conn_take(c, big_size(f->cap), "a reply waiting to be sent"))) {
 		free(f);
 		goto fail;
 	}
 	f->buf = big_alloc(f->cap);
 	if (!f->buf) {
 		if (!c->last_words)
-			conn_give(c, f->cap);
+			conn_give(c, big_size(f->cap));
 		free(f);
 		rc = -ENOMEM;
 		goto fail;
@@ -234,7 +235,7 @@ static void flush_out(struct conn *c, size_t budget)
 		if (!c->out_head)
 			c->out_tail = NULL;
 		if (!c->last_words)
-			conn_give(c, f->cap);
+			conn_give(c, big_size(f->cap));
 		frame_free(f);
 	}
 	conn_update_poll(c);

@@ -128,7 +128,7 @@ static void sess_free(struct sess *s)
 	fill_layout_free(&s->lay);
 	/* Every job is back: nothing reads the picks any more. */
 	order_keep_put(&s->d->kept, &s->order_spec, s->order_space, s->picks, s->npicks, keep_s,
-		       now_ns());
+		       now_ns(), s->d->cfg.kept_order_bytes);
 	if (s->cuda.retry_live) {
 		s->cuda.retry.data = s;
 		uv_close((uv_handle_t *)&s->cuda.retry, free_sess_mem);
@@ -335,7 +335,10 @@ static int count_slots(struct sess *s, uint32_t min_depth, uint32_t *max_depth, 
  * slot of a CUDA session may carry a pool plan and staged-row offsets. */
 static uint64_t open_bytes(const struct sess *s)
 {
-	uint64_t per_slot = sizeof(struct slot) + (uint64_t)s->batch_size * sizeof(uint64_t), bytes;
+	/* A slot's sample numbers come from big_alloc: whole huge pages from
+	 * 2 MiB on (a batch of 300K picks maps 4 MiB). */
+	uint64_t rows = big_size((size_t)s->batch_size * sizeof(uint64_t));
+	uint64_t per_slot = sizeof(struct slot) + rows, bytes;
 
 	if (s->gpu >= 0)
 		per_slot += s->ds->nfields * sizeof(uint64_t) +
@@ -535,7 +538,8 @@ void sess_detach(struct sess *s)
 		uint64_t *picks = ahead_take_ready(&s->ahead, &spec, &space, &npicks);
 
 		order_keep_put(&s->d->kept, &spec, space, picks, npicks,
-			       daemon_pool_linger(s->d, s->ds), now_ns());
+			       daemon_pool_linger(s->d, s->ds), now_ns(),
+			       s->d->cfg.kept_order_bytes);
 	}
 	ahead_cancel(&s->ahead);
 	sess_maybe_free(s);

@@ -301,9 +301,9 @@ static void plan_warm(struct sess *s, struct sess_start *st, uint64_t epoch, uin
 	}
 	full = full > start_batch ? full - start_batch : 0;
 	nframes = full < SESS_WARM_FRAMES ? (uint32_t)full : SESS_WARM_FRAMES;
-	if (fb < BIGMEM_MIN || !nframes || nframes * align_up(fb, BIGMEM_MIN) > BIGMEM_CACHE ||
-	    sess_take(s, &st->held, nframes * align_up(fb, BIGMEM_MIN),
-		      "the epoch's first BatchReady frames", NULL, 0))
+	if (fb < BIGMEM_MIN || !nframes || nframes * big_size(fb) > BIGMEM_CACHE ||
+	    sess_take(s, &st->held, nframes * big_size(fb), "the epoch's first BatchReady frames",
+		      NULL, 0))
 		return;
 	st->frame_bytes = fb;
 	while (st->nframes < nframes && (st->frames[st->nframes] = big_alloc(fb)))

@@ -79,6 +79,10 @@ static void session_status(const struct sess *s, Pf__SessionStatus *st)
 	st->ring_slots = s->cuda.lease.cap;
 	st->ring_min = s->cuda.lease.min;
 	st->ring_held = s->cuda.lease.held;
+	/* What the quota holds for them, so that a user sees what the
+	 * daemon charged them and can tell it from what the daemon's RSS
+	 * says. */
+	st->order_bytes = s->order_held + s->ahead_held + (s->building ? s->building->held : 0);
 	if (s->blocks)
 		blocks_stats(s->blocks, &st->blocks_read, &st->block_cache_bytes,
 			     &st->block_cache_peak);
@@ -194,6 +198,9 @@ int status_reply(struct daemon *d, const struct peer *p, uint64_t id)
 	msg.ring_reserved = d->ring.reserved;
 	msg.ring_waits = d->ring.waits;
 	msg.gpu = d->gpu_desc;
+	msg.kept_orders = d->kept.n;
+	msg.kept_order_bytes = d->kept.bytes;
+	msg.kept_order_cap = d->cfg.kept_order_bytes;
 	env.msg_case = PF__ENVELOPE__MSG_STATUS_REPLY;
 	env.status_reply = &msg;
 	rc = reply(p, id, &env);

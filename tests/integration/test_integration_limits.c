@@ -447,6 +447,166 @@ static void a_depth_beyond_the_limit_is_refused_and_deep_sessions_slow_nobody(vo
 	finish();
 }
 
+/* ---- issue 37: orders kept after their sessions ---------------------------------- */
+
+/* The schedule of the kept-orders case: the ten rows 900000 times over,
+ * 9M picks; a world-2 share of them is 36 MB, a world-16 one 4.5 MB.  The
+ * cap of the kept orders holds eight world-16 shares, not one more.  The
+ * schedule and the world-2 share are above 32 MiB, glibc's mmap threshold
+ * at its highest, so each is a mapping of its own and goes back to the
+ * system when freed: smaller ones come from a thread's heap once the
+ * threshold has grown, and a heap's free top stays resident (malloc_trim
+ * trims only the main heap's), which the RSS below would take for kept
+ * memory. */
+#define KEEP_AUGMENT 900000u
+#define KEEP_SPACE   (10ull * KEEP_AUGMENT)
+#define KEEP_BIG     (KEEP_SPACE / 2 * 8)
+#define KEEP_SMALL   (KEEP_SPACE / 16 * 8)
+#define KEEP_CAP     (36ull << 20)
+#define KEEP_ROUNDS  7u
+
+/* Waits (30 s at most) until status counts `want` bytes for session's
+ * orders: the one the epoch runs and the next one's, once built ahead
+ * (while that is being built its peak is counted, which is more). */
+static void wait_order_bytes(uint64_t session, uint64_t want)
+{
+	double until = td_now() + 30;
+	uint64_t got = 0;
+
+	while (td_now() < until) {
+		Pf__Envelope *env = td_status(td.sock);
+		Pf__SessionStatus *st = td_session(env, session);
+
+		got = st ? st->order_bytes : 0;
+		pf__envelope__free_unpacked(env, NULL);
+		if (got == want)
+			return;
+		usleep(2000);
+	}
+	fail_msg("session %llu: order_bytes %llu, never %llu", (unsigned long long)session,
+		 (unsigned long long)got, (unsigned long long)want);
+}
+
+/* Waits (10 s at most) until status no longer lists session: it has been
+ * detached, and its order built ahead is kept. */
+static void wait_session_gone(uint64_t session)
+{
+	double until = td_now() + 10;
+
+	for (;;) {
+		Pf__Envelope *env = td_status(td.sock);
+		bool gone = env && !td_session(env, session);
+
+		pf__envelope__free_unpacked(env, NULL);
+		if (gone)
+			return;
+		assert_true(td_now() < until);
+		usleep(2000);
+	}
+}
+
+/* Starts an epoch of shuffle seed, share rank 0 of world, and waits for
+ * its order and the next one's, built ahead, to be there: each counted
+ * as `share` bytes. */
+static void keep_epoch(struct pf_client *c, uint64_t seed, uint32_t world, uint64_t share)
+{
+	struct pf_epoch_opts eo = {.order = PF_ORDER_SHUFFLE, .seed = seed, .world = world};
+	struct pf_stats ps;
+	struct pf_batch *b;
+
+	assert_int_equal(pf_start_epoch(c, &eo, NULL), 0);
+	assert_int_equal(pf_next(c, 30000, &b), 0);
+	assert_non_null(b);
+	assert_int_equal(pf_release(c, b, NULL), 0);
+	assert_int_equal(pf_stats(c, &ps), 0);
+	wait_order_bytes(ps.session, 2 * share);
+}
+
+static uint64_t session_of(struct pf_client *c)
+{
+	struct pf_stats ps;
+
+	assert_int_equal(pf_stats(c, &ps), 0);
+	return ps.session;
+}
+
+/* The issue's sequence: a session runs a world-2 epoch (a share of half
+ * the picks), then starts an epoch whose order an earlier session left in
+ * the kept cache, and goes.  The order built ahead for that epoch used to
+ * be built into the world-2 share's buffer and kept with it, counted by
+ * its own picks (an eighth of the buffer here): round after round, the
+ * daemon held 36 MB per 4.5 MB counted, outside every quota. */
+static void kept_orders_are_counted_by_what_they_hold(void **state)
+{
+	char extra[200], cmd[700], out[16384], want[100];
+	uint64_t seed = 1000, id;
+	struct pf_client *c;
+	Pf__Envelope *env;
+	long before, after = 0;
+	double until;
+	int rc;
+
+	snprintf(extra, sizeof(extra), "kept_order_bytes = %llu\n", (unsigned long long)KEEP_CAP);
+	start_with(extra, ten_dataset, write_ten);
+	before = rss_kb();
+	/* An earlier session leaves the world-16 order of seed 1001, built
+	 * ahead, in the cache. */
+	c = connect_open("ten", 1000, 0, KEEP_AUGMENT, &rc);
+	assert_int_equal(rc, 0);
+	id = session_of(c);
+	keep_epoch(c, seed, 16, KEEP_SMALL);
+	pf_close(c);
+	wait_session_gone(id);
+	for (unsigned r = 0; r < KEEP_ROUNDS; r++) {
+		c = connect_open("ten", 1000, 0, KEEP_AUGMENT, &rc);
+		assert_int_equal(rc, 0);
+		id = session_of(c);
+		keep_epoch(c, 10 * r + 1, 2, KEEP_BIG);
+		/* Kept: taken at once, and the next one built ahead. */
+		keep_epoch(c, ++seed, 16, KEEP_SMALL);
+		pf_close(c);
+		wait_session_gone(id);
+	}
+	/* Each round keeps two world-16 orders and takes one: the cache is
+	 * full, eight of them (the oldest dropped for the ninth), and counts
+	 * each by its 4.5 MB. */
+	env = td_status(td.sock);
+	assert_non_null(env);
+	print_message("  kept: %u orders, %llu bytes of %llu\n", env->status_reply->kept_orders,
+		      (unsigned long long)env->status_reply->kept_order_bytes,
+		      (unsigned long long)env->status_reply->kept_order_cap);
+	assert_int_equal(env->status_reply->kept_orders, 8);
+	assert_int_equal(env->status_reply->kept_order_bytes, 8 * KEEP_SMALL);
+	assert_int_equal(env->status_reply->kept_order_cap, KEEP_CAP);
+	pf__envelope__free_unpacked(env, NULL);
+	/* prefetchctl says the same, in both forms. */
+	snprintf(cmd, sizeof(cmd), "%s -s %s status --json", td_prefetchctl(), td.sock);
+	assert_int_equal(td_capture(cmd, out, sizeof(out)), 0);
+	snprintf(want, sizeof(want), "\"kept_orders\":8,\"kept_order_bytes\":%llu,",
+		 (unsigned long long)(8 * KEEP_SMALL));
+	assert_non_null(strstr(out, want));
+	snprintf(cmd, sizeof(cmd), "%s -s %s status", td_prefetchctl(), td.sock);
+	assert_int_equal(td_capture(cmd, out, sizeof(out)), 0);
+	assert_non_null(strstr(out, "\nkept orders: 8, 34.3 MiB of 36.0 MiB\n"));
+	/* What the daemon holds: the bystander's as before, the kept
+	 * orders, and freed memory until the daemon's tick trims its heap
+	 * (once a second), so it is looked at until then. */
+	until = td_now() + 5;
+	do {
+		usleep(100000);
+		after = rss_kb();
+	} while (after - before > (long)((KEEP_CAP + 16 * MiB) >> 10) && td_now() < until);
+	print_message("  daemon RSS %ld kB before, %ld kB after %u rounds (+%ld kB; kept "
+		      "orders' cap %llu kB, margin 16384 kB)\n",
+		      before, after, KEEP_ROUNDS, after - before,
+		      (unsigned long long)(KEEP_CAP >> 10));
+	assert_rss_grew_within(after - before, (long)((KEEP_CAP + 16 * MiB) >> 10));
+	/* ... and they are what it grew by: what status counts is there. */
+	if (!td_sanitizer())
+		assert_true(after - before >= (long)((8 * KEEP_SMALL - 8 * MiB) >> 10));
+	finish();
+}
+
 /* ---- 11: big batches of small samples ------------------------------------------------ */
 
 static void one_epoch(struct pf_client *c, uint64_t n)
@@ -520,6 +680,7 @@ int main(void)
 		cmocka_unit_test(frames_begun_and_never_finished_time_out_within_the_quota),
 		cmocka_unit_test(a_huge_order_is_refused_and_a_big_one_built_off_the_loop),
 		cmocka_unit_test(a_depth_beyond_the_limit_is_refused_and_deep_sessions_slow_nobody),
+		cmocka_unit_test(kept_orders_are_counted_by_what_they_hold),
 		cmocka_unit_test(big_batches_of_small_samples_are_slowed_to_the_reader_not_cut_off),
 	};
 

@@ -656,6 +656,7 @@ static void assert_same_config(const struct config *a, const struct config *b, c
 	SAME(pool_bytes);
 	SAME(pool_slab);
 	SAME(pool_linger);
+	SAME(kept_order_bytes);
 #undef SAME
 }
 

@@ -9,6 +9,7 @@
  * here.
  */
 #include <errno.h>
+#include <malloc.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -237,6 +238,41 @@ static void build_into_reuses_a_buffer_that_fits_and_frees_one_that_does_not(voi
 	rank.rank = 3;
 	assert_int_equal(order_build_into(&rank, 10, buf, 4, &picks, &n, NULL, 0), -EINVAL);
 	assert_null(picks);
+}
+
+/* A buffer longer than the order built into it keeps no more than the
+ * order (a page of slack, the allocator's rounding): whoever holds an
+ * order counts it by its length (issue 37).  Built into a share of 2^20
+ * picks, once as a world-16 share, once as one rank's whole list. */
+static void build_into_a_longer_buffer_holds_no_more_than_the_order(void **unused)
+{
+	struct order_spec share = {.kind = ORDER_SHUFFLE, .seed = 9, .world = 16};
+	struct order_spec one = {.kind = ORDER_SHUFFLE, .seed = 9, .world = 1};
+	const uint64_t big = 1u << 20, slack = 4096 + 64;
+	uint64_t *want, *buf, *picks, nwant, n;
+
+	assert_int_equal(order_build(&share, big, &want, &nwant, NULL, 0), 0);
+	assert_int_equal(nwant, big / 16);
+	buf = malloc(big * sizeof(*buf));
+	assert_non_null(buf);
+	memset(buf, 0xff, big * sizeof(*buf)); /* its pages are there */
+	assert_int_equal(order_build_into(&share, big, buf, big, &picks, &n, NULL, 0), 0);
+	assert_int_equal(n, nwant);
+	assert_memory_equal(picks, want, n * sizeof(*want));
+	assert_true(malloc_usable_size(picks) <= n * sizeof(*picks) + slack);
+	free(want);
+	free(picks);
+
+	assert_int_equal(order_build(&one, 1000, &want, &nwant, NULL, 0), 0);
+	buf = malloc(big * sizeof(*buf));
+	assert_non_null(buf);
+	memset(buf, 0xff, big * sizeof(*buf));
+	assert_int_equal(order_build_into(&one, 1000, buf, big, &picks, &n, NULL, 0), 0);
+	assert_int_equal(n, 1000);
+	assert_memory_equal(picks, want, n * sizeof(*want));
+	assert_true(malloc_usable_size(picks) <= n * sizeof(*picks) + slack);
+	free(want);
+	free(picks);
 }
 
 static void world_zero_is_taken_as_one(void **unused)
@@ -830,6 +866,7 @@ int main(void)
 		cmocka_unit_test(bounded_stays_below_m_and_reaches_every_value),
 		cmocka_unit_test(shuffle_of_10_with_seed_42_matches_the_reference),
 		cmocka_unit_test(build_into_reuses_a_buffer_that_fits_and_frees_one_that_does_not),
+		cmocka_unit_test(build_into_a_longer_buffer_holds_no_more_than_the_order),
 		cmocka_unit_test(shuffle_of_16_with_seed_7_matches_the_reference),
 		cmocka_unit_test(shuffle_is_a_permutation_for_every_size),
 		cmocka_unit_test(long_shuffles_match_the_plain_algorithm),
