@@ -9,7 +9,7 @@
  *   ring_bytes = auto               ; pinned reader ring (CUDA sessions; auto:
  *                                   ; 1/256 of the memory, 256M .. 1G)
  *   fill_bytes = auto               ; host slots all sessions may fill ahead (auto:
- *                                   ; half the L3 cache, 32M at least)
+ *                                   ; a quarter of the L3 cache, 32M at least)
  *   arena_bytes = 256M              ; largest single arena
  *   session_bytes = 2G              ; most slot memory one session may hold
  *   max_sessions = 64

@@ -328,15 +328,16 @@ uint64_t daemon_fill_bytes(const struct daemon *d)
 	if (d->cfg.fill_bytes)
 		return d->cfg.fill_bytes;
 	/* The slots the readers rewrite stay in the last-level cache while
-	 * all sessions' read-ahead fits half of it: 16 sessions of 5 MiB
-	 * batches 16 deep (1.3 GiB) delivered 36 GB/s on the H100 machine
-	 * (300 MiB L3), 4 deep 41, and 4 sessions 4 deep 51 against 41 at
-	 * 16 deep, with the readers' CPU per GB down from 0.32 to 0.19 s
-	 * (bench/NOTES.md, run 66). */
+	 * all sessions' read-ahead fits a quarter of it (the rows they read
+	 * pass through it too): on the H100 machine (300 MiB L3), 4 sessions
+	 * of 5 MiB batches 4 deep (80 MiB) delivered 51 GB/s against 41 at
+	 * 16 deep, the readers' CPU per GB down from 0.32 to 0.19 s; half
+	 * the L3 left 8 sessions at 0.79 of the pinned limit, a quarter at
+	 * 0.86 (bench/NOTES.md, runs 66-68). */
 	l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
 	if (l3 <= 0)
 		return 64ULL << 20;
-	return (uint64_t)l3 / 2 > (32ULL << 20) ? (uint64_t)l3 / 2 : 32ULL << 20;
+	return (uint64_t)l3 / 4 > (32ULL << 20) ? (uint64_t)l3 / 4 : 32ULL << 20;
 }
 
 void daemon_config_pools(struct daemon *d)

@@ -100,7 +100,7 @@ bool daemon_pool_enabled(const struct daemon *d, const struct dataset *ds);
 /* Seconds ds's pools outlive their last session: its [dataset]
  * pool_linger, else [daemon]'s. */
 double daemon_pool_linger(const struct daemon *d, const struct dataset *ds);
-/* fill_bytes, auto resolved: half the L3 cache (sysconf), 32 MiB at least;
+/* fill_bytes, auto resolved: a quarter of the L3 cache (sysconf), 32 MiB at least;
  * 64 MiB where the cache size is unknown. */
 uint64_t daemon_fill_bytes(const struct daemon *d);
 /* The pools take the configuration's pool settings (startup, reload): the
