@@ -14,7 +14,7 @@
  *       and a user sees only their own sessions in status.
  *
  * Each case runs next to the bystander (abuse.h): its epochs stay
- * byte-exact and its status answers within 100 ms throughout.
+ * byte-exact and its status answers within a second throughout.
  */
 #include <errno.h>
 #include <setjmp.h>

@@ -8,7 +8,7 @@
  * own connection, tests/lib/bystander.c), abuses the daemon, and checks
  * three things: the abuse was refused or bounded with a message naming
  * the limit, the daemon is alive, and the bystander's epochs stayed
- * byte-exact with status answering within 100 ms throughout.  Cases about
+ * byte-exact with status answering within a second throughout.  Cases about
  * memory also check that the daemon's RSS stayed within the budget set
  * for them (above what it held before the abuse).
  *
