@@ -423,6 +423,12 @@ void ring_turn_pass(struct ring_lease *l)
 		step_aside(l->ring, l);
 }
 
+void ring_wait_cancel(struct ring_lease *l)
+{
+	if (l->ring)
+		step_aside(l->ring, l);
+}
+
 int ring_check(const struct ring *r)
 {
 	uint64_t used = 0, reserved = 0, freeb = 0;

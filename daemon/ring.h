@@ -122,6 +122,9 @@ void ring_slot_put(struct ring_lease *l, int32_t i);
 /* l's owner was woken (ring.wake) and took nothing: the turn, if l has it,
  * goes to the next waiter, and l leaves the queue. */
 void ring_turn_pass(struct ring_lease *l);
+/* l's owner will ask for no more slots (its session is closing): l leaves
+ * the queue and passes the turn on, so that nobody waits for it. */
+void ring_wait_cancel(struct ring_lease *l);
 /* Recomputes every lease's cap (fair shares; see the top of this file). */
 void ring_rebalance(struct ring *r);
 /* The ring's invariants (bytes used = pieces held, reserved = sum of the

@@ -526,6 +526,10 @@ void sess_detach(struct sess *s)
 		 " bytes sent, %u slot(s) were held, %u read(s) in flight",
 		 s->id, s->bytes_sent, held, s->jobs);
 	sess_unlink(s);
+	/* Its pump runs no more (it is off the session list): a place in the
+	 * ring's queue would hold up the others until its reads are back. */
+	if (s->gpu >= 0)
+		ring_wait_cancel(&s->cuda.lease);
 	if (s->counted) /* it leaves the uid's sessions now, its memory when freed */
 		quota_give(&s->d->quota, s->uid, QUOTA_SESSIONS, 1);
 	s->counted = false;

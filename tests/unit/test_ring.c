@@ -403,6 +403,50 @@ static void a_turn_not_taken_passes_on_and_a_closed_waiter_leaves_the_queue(void
 	ring_destroy(&r);
 }
 
+/* A session that closes while its slots wait leaves the queue at once, and
+ * its turn goes on: the others do not wait for its reads to come back. */
+static void a_closing_waiter_leaves_the_queue_and_passes_its_turn(void **u)
+{
+	struct ring r;
+	struct ring_lease hog, a, b;
+	int32_t h, sa, sb;
+
+	(void)u;
+	share_ring(&r, 2 * MiB);
+	take(&r, &hog, 9, 0, 1, 1, 1536 * 1024);
+	take(&r, &a, 1, 0, 2, 1, 256 * 1024);
+	take(&r, &b, 2, 0, 1, 1, 256 * 1024);
+	assert_int_equal(a.cap, 2);
+	assert_true((h = ring_slot_get(&hog)) >= 0);
+	assert_true((sa = ring_slot_get(&a)) >= 0);
+	assert_true((sb = ring_slot_get(&b)) >= 0);
+	assert_int_equal(r.used, r.bytes);
+	/* Queued: it leaves the queue. */
+	assert_int_equal(ring_slot_get(&a), -1);
+	assert_true(a.queued);
+	ring_wait_cancel(&a);
+	assert_false(a.queued);
+	assert_null(r.wait_head);
+	/* With the turn: nobody keeps it. */
+	assert_int_equal(ring_slot_get(&a), -1);
+	nwoken = 0;
+	ring_slot_put(&b, sb);
+	assert_int_equal(nwoken, 1);
+	assert_ptr_equal(r.turn, &a);
+	ring_wait_cancel(&a);
+	assert_null(r.turn);
+	assert_int_equal(ring_check(&r), 0);
+	assert_true((sb = ring_slot_get(&b)) >= 0); /* anyone may take now */
+	ring_slot_put(&b, sb);
+	ring_slot_put(&a, sa);
+	ring_slot_put(&hog, h);
+	ring_lease_give(&r, &a);
+	ring_lease_give(&r, &b);
+	ring_lease_give(&r, &hog);
+	assert_int_equal(ring_check(&r), 0);
+	ring_destroy(&r);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -420,6 +464,8 @@ int main(void)
 			shares_split_by_gpu_then_by_session_and_what_one_leaves_goes_to_the_others,
 			setup),
 		cmocka_unit_test_setup(a_waiting_big_slot_is_not_starved_by_small_ones, setup),
+		cmocka_unit_test_setup(a_closing_waiter_leaves_the_queue_and_passes_its_turn,
+				       setup),
 		cmocka_unit_test_setup(
 			a_turn_not_taken_passes_on_and_a_closed_waiter_leaves_the_queue, setup),
 	};
