@@ -266,7 +266,6 @@ static void enqueue(struct ring *r, struct ring_lease *l, bool first)
 	if (l->queued)
 		return;
 	l->queued = true;
-	r->waits++;
 	if (first || !r->wait_head) {
 		l->next_wait = r->wait_head;
 		r->wait_head = l;
@@ -382,14 +381,17 @@ int32_t ring_slot_get(struct ring_lease *l)
 		return -1;
 	}
 	if (r->turn ? r->turn != l : r->wait_head && r->wait_head != l) {
+		r->waits += !l->queued;
 		enqueue(r, l, false);
 		return -1;
 	}
 	if (ring_take(r, l->stride, &off)) {
-		/* The turn's holder keeps its place at the front: the next
-		 * piece given back is its. */
+		/* The turn's holder keeps its place at the front (the next
+		 * piece given back is its): the same wait, not a new one. */
 		if (r->turn == l)
 			r->turn = NULL;
+		else
+			r->waits += !l->queued;
 		enqueue(r, l, true);
 		return -1;
 	}

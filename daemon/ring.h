@@ -66,7 +66,7 @@ struct ring {
 	struct ring_lease *leases;		  /* borrowed: every lease taken */
 	struct ring_lease *wait_head, *wait_tail; /* borrowed: FIFO of waiters */
 	struct ring_lease *turn; /* borrowed: woken waiter, the only one that may take */
-	uint64_t waits;		 /* slots that had to wait (status) */
+	uint64_t waits;		 /* times a slot had to queue (status) */
 	/* Called (loop thread) when a lease's owner may take a slot it waited
 	 * for: the owner tries again soon or calls ring_turn_pass.  Must not
 	 * call back into the ring at once (defer: the pump's idle turn). */
