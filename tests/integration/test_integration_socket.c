@@ -16,11 +16,12 @@
  * Issue 15 (findings 14 and 15) asks that another client's epoch, running
  * at the same time, stays byte-exact and its status answers within 100 ms
  * throughout.  The tests judge a second (TD_STATUS_MAX_MS): on a busy host
- * they cannot tell a slow loop from a loaded machine.  The refused daemons serve no one, so the client stands
- * beside a good daemon of its own directory (struct tdaemon good, with
- * rows.npy): each case starts a bystander (tests/lib/bystander.c) against
- * it before anything is refused, and ends by checking the bystander's
- * report and that the good daemon still runs.  The good daemon is started
+ * they cannot tell a slow loop from a loaded machine.  The refused daemons
+ * serve no one, so the client stands beside a good daemon of its own
+ * directory (struct tdaemon good, with rows.npy): each case starts a
+ * bystander (tests/lib/bystander.c) against it before anything is refused,
+ * and ends by checking the bystander's report and that the good daemon
+ * still runs.  The good daemon is started
  * once for the group (group setup and teardown), not once per case: one
  * daemon then meets every refusal of the file in turn, so that harm that
  * only shows after several (an fd leaked per attempt, a socket removed
