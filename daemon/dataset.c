@@ -68,6 +68,7 @@
 #include "config.h"
 #include "direct.h"
 #include "log.h"
+#include "streamcopy.h"
 #include "tokens.h"
 #include "util.h"
 
@@ -731,9 +732,10 @@ static const uint8_t *mapped_row(const struct ds_field *field, uint64_t s)
  * arguments are read, none of them changed since sigsetjmp.
  */
 static int copy_mapped(const struct ds_field *field, const uint64_t *samples, size_t n,
-		       uint8_t *dst, struct copy_guard *g)
+		       uint8_t *dst, bool dma, struct copy_guard *g)
 {
 	uint64_t row_bytes = field->sample_bytes;
+	const uint8_t *src;
 	size_t i, run;
 
 	g->shard = NULL;
@@ -768,11 +770,15 @@ static int copy_mapped(const struct ds_field *field, const uint64_t *samples, si
 			     next && l < ROW_PREFETCH_LINES && (uint64_t)l * 64 < row_bytes; l++)
 				__builtin_prefetch(next + l * 64);
 		}
-		memcpy(dst + i * row_bytes,
-		       shard->map + shard->data_offset +
-			       (samples[i] - shard->first_row) * field->row_stride,
-		       run * row_bytes);
+		src = shard->map + shard->data_offset +
+		      (samples[i] - shard->first_row) * field->row_stride;
+		if (dma)
+			copy_streamed(dst + i * row_bytes, src, run * row_bytes);
+		else
+			memcpy(dst + i * row_bytes, src, run * row_bytes);
 	}
+	if (dma)
+		copy_streamed_fence();
 	__atomic_signal_fence(__ATOMIC_SEQ_CST);
 	guard = NULL;
 	g->shard = NULL;
@@ -916,6 +922,12 @@ static int read_unmapped(const struct ds_field *field, const uint64_t *samples, 
 int ds_read_field(const struct dataset *ds, size_t field_index, const uint64_t *samples, size_t n,
 		  uint8_t *dst, char *err, size_t errlen)
 {
+	return ds_read_field_for(ds, field_index, samples, n, dst, DS_FOR_CPU, err, errlen);
+}
+
+int ds_read_field_for(const struct dataset *ds, size_t field_index, const uint64_t *samples,
+		      size_t n, uint8_t *dst, enum ds_reader next, char *err, size_t errlen)
+{
 	const struct ds_field *field;
 	struct copy_guard g;
 	size_t i;
@@ -941,7 +953,7 @@ int ds_read_field(const struct dataset *ds, size_t field_index, const uint64_t *
 	if (field->direct)
 		return direct_read_field(field, samples, n, dst, err, errlen);
 	if (field->nmapped) {
-		rc = copy_mapped(field, samples, n, dst, &g);
+		rc = copy_mapped(field, samples, n, dst, next == DS_FOR_DMA, &g);
 		if (rc)
 			return fault_error(field, &g, err, errlen);
 	}

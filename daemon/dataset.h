@@ -138,6 +138,16 @@ bool ds_check(const struct dataset *ds);
 int ds_read_field(const struct dataset *ds, size_t field, const uint64_t *samples, size_t n,
 		  uint8_t *dst, char *err, size_t errlen);
 
+/* Who reads dst next.  DS_FOR_DMA (a slot of the pinned ring or of a
+ * client-copy arena, read next by a copy engine): mapped rows are copied
+ * with streaming stores (streamcopy.h), which neither read the slot's lines
+ * first nor fill the L3 with them.  DS_FOR_CPU: plain memcpy. */
+enum ds_reader { DS_FOR_CPU, DS_FOR_DMA };
+
+/* ds_read_field, for the reader `next` names; ds_read_field is DS_FOR_CPU. */
+int ds_read_field_for(const struct dataset *ds, size_t field, const uint64_t *samples, size_t n,
+		      uint8_t *dst, enum ds_reader next, char *err, size_t errlen);
+
 /* Whether a file of ds is no longer the one it loaded: its path names
  * another inode (a rename over it) or nothing, or the open file's size,
  * mtime or header bytes differ (rewritten in place).  False when none

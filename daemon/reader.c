@@ -57,10 +57,11 @@ void reader_run_job(struct reader_job *job)
 		job->rc = blocks_read(job->blocks, job->samples, job->count, job->dst,
 				      job->field_offset, job->first, job->err, sizeof(job->err));
 	for (size_t f = 0; !job->blocks && f < ds->nfields && job->rc == 0; f++)
-		job->rc = ds_read_field(ds, f, job->samples, job->count,
-					job->dst + job->field_offset[f] +
-						(uint64_t)job->first * ds->fields[f].sample_bytes,
-					job->err, sizeof(job->err));
+		job->rc = ds_read_field_for(
+			ds, f, job->samples, job->count,
+			job->dst + job->field_offset[f] +
+				(uint64_t)job->first * ds->fields[f].sample_bytes,
+			job->dma ? DS_FOR_DMA : DS_FOR_CPU, job->err, sizeof(job->err));
 	/* A read that failed (a file cut short, say) may be a file changed on
 	 * disk: then that is what the batch says, -ESTALE, and its sessions
 	 * end their epochs (sess_job_done tells the dataset, on the loop

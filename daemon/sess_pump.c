@@ -378,6 +378,9 @@ static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 		job->owner = s;
 		job->ds = s->ds;
 		job->dst = dst;
+		/* The ring's slot, or a client-copy arena's: a DMA engine
+		 * reads it next. */
+		job->dma = s->gpu >= 0 || s->client_copy;
 		job->field_offset = field_offset;
 		job->slot = (uint32_t)(sl - s->slots);
 		job->epoch = s->epoch;

@@ -1,0 +1,40 @@
+/*
+ * streamcopy.h — copies whose next reader is a copy engine, not a CPU.
+ *
+ * A reader thread writes every batch it gathers into a slot of the pinned
+ * ring or of a client's host arena, and the next thing to read those bytes
+ * is a DMA engine (the daemon's copy or gather, the client's copy).  With
+ * ordinary stores, every cache line of the slot that is no longer cached is
+ * first read from memory (the store's read for ownership) and then fills
+ * the shared L3, evicting the trainer's own lines.  Run 66 of
+ * bench/NOTES.md measured the first cost: the readers' CPU per GB rose
+ * 1.65x once the slots filled ahead no longer fit the L3.  Non-temporal
+ * (streaming) stores write whole lines to memory through the
+ * write-combining buffers: no read, no eviction.
+ *
+ * copy_streamed is memcpy with streaming stores for the bulk on x86-64
+ * (SSE2, which every x86-64 has), and plain memcpy elsewhere or below a few
+ * lines.  Streaming stores are weakly ordered: the copying thread calls
+ * copy_streamed_fence before anything tells another thread (or a DMA
+ * engine) that the bytes are there.
+ *
+ * PREFETCHD_CACHED_FILLS=1 in the daemon's environment turns streaming off
+ * (bench comparisons); copy_streaming says which is in force.
+ *
+ * DESIGN: no state but a flag read once (pthread_once); any thread.
+ */
+#ifndef PF_STREAMCOPY_H
+#define PF_STREAMCOPY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* memcpy(dst, src, n), with streaming stores where copy_streaming(). */
+void copy_streamed(void *dst, const void *src, size_t n);
+/* Orders the calling thread's streaming stores before its later stores. */
+void copy_streamed_fence(void);
+/* False when PREFETCHD_CACHED_FILLS is set (not "0") or the machine has no
+ * streaming stores: copy_streamed is then memcpy. */
+bool copy_streaming(void);
+
+#endif
