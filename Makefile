@@ -77,12 +77,12 @@ NVCC_FLAGS := -O3 -std=c++17 $(NVCC_GENCODE) -Xcompiler -fPIC,-fno-exceptions,-f
 ifeq ($(CUDA),1)
 CUDA_CFLAGS := -DPF_CUDA=1 -I$(CUDA_HOME)/include
 CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
-GPU_SRC     := daemon/gpu.c
-GATHER_OBJ  := $(B)/daemon/gather.o
+GPU_SRC     := daemon/gpu/gpu.c
+GATHER_OBJ  := $(B)/daemon/gpu/gather.o
 else
 CUDA_CFLAGS := -DPF_CUDA=0
 CUDA_LIBS   :=
-GPU_SRC     := daemon/gpu_none.c
+GPU_SRC     := daemon/gpu/gpu_none.c
 GATHER_OBJ  :=
 endif
 
@@ -92,17 +92,18 @@ GEN_C       := $(patsubst proto/%.proto,$(B)/gen/%.pb-c.c,$(PROTO_SRC))
 GEN_H       := $(GEN_C:.c=.h)
 WIRE_OBJ    := $(B)/gen/prefetch.pb-c.o $(B)/proto/wire.o
 
-# Every daemon/*.c is part of the daemon core except the entry point and the
+# Every daemon/*/*.c is part of the daemon core except the entry point and the
 # two interchangeable GPU back ends (real, none); the third, the fake GPU
 # of the unit tests, is tests/mocks/gpu_fake.c.
-DAEMON_CORE := $(filter-out daemon/main.c daemon/gpu.c daemon/gpu_none.c,$(wildcard daemon/*.c))
+DAEMON_CORE := $(filter-out daemon/server/main.c daemon/gpu/gpu.c daemon/gpu/gpu_none.c,\
+                 $(wildcard daemon/*/*.c))
 DAEMON_OBJ  := $(DAEMON_CORE:%.c=$(B)/%.o)
 GPU_OBJ     := $(GPU_SRC:%.c=$(B)/%.o) $(GATHER_OBJ)
 # prefetchctl is its main file and client/ctl_*.c, linked with the library
 # but not part of it.
 CLIENT_SRC  := $(filter-out client/prefetchctl.c client/ctl_%.c,$(wildcard client/*.c))
 CLIENT_OBJ  := $(CLIENT_SRC:%.c=$(B)/%.o)
-# The client's gather kernel (daemon/gather.cu built as a module), embedded
+# The client's gather kernel (daemon/gpu/gather.cu built as a module), embedded
 # in the library as a byte array.
 ifeq ($(CUDA),1)
 CLIENT_OBJ  += $(B)/client/gather_fatbin.o
@@ -150,7 +151,7 @@ $(B)/gen/%.pb-c.c $(B)/gen/%.pb-c.h: proto/%.proto
 	$(call say,PROTOC,$<)mkdir -p $(B)/gen && protoc-c --proto_path=proto --c_out=$(B)/gen $<
 
 # Everything that includes the generated header must wait for it.
-$(DAEMON_OBJ) $(filter-out $(GATHER_OBJ),$(GPU_OBJ)) $(CLIENT_OBJ) $(B)/daemon/main.o $(CTL_OBJ) \
+$(DAEMON_OBJ) $(filter-out $(GATHER_OBJ),$(GPU_OBJ)) $(CLIENT_OBJ) $(B)/daemon/server/main.o $(CTL_OBJ) \
 $(B)/proto/wire.o $(TEST_UTIL): $(GEN_H)
 $(B)/tests/%.o $(B)/bench/%.o $(B)/tools/%.o: $(GEN_H)
 # Tests and benches share tests/lib and tools/npygen.h; tests the fakes'
@@ -161,17 +162,17 @@ $(B)/tests/%.o: ALL_CFLAGS += -Itests/mocks
 # ---- compile ---------------------------------------------------------------
 $(B)/gen/%.o: $(B)/gen/%.c
 	$(call say,CC,$<)$(CC) $(ALL_CFLAGS) -Wno-missing-prototypes -c -o $@ $<
-$(B)/daemon/gpu.o: daemon/gpu.c
+$(B)/daemon/gpu/gpu.o: daemon/gpu/gpu.c
 	@mkdir -p $(@D)
 	$(call say,CC,$<)$(CC) $(ALL_CFLAGS) $(CUDA_CFLAGS) -c -o $@ $<
 $(B)/%.o: %.c
 	@mkdir -p $(@D)
 	$(call say,CC,$<)$(CC) $(ALL_CFLAGS) $(CUDA_CFLAGS) -c -o $@ $<
-$(B)/daemon/gather.o: daemon/gather.cu
+$(B)/daemon/gpu/gather.o: daemon/gpu/gather.cu
 	@mkdir -p $(@D)
 	$(call say,NVCC,$<)$(NVCC) $(NVCC_FLAGS) -MF $(@:.o=.d) -c -o $@ $<
 
-$(B)/client/gather.fatbin: daemon/gather.cu
+$(B)/client/gather.fatbin: daemon/gpu/gather.cu
 	@mkdir -p $(@D)
 	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -DGATHER_MODULE -MF $(@:.fatbin=.fatbin.d) -fatbin -o $@ $<
 $(B)/client/gather_fatbin.c: $(B)/client/gather.fatbin
@@ -184,7 +185,7 @@ $(B)/client/gather_fatbin.o: $(B)/client/gather_fatbin.c
 -include $(B)/client/gather.fatbin.d
 
 # ---- link ------------------------------------------------------------------
-$(B)/prefetchd: $(B)/daemon/main.o $(DAEMON_OBJ) $(GPU_OBJ) $(WIRE_OBJ)
+$(B)/prefetchd: $(B)/daemon/server/main.o $(DAEMON_OBJ) $(GPU_OBJ) $(WIRE_OBJ)
 	$(call say,LD,$@)$(CC) -o $@ $^ $(PKG_LIBS) $(CUDA_LIBS) $(LDLIBS)
 $(B)/libprefetch.so: $(CLIENT_OBJ) $(WIRE_OBJ)
 	$(call say,LD,$@)$(CC) -shared -Wl,-soname,libprefetch.so.0 -o $@ $^ \
@@ -193,9 +194,9 @@ $(B)/libprefetch.a: $(CLIENT_OBJ) $(WIRE_OBJ)
 	$(call say,AR,$@)rm -f $@ && ar rcs $@ $^
 $(B)/prefetchctl: $(CTL_OBJ) $(B)/libprefetch.a
 	$(call say,LD,$@)$(CC) -o $@ $^ $(shell pkg-config --libs libprotobuf-c) -ldl $(LDLIBS)
-# pforder prints the daemon's own orders (daemon/order.c), for checking
+# pforder prints the daemon's own orders (daemon/order/order.c), for checking
 # other implementations against it.
-$(B)/pforder: $(B)/tools/pforder.o $(B)/daemon/order.o
+$(B)/pforder: $(B)/tools/pforder.o $(B)/daemon/order/order.o
 	$(call say,LD,$@)$(CC) -o $@ $^ $(LDLIBS)
 $(B)/%: $(B)/tools/%.o
 	$(call say,LD,$@)$(CC) -o $@ $^ $(LDLIBS)
@@ -227,7 +228,7 @@ $(INTEG_TESTS): $(B)/tests/%: $(B)/tests/integration/%.o $(TEST_UTIL) $(B)/libpr
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) -ldl $(LDLIBS)
 # The block_shuffle test compares what the daemon delivers with the order
 # the daemon's own order.c builds for the same request.
-$(B)/tests/test_integration_block: $(B)/daemon/order.o
+$(B)/tests/test_integration_block: $(B)/daemon/order/order.o
 $(B)/tests/bystander: $(B)/tests/integration/bystander_main.o $(TEST_UTIL) $(B)/libprefetch.a
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a \
 	  $(shell pkg-config --libs libprotobuf-c) -ldl $(LDLIBS)
@@ -236,7 +237,7 @@ $(filter-out $(GPU_TESTS),$(CUDA_TESTS)): $(B)/tests/%: $(B)/tests/cuda/%.o $(TE
 	$(call say,LD,$@)$(CC) -o $@ $(filter %.o,$^) $(B)/libprefetch.a $(PKG_LIBS) $(CMOCKA_LIBS) $(CUDA_LIBS) -ldl $(LDLIBS)
 # ... except the GPU layer's own: the real back end and kernel (gpu_none.o
 # with CUDA=0, where it skips), with no daemon around them.
-$(GPU_TESTS): $(B)/tests/%: $(B)/tests/cuda/%.o $(GPU_OBJ) $(B)/daemon/log.o
+$(GPU_TESTS): $(B)/tests/%: $(B)/tests/cuda/%.o $(GPU_OBJ) $(B)/daemon/base/log.o
 	$(call say,LD,$@)$(CC) -o $@ $^ $(CMOCKA_LIBS) $(CUDA_LIBS) -ldl $(LDLIBS)
 # Benches get the CUDA runtime (static) for their raw-copy references; one
 # that never calls it pulls nothing from the archive.
@@ -441,7 +442,7 @@ ifneq ($(PYTHONDIR),)
 endif
 
 format:
-	clang-format -i $(wildcard daemon/*.[ch] daemon/*.cu client/*.[ch] proto/*.[ch] tests/*/*.[ch] bench/*.[ch] tools/*.[ch])
+	clang-format -i $(wildcard daemon/*/*.[ch] daemon/*/*.cu client/*.[ch] proto/*.[ch] tests/*/*.[ch] bench/*.[ch] tools/*.[ch])
 
 clean:
 	rm -rf $(B) run

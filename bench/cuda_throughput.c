@@ -474,7 +474,7 @@ static void *gather_main(void *arg)
 		uint64_t n = g->rows - first < BATCH_ROWS ? g->rows - first : BATCH_ROWS;
 
 		for (uint64_t i = 0; i < n; i++) {
-			/* As the readers do (daemon/dataset.c): the first
+			/* As the readers do (daemon/data/dataset.c): the first
 			 * lines of the row after next are loaded meanwhile. */
 			if (i + 2 < n)
 				for (int l = 0; l < 4; l++)

@@ -163,7 +163,7 @@ def token_dataset(tmp, seq, batch):
 
 
 def token_window(ds, s):
-    """Window s as the daemon defines it (daemon/dataset.c load_tokens): windows never cross
+    """Window s as the daemon defines it (daemon/data/dataset.c load_tokens): windows never cross
     shards; window j of a shard is its tokens [j * seq_len, j * seq_len + seq_len]."""
     import numpy as np
     k = int(np.searchsorted(ds["first"], s, side="right")) - 1

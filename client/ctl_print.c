@@ -198,7 +198,7 @@ static void json_dataset(FILE *out, const Pf__DatasetStatus *d)
 }
 
 /* Whether the session has started an epoch: the daemon's state is "open"
- * until it has (daemon/status.c). */
+ * until it has (daemon/server/status.c). */
 static bool session_has_epoch(const Pf__SessionStatus *s)
 {
 	return !s->state || strcmp(s->state, "open") != 0;

@@ -628,7 +628,7 @@ int pfcuda_mem_free(struct pfcuda_dev *d, uint64_t devptr)
 
 /* ---- the client's gather --------------------------------------------------- */
 
-/* The fatbin of daemon/gather.cu built with GATHER_MODULE (the Makefile
+/* The fatbin of daemon/gpu/gather.cu built with GATHER_MODULE (the Makefile
  * embeds it as a byte array). */
 extern const unsigned char pf_gather_fatbin[];
 

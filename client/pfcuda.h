@@ -110,7 +110,7 @@ int pfcuda_mem_free(struct pfcuda_dev *d, uint64_t devptr);
  * Pool hits are assembled in the trainer's own context (docs/DESIGN.md,
  * "The VRAM pool": no SM work in the daemon's context on a trainer's GPU):
  * the kernel of
- * daemon/gather.cu in entry mode, from a module embedded in the library,
+ * daemon/gpu/gather.cu in entry mode, from a module embedded in the library,
  * on a non-blocking stream of its own.  The trainer's stream waits on the
  * event each launch records (pfcuda_stream_wait), so the CPU never blocks. */
 struct gpu_gather;

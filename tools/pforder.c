@@ -1,5 +1,5 @@
 /*
- * pforder.c — prints epoch orders as the daemon builds them (daemon/order.c),
+ * pforder.c — prints epoch orders as the daemon builds them (daemon/order/order.c),
  * so that other implementations can be checked against the real one
  * (tests/python/test_order.py checks python/prefetch/order.py).
  *
@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "order.h"
+#include "order/order.h"
 
 static void print_picks(const uint64_t *picks, uint64_t n)
 {

@@ -1,6 +1,6 @@
 /*
  * cuda_smoke.c — a by-hand check of the real GPU paths on a machine with a
- * GPU: the daemon side (daemon/gpu.c) allocates an arena, fills it with
+ * GPU: the daemon side (daemon/gpu/gpu.c) allocates an arena, fills it with
  * gpu_copy_h2d from a registered host buffer and passes it to a forked
  * child, which imports it with the client side (client/cuda.c) and reads it
  * back.  Once for each kind: FD (cuMemCreate + SCM_RIGHTS) and legacy
@@ -12,7 +12,7 @@
  * Not named test_*: the Makefile does not build it.  By hand:
  *   gcc -std=gnu11 -O2 -g -Wall -Wextra -D_GNU_SOURCE -DPF_CUDA=1 \
  *       -I/usr/local/cuda/include -Idaemon -Iclient -o build/cuda_smoke \
- *       tests/cuda/cuda_smoke.c daemon/gpu.c daemon/log.c client/cuda.c \
+ *       tests/cuda/cuda_smoke.c daemon/gpu/gpu.c daemon/base/log.c client/cuda.c \
  *       -L/usr/local/cuda/lib64 -lcudart_static -ldl -lrt -lpthread
  *
  * DESIGN: two processes, one socketpair.  The child is forked before the
@@ -31,8 +31,8 @@
 
 #include <cuda_runtime_api.h> /* only to prove the runtime sees the mapping */
 
-#include "gpu.h"
-#include "log.h"
+#include "gpu/gpu.h"
+#include "base/log.h"
 #include "pfcuda.h"
 
 #define MiB (1ull << 20)

@@ -40,7 +40,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-#include "gpu.h"
+#include "gpu/gpu.h"
 
 #define MiB (1ull << 20)
 

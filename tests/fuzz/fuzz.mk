@@ -50,7 +50,7 @@ FUZZ_LDFLAGS := -fsanitize=fuzzer $(FUZZ_SAN)
 fz_obj      = $(patsubst %.c,$(FZ)/obj/%.o,$(1))
 FZ_WIRE     := $(call fz_obj,proto/wire.c $(GEN_C))
 # The daemon core with no GPU: the session harness refuses CUDA sessions.
-FZ_CORE     := $(call fz_obj,$(DAEMON_CORE) daemon/gpu_none.c) $(FZ_WIRE)
+FZ_CORE     := $(call fz_obj,$(DAEMON_CORE) daemon/gpu/gpu_none.c) $(FZ_WIRE)
 FUZZ_BINS   := $(patsubst %,$(FZ)/fuzz_%,$(FUZZ_NAMES))
 
 # The session harness runs reader jobs and libuv's pool work itself, when
@@ -82,8 +82,8 @@ $(FZ)/obj/$(B)/gen/%.o: FUZZ_CFLAGS += -Wno-missing-prototypes
 
 $(FZ)/fuzz_wire: $(FZ_WIRE)
 $(FZ)/fuzz_sess: $(FZ_CORE)
-$(FZ)/fuzz_npy: $(call fz_obj,daemon/npy.c)
-$(FZ)/fuzz_tokens: $(call fz_obj,daemon/tokens.c)
+$(FZ)/fuzz_npy: $(call fz_obj,daemon/data/npy.c)
+$(FZ)/fuzz_tokens: $(call fz_obj,daemon/data/tokens.c)
 $(FUZZ_BINS): $(FZ)/fuzz_%: $(FZ)/obj/tests/fuzz/fuzz_%.o
 	$(call say,FUZZLD,$@)$(FUZZ_CC) $(FUZZ_LDFLAGS) -o $@ $(filter %.o,$^) $(FUZZ_LINK_$*) \
 	  $(PKG_LIBS) $(LDLIBS)

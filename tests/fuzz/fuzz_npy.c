@@ -1,5 +1,5 @@
 /*
- * fuzz_npy.c — libFuzzer harness: the .npy header parser (daemon/npy.c).
+ * fuzz_npy.c — libFuzzer harness: the .npy header parser (daemon/data/npy.c).
  *
  * The input is a whole file.  It is parsed in memory with
  * npy_parse_header, and read as a file with npy_read_header (a memfd, so no
@@ -29,7 +29,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "npy.h"
+#include "data/npy.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,6 +1,6 @@
 /*
  * fuzz_tokens.c — libFuzzer harness: the token-shard header parser
- * (daemon/tokens.c).
+ * (daemon/data/tokens.c).
  *
  * Input: byte 0 says how long the shard's file is (mode % 3: exactly what
  * the header's count needs plus a signed byte's worth of slack, the length
@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tokens.h"
+#include "data/tokens.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

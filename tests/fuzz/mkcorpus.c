@@ -24,7 +24,7 @@
 
 #include "npygen.h"
 #include "sess_ops.h"
-#include "tokens.h"
+#include "data/tokens.h"
 #include "prefetch.pb-c.h"
 #include "wire.h"
 

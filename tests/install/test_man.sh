@@ -1,7 +1,7 @@
 #!/bin/sh
 # The man pages (man/, installed under MANDIR/man{1,5,8}) render with no
 # warning from man-db and groff, and say what the code does: every
-# [daemon] key of daemon/config_int.h in prefetchd.conf(5), every option
+# [daemon] key of daemon/conf/config_int.h in prefetchd.conf(5), every option
 # of `prefetchd --help` in prefetchd(8), every command and option of
 # `prefetchctl --help` in prefetchctl(1), the build's version in each, and
 # the example of prefetchd.conf(5) is a file the daemon reads.  Reports as
@@ -36,9 +36,9 @@ $out"
 conf_page_describes_every_key() {
 	page=$repo/man/prefetchd.conf.5
 	# DAEMON_KEYS holds several X(K_NAME, name) a line: every one.
-	keys=$(grep -o 'X([A-Z_]*, [a-z_]*)' "$repo/daemon/config_int.h" | sed 's/X([A-Z_]*, \([a-z_]*\))/\1/')
+	keys=$(grep -o 'X([A-Z_]*, [a-z_]*)' "$repo/daemon/conf/config_int.h" | sed 's/X([A-Z_]*, \([a-z_]*\))/\1/')
 	n=$(echo "$keys" | wc -w)
-	[ "$n" -ge 30 ] || die "found only $n [daemon] keys in daemon/config_int.h"
+	[ "$n" -ge 30 ] || die "found only $n [daemon] keys in daemon/conf/config_int.h"
 	for k in $keys format shards seq_len; do
 		grep -Eq "^\.B[IR] \"$k = \"" "$page" || die "prefetchd.conf(5) does not describe $k"
 	done

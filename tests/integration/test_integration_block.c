@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "block_order.h"
-#include "order.h"
+#include "order/order.h"
 #include "prefetch.h"
 #include "testutil.h"
 

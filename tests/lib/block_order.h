@@ -1,5 +1,5 @@
 /*
- * block_order.h — the share daemon/order.c builds for a block_shuffle, for
+ * block_order.h — the share daemon/order/order.c builds for a block_shuffle, for
  * the tests that check it (unit and integration).  Include after cmocka.h:
  * a build that fails fails the case.
  */
@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-#include "order.h"
+#include "order/order.h"
 
 /* Rank's share of a block_shuffle of augment copies of n samples, blocks of
  * rows, windows of window blocks; its length in *npicks.  Owned by the

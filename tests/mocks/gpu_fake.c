@@ -32,7 +32,7 @@
  * transfer threads of a test daemon may call in at once.  Queued copies and
  * gathers run under the lock.
  */
-#include "gpu.h"
+#include "gpu/gpu.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -44,7 +44,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "base/log.h"
 
 #define FAKE_MAX_DEV	 16
 #define FAKE_MAX_REGIONS 64

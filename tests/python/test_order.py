@@ -1,5 +1,5 @@
 """python/prefetch/order.py, the reference implementation of the epoch
-order, against the daemon's own (daemon/order.c, through build/pforder) on
+order, against the daemon's own (daemon/order/order.c, through build/pforder) on
 1000 random (seed, epoch, N, rank, world) shuffle cases and 1000 random
 block_shuffle epochs (N, augment, block size in rows or bytes or neither,
 window, seed, rank, world, batch size, drop_last, start_batch), plus the

@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "ahead.h"
+#include "order/ahead.h"
 
 static uint64_t *picks_of(uint64_t n)
 {

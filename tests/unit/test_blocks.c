@@ -1,6 +1,6 @@
 /*
  * test_blocks.c — the block cache of block-shuffled direct epochs
- * (daemon/blocks.c): every row served from a block read once, whole, by
+ * (daemon/data/blocks.c): every row served from a block read once, whole, by
  * several reader threads at once; each block's memory gone after its last
  * row; a block that cannot be read fails the rows that need it, with the
  * reason, and nothing else.
@@ -17,9 +17,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "blocks.h"
-#include "config.h"
-#include "dataset.h"
+#include "data/blocks.h"
+#include "conf/config.h"
+#include "data/dataset.h"
 #include "npygen.h"
 #include "testutil.h"
 

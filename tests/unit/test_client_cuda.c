@@ -7,7 +7,7 @@
  * The fake daemon runs in a thread on the other end of a socketpair and
  * speaks the real protocol with the real framing (proto/wire.c), as
  * test_client.c's does for host sessions, but opens CUDA sessions the way
- * daemon/sess_cuda.c does:
+ * daemon/sess/sess_cuda.c does:
  *  - pooled (SessionOpened.pool): one device arena (a memfd, sent as
  *    ARENA_CUDA_FD or as a legacy handle of the fake) whose slots carry a
  *    tail for the batch's index and staged rows; three pool slabs

@@ -19,12 +19,12 @@
 #include <unistd.h>
 
 /* config_int.h's fail() is the parser's; cmocka's is defined below. */
-#include "config_int.h" /* config_daemon_keys: every [daemon] key */
+#include "conf/config_int.h" /* config_daemon_keys: every [daemon] key */
 #undef fail
 
 #include <cmocka.h>
 
-#include "config.h"
+#include "conf/config.h"
 
 struct fixture {
 	char dir[64];	     /* mkdtemp'd */

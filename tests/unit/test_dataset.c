@@ -25,9 +25,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "dataset.h"
-#include "direct.h"
+#include "conf/config.h"
+#include "data/dataset.h"
+#include "data/direct.h"
 #include "npygen.h"
 #include "testutil.h"
 

@@ -20,7 +20,7 @@
 
 #include <cmocka.h>
 
-#include "gpu.h"
+#include "gpu/gpu.h"
 
 #define MiB (1ull << 20)
 

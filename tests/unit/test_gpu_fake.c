@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "gpu.h"
+#include "gpu/gpu.h"
 
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)

@@ -21,7 +21,7 @@
 
 #include <cmocka.h>
 
-#include "log.h"
+#include "base/log.h"
 
 /* stderr into a fresh temporary file, until captured_end. */
 static FILE *cap;

@@ -19,7 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "npy.h"
+#include "data/npy.h"
 
 struct fixture {
 	char dir[64];

@@ -20,7 +20,7 @@
 #include <cmocka.h>
 
 #include "block_order.h"
-#include "order.h"
+#include "order/order.h"
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 

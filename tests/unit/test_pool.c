@@ -38,13 +38,13 @@
 #include <cmocka.h>
 #include <uv.h>
 
-#include "config.h"
-#include "dataset.h"
-#include "fill.h"
-#include "gpu.h"
-#include "pool.h"
+#include "conf/config.h"
+#include "data/dataset.h"
+#include "sess/fill.h"
+#include "gpu/gpu.h"
+#include "gpu/pool.h"
 #include "testutil.h"
-#include "xfer.h"
+#include "gpu/xfer.h"
 
 #define MiB (1ull << 20)
 

@@ -15,8 +15,8 @@
 
 #include <cmocka.h>
 
-#include "gpu.h"
-#include "ring.h"
+#include "gpu/gpu.h"
+#include "mem/ring.h"
 
 #define MiB (1ull << 20)
 

@@ -33,18 +33,18 @@
 #include <cmocka.h>
 #include <uv.h>
 
-#include "config.h"
-#include "daemon.h"
-#include "dataset.h"
-#include "gov.h"
-#include "gpu.h"
-#include "linger.h"
-#include "order.h"
-#include "pool.h"
-#include "reader.h"
-#include "sess.h"
+#include "conf/config.h"
+#include "conf/daemon.h"
+#include "data/dataset.h"
+#include "sess/gov.h"
+#include "gpu/gpu.h"
+#include "sess/linger.h"
+#include "order/order.h"
+#include "gpu/pool.h"
+#include "data/reader.h"
+#include "sess/sess.h"
 #include "testutil.h"
-#include "xfer.h"
+#include "gpu/xfer.h"
 
 #define N	   300u /* samples */
 #define X_BYTES	   1000u

@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "streamcopy.h"
+#include "base/streamcopy.h"
 
 #define GUARD  64
 #define POISON 0x5a

@@ -20,7 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "tokens.h"
+#include "data/tokens.h"
 
 /* A header with the given magic, version and count; the other 253 ints are
  * zero, as llm.c leaves them. */

@@ -16,8 +16,8 @@
 #include <cmocka.h>
 #include <uv.h>
 
-#include "gpu.h"
-#include "xfer.h"
+#include "gpu/gpu.h"
+#include "gpu/xfer.h"
 
 #define MiB (1ull << 20)
 

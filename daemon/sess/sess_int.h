@@ -1,0 +1,97 @@
+/*
+ * sess_int.h — what the files of a session share: sess.c (its life),
+ * sess_pump.c (the slot state machine), sess_epoch.c (the requests) and
+ * sess_cuda.c (the CUDA half: device slots, copies, pool sizing).
+ * Not for anyone else: sess.h is the session layer's interface.
+ *
+ * DESIGN: loop thread only, like everything a session does.
+ */
+#ifndef PF_SESS_INT_H
+#define PF_SESS_INT_H
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "sess/sess.h"
+
+/* Sends every READY batch whose turn has come, then starts fills while the
+ * governor allows and a slot (and, for CUDA sessions, a ring slot) is free.
+ * Runs after every event that can unblock it. */
+void sess_pump(struct sess *s);
+/* Records the error of the batch in sl (its epoch and seq set): the message
+ * names the batch, is logged unless the batch was abandoned, and is what
+ * the trainer's pf_errmsg will say when the error batch is sent. */
+void sess_slot_error(struct sess *s, struct slot *sl, int rc, const char *why);
+/* Batch next_fill becomes an error batch in slot sl, READY at once: a
+ * paced request that cannot be served, or a batch whose device slot never
+ * came.  Nothing is read. */
+void sess_fill_error(struct sess *s, struct slot *sl, int rc, const char *why);
+/* The bytes of the frame of a full batch's BatchReady in epoch (of
+ * nbatches), at most, for a client of picks_le or picks_le32; 0 for the
+ * others, whose frames vary in size with their picks. */
+size_t sess_batch_frame_bytes(const struct sess *s, uint64_t epoch, uint64_t nbatches);
+/* A dead session whose every job is back is freed now. */
+void sess_maybe_free(struct sess *s);
+
+/* Paced epochs: the request that is batch seq. */
+static inline struct sess_req *sess_paced_req(const struct sess *s, uint64_t seq)
+{
+	return &s->reqs[seq % SESS_PACED_MAX];
+}
+/* Frees a paced request and gives its quota back. */
+void sess_req_clear(struct sess *s, struct sess_req *r);
+/* Takes n bytes of memory quota for the session's uid, held in *held (one
+ * of the session's counters).  0 or -ENOMEM with err naming `what`. */
+int sess_take(struct sess *s, uint64_t *held, uint64_t n, const char *what, char *err,
+	      size_t errlen);
+/* Gives back n of what *held holds (all of it at most). */
+void sess_give(struct sess *s, uint64_t *held, uint64_t n);
+
+/* ---- sess_epoch.c ---- */
+
+/* The order built ahead came back: its quota shrinks to what it keeps. */
+void sess_ahead_back(struct sess *s);
+
+/* Stops the current epoch: READY slots are free again at once, FILLING ones
+ * become ORPHAN and come free when their reader is done, paced requests go,
+ * and an order still being built is thrown away when it is back. */
+void sess_stop_epoch(struct sess *s);
+/* The running epoch's block cache goes (a new epoch, the session's end);
+ * reader jobs still out keep it until they are back. */
+void sess_drop_blocks(struct sess *s, bool quota);
+/* The same for one slot, whose batch will not be sent. */
+void sess_drop_slot(struct sess *s, struct slot *sl);
+/* Paced requests not yet sent go (an epoch ends or the session does). */
+void sess_drop_requests(struct sess *s);
+
+/* ---- sess_cuda.c ---- */
+
+/* The daemon's ordinal of the GPU req asks for ("cuda:N", or its PCI bus
+ * id), or -errno with err saying why. */
+int sess_cuda_pick_gpu(struct daemon *d, const Pf__OpenSession *req, int *gpu, char *err,
+		       size_t errlen);
+/* A CUDA session's transfer thread, pool, ring slots and back-off timer.
+ * Device slots come later, an arena at a time (sess_cuda_grow). */
+int sess_cuda_setup(struct sess *s, const Pf__OpenSession *req, char *err, size_t errlen);
+/* Gives back the ring slots and device arenas (every job is back). */
+void sess_cuda_release(struct sess *s);
+/* An epoch starts: a client that gathers gets the slabs the pool holds
+ * that it does not have yet. */
+void sess_cuda_push_pool(struct sess *s);
+/* A batch its client gathers is about to be announced: exports the slabs
+ * it reads that the client does not have yet (PoolSlab), and fills msg's
+ * gather fields (staged_off: room for the dataset's fields). */
+int sess_cuda_gather_msg(struct sess *s, struct slot *sl, Pf__BatchReady *msg,
+			 uint64_t *staged_off);
+/* The slot's batch is done with the pool (released, or dropped unsent). */
+void sess_cuda_unpin(struct sess *s, struct slot *sl);
+/* The pump is short of slots: ask for another device arena if none is on
+ * the way and the target wants more. */
+void sess_cuda_grow(struct sess *s);
+/* Batch sl is read: queue its copy (or gather) to its device slot. */
+void sess_cuda_copy(struct sess *s, struct slot *sl);
+/* The honest probe: size the target and the pool from the trainer's free
+ * device memory. */
+void sess_cuda_probe(struct sess *s, uint64_t free_bytes, uint64_t total_bytes);
+
+#endif
