@@ -97,7 +97,7 @@ static struct direct_ctx *ctx_get(void)
 
 /* The ring, once per thread: where io_uring is refused (a seccomp profile,
  * io_uring_disabled, an old kernel) this thread reads with pread. */
-static void ring_init(struct direct_ctx *x)
+static void uring_init(struct direct_ctx *x)
 {
 	const char *no = getenv("PREFETCHD_NO_IO_URING");
 	int rc;
@@ -303,7 +303,7 @@ int direct_read_field(const struct ds_field *field, const uint64_t *samples, siz
 		return -ENOMEM;
 	}
 	if (!x->ring_tried)
-		ring_init(x);
+		uring_init(x);
 	for (i = 0; i < n; i++) {
 		const struct ds_shard *shard = ds_find_shard(field, samples[i]);
 
