@@ -1,4 +1,10 @@
 /*
+ * daemon/base/ — what every stage uses and that knows nothing of datasets,
+ * sessions or GPUs: the log (log.c), the worker -> loop hand-back
+ * (handback.c), big buffers in huge pages (bigmem.c), copies with
+ * streaming stores (streamcopy.c).  Any thread may call them; each file
+ * names the locks it takes.  They call nothing else of the daemon's.
+ *
  * log.h — the daemon's logging: one line per event on stderr.  When stderr
  * is journald's stream each line starts with its sd-daemon priority ("<3>"
  * error .. "<7>" debug) so that systemd files it at the right level;

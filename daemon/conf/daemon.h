@@ -1,4 +1,10 @@
 /*
+ * daemon/conf/ — the configuration in force and the state it gives the
+ * daemon: the config file and its keys (config.c, config_keys.c), and
+ * struct daemon with its datasets, what the configuration says of each, and
+ * reload (daemon.c).  Loop thread.  Calls base/, data/ (loading datasets)
+ * and gpu/ (pools turned on or off by a reload).
+ *
  * daemon.h — the daemon's process-wide state.
  *
  * DESIGN: one struct daemon, owned by the loop thread.  Reader (and transfer)

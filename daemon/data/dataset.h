@@ -1,4 +1,12 @@
 /*
+ * daemon/data/ — the data sources and the threads that read them:
+ * datasets loaded from .npy fields or token shards (dataset.c,
+ * dataset_files.c, npy.c, tokens.c), the reads that gather rows out of them
+ * (dataset_read.c; direct.c for `read = direct`, blocks.c its block cache),
+ * and the reader threads that run those reads as jobs (reader.c).  The loop
+ * thread loads, reloads and submits; reader threads read, with no lock on
+ * a dataset (immutable once loaded).  Calls base/ only.
+ *
  * dataset.h — a named dataset as the daemon serves it.
  *
  * Format `npy`: one or more fields, each one .npy file or an ordered list of

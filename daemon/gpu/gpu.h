@@ -1,4 +1,10 @@
 /*
+ * daemon/gpu/ — the GPU side: every CUDA call, behind this header (gpu.c,
+ * gpu_none.c, the tests' gpu_fake.c); the gather kernel (gather.cu); one
+ * transfer thread per GPU that makes the copies, gathers, allocations and
+ * frees (xfer.c); and the VRAM sample pool, whose index the loop thread
+ * keeps (pool.c, pool_plan.c).  Calls base/ and data/.
+ *
  * gpu.h — the daemon's only window onto CUDA: devices, the pinned reader
  * ring's registration, one copy stream per GPU, completion events and
  * device memory (struct gpu_mem): the session arenas exported to clients,

@@ -1,4 +1,10 @@
 /*
+ * daemon/mem/ — host memory the daemon fills for others to read: the pinned
+ * reader ring and the CUDA sessions' shares of it (ring.c), and host
+ * arenas, the memfd slots of host and client-copy sessions (arena.c).  The
+ * loop thread hands pieces out and takes them back; reader threads write
+ * into them; the ring is page-locked through gpu/.  Calls base/ and gpu/.
+ *
  * ring.h — the pinned reader ring: one block of host memory, registered
  * with CUDA once at startup, from which CUDA sessions take their staging
  * slots.

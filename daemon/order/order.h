@@ -1,4 +1,9 @@
 /*
+ * daemon/order/ — what an epoch reads, and in what order: the orders
+ * themselves (order.c), and the next epoch's order built ahead on libuv's
+ * thread pool, with the orders kept for sessions that come back (ahead.c).
+ * The loop thread asks; the pool's threads build.  Calls base/ and data/.
+ *
  * order.h — which picks a rank receives in an epoch, and in what order.
  *
  * The shuffle is specified in README.md ("Shuffle specification") so that a

@@ -1,4 +1,11 @@
 /*
+ * daemon/server/ — the process and its socket: startup, signals and the
+ * loop (main.c), the listening socket and its directory (listen.c),
+ * connections, frames and dispatch (server.c), status, pool and depth
+ * replies (status.c), and the closer thread that closes client descriptors
+ * off the loop (closer.c).  Loop thread, plus the closer.  The top: nothing
+ * else calls into it.
+ *
  * server.h — the listening socket and the connections on it.
  *
  * The server is the daemon's only part that sees sockets and frames.  It

@@ -1,4 +1,11 @@
 /*
+ * daemon/sess/ — a trainer's session and what it decides: its life,
+ * epochs, slot state machine and CUDA half (sess*.c), slot layouts and
+ * reader jobs (fill.c), the depth governor (gov.c), per-uid quotas
+ * (quota.c), lingering pools (linger.c).  Loop thread only; readers and
+ * transfer threads see only the jobs it submits.  Calls every folder
+ * before it; server/ calls it.
+ *
  * sess.h — a consumer's session: its slots, its arenas, its epochs.  The
  * session layer is where requests become actions: the server (server.c)
  * decodes frames and hands each session request here with its peer
