@@ -13,7 +13,6 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,36 +23,6 @@
 #include "data/dataset.h"
 #include "base/log.h"
 #include "util.h"
-
-/* Refusals one peer may have logged: a burst of 20, then 2 a second. */
-#define PEER_LOG_PER_S 2.0
-#define PEER_LOG_BURST 20.0
-
-int peer_error(const struct peer *p, uint64_t id, int code, const char *fmt, ...)
-{
-	Pf__Envelope env = PF__ENVELOPE__INIT;
-	Pf__Error err = PF__ERROR__INIT;
-	char msg[512];
-	va_list ap;
-
-	uint64_t dropped = 0;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	util_printable(msg); /* it may quote what a client sent */
-	/* A client can be refused as fast as it asks: its lines are limited,
-	 * its replies are not. */
-	if (!p->limit || log_limit_pass(p->limit, PEER_LOG_PER_S, PEER_LOG_BURST, &dropped))
-		log_info("%s: error %d: %s%s", p->name, code, msg,
-			 dropped ? " (earlier refusals of this peer not logged)" : "");
-	err.code = code;
-	err.message = msg;
-	env.id = id;
-	env.msg_case = PF__ENVELOPE__MSG_ERROR;
-	env.error = &err;
-	return peer_send(p, &env, -1);
-}
 
 /* ---- life ------------------------------------------------------------------ */
 
@@ -135,24 +104,6 @@ static void sess_free(struct sess *s)
 		return;
 	}
 	free(s);
-}
-
-int sess_take(struct sess *s, uint64_t *held, uint64_t n, const char *what, char *err,
-	      size_t errlen)
-{
-	int rc = n ? quota_take(&s->d->quota, s->uid, QUOTA_MEMORY, n, what, err, errlen) : 0;
-
-	if (!rc)
-		*held += n;
-	return rc;
-}
-
-void sess_give(struct sess *s, uint64_t *held, uint64_t n)
-{
-	if (n > *held)
-		n = *held;
-	quota_give(&s->d->quota, s->uid, QUOTA_MEMORY, n);
-	*held -= n;
 }
 
 void sess_maybe_free(struct sess *s)

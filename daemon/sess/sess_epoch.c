@@ -30,14 +30,6 @@ static uint64_t paced_bytes(uint32_t n)
 	return (uint64_t)(n ? n : 1) * sizeof(uint64_t);
 }
 
-void sess_req_clear(struct sess *s, struct sess_req *r)
-{
-	sess_give(s, &s->paced_held, r->held);
-	free(r->picks);
-	free(r->errmsg);
-	memset(r, 0, sizeof(*r));
-}
-
 /* Paced requests not yet sent go (an epoch ends or the session does). */
 void sess_drop_requests(struct sess *s)
 {

@@ -18,6 +18,23 @@
  * governor allows and a slot (and, for CUDA sessions, a ring slot) is free.
  * Runs after every event that can unblock it. */
 void sess_pump(struct sess *s);
+/* The bytes of the frame of a full batch's BatchReady in epoch (of
+ * nbatches), at most, for a client of picks_le or picks_le32; 0 for the
+ * others, whose frames vary in size with their picks. */
+size_t sess_batch_frame_bytes(const struct sess *s, uint64_t epoch, uint64_t nbatches);
+/* A dead session whose every job is back is freed now. */
+void sess_maybe_free(struct sess *s);
+
+/* ---- sess_base.c ---- */
+
+/* Takes n bytes of memory quota for the session's uid, held in *held (one
+ * of the session's counters).  0 or -ENOMEM with err naming `what`. */
+int sess_take(struct sess *s, uint64_t *held, uint64_t n, const char *what, char *err,
+	      size_t errlen);
+/* Gives back n of what *held holds (all of it at most). */
+void sess_give(struct sess *s, uint64_t *held, uint64_t n);
+/* Frees a paced request and gives its quota back. */
+void sess_req_clear(struct sess *s, struct sess_req *r);
 /* Records the error of the batch in sl (its epoch and seq set): the message
  * names the batch, is logged unless the batch was abandoned, and is what
  * the trainer's pf_errmsg will say when the error batch is sent. */
@@ -26,26 +43,30 @@ void sess_slot_error(struct sess *s, struct slot *sl, int rc, const char *why);
  * paced request that cannot be served, or a batch whose device slot never
  * came.  Nothing is read. */
 void sess_fill_error(struct sess *s, struct slot *sl, int rc, const char *why);
-/* The bytes of the frame of a full batch's BatchReady in epoch (of
- * nbatches), at most, for a client of picks_le or picks_le32; 0 for the
- * others, whose frames vary in size with their picks. */
-size_t sess_batch_frame_bytes(const struct sess *s, uint64_t epoch, uint64_t nbatches);
-/* A dead session whose every job is back is freed now. */
-void sess_maybe_free(struct sess *s);
 
 /* Paced epochs: the request that is batch seq. */
 static inline struct sess_req *sess_paced_req(const struct sess *s, uint64_t seq)
 {
 	return &s->reqs[seq % SESS_PACED_MAX];
 }
-/* Frees a paced request and gives its quota back. */
-void sess_req_clear(struct sess *s, struct sess_req *r);
-/* Takes n bytes of memory quota for the session's uid, held in *held (one
- * of the session's counters).  0 or -ENOMEM with err naming `what`. */
-int sess_take(struct sess *s, uint64_t *held, uint64_t n, const char *what, char *err,
-	      size_t errlen);
-/* Gives back n of what *held holds (all of it at most). */
-void sess_give(struct sess *s, uint64_t *held, uint64_t n);
+/* The samples of batch seq: batch_size, or fewer for the last batch of an
+ * epoch and for a paced request. */
+static inline uint32_t sess_batch_count(const struct sess *s, uint64_t seq)
+{
+	uint64_t first = seq * s->batch_size;
+	uint64_t left = s->npicks - first;
+
+	if (s->paced)
+		return sess_paced_req(s, seq)->count;
+	return left < s->batch_size ? (uint32_t)left : s->batch_size;
+}
+/* Batch seq's picks (borrowed: valid until it is sent or the epoch ends). */
+static inline const uint64_t *sess_batch_picks(const struct sess *s, uint64_t seq)
+{
+	if (s->paced)
+		return sess_paced_req(s, seq)->picks;
+	return s->picks + seq * s->batch_size;
+}
 
 /* ---- sess_epoch.c ---- */
 
