@@ -39,19 +39,6 @@ void sess_drop_requests(struct sess *s)
 		sess_req_clear(s, sess_paced_req(s, q));
 }
 
-void sess_drop_slot(struct sess *s, struct slot *sl)
-{
-	if (sl->state == SLOT_READY) {
-		sess_cuda_unpin(s, sl);
-		free(sl->errmsg);
-		sl->errmsg = NULL;
-		sl->error = 0;
-		sl->state = SLOT_FREE;
-	} else if (sl->state == SLOT_FILLING || sl->state == SLOT_COPYING) {
-		sl->state = SLOT_ORPHAN;
-	}
-}
-
 /* The running epoch's order, still being built, is not wanted any more:
  * thrown away when it comes back (build_done). */
 static void cancel_build(struct sess *s)

@@ -14,6 +14,8 @@
 
 #include "sess/sess.h"
 
+/* ---- sess_pump.c ---- */
+
 /* Sends every READY batch whose turn has come, then starts fills while the
  * governor allows and a slot (and, for CUDA sessions, a ring slot) is free.
  * Runs after every event that can unblock it. */
@@ -22,6 +24,10 @@ void sess_pump(struct sess *s);
  * nbatches), at most, for a client of picks_le or picks_le32; 0 for the
  * others, whose frames vary in size with their picks. */
 size_t sess_batch_frame_bytes(const struct sess *s, uint64_t epoch, uint64_t nbatches);
+/* Slot sl's batch will not be sent (its epoch stopped or was cut short): a
+ * READY slot is free again at once, a FILLING or COPYING one becomes ORPHAN
+ * and comes free when its job is back. */
+void sess_drop_slot(struct sess *s, struct slot *sl);
 /* A dead session whose every job is back is freed now. */
 void sess_maybe_free(struct sess *s);
 
@@ -80,8 +86,6 @@ void sess_stop_epoch(struct sess *s);
 /* The running epoch's block cache goes (a new epoch, the session's end);
  * reader jobs still out keep it until they are back. */
 void sess_drop_blocks(struct sess *s, bool quota);
-/* The same for one slot, whose batch will not be sent. */
-void sess_drop_slot(struct sess *s, struct slot *sl);
 /* Paced requests not yet sent go (an epoch ends or the session does). */
 void sess_drop_requests(struct sess *s);
 

@@ -227,6 +227,19 @@ static int send_end(struct sess *s)
 	return peer_send(s->peer, &env, -1);
 }
 
+void sess_drop_slot(struct sess *s, struct slot *sl)
+{
+	if (sl->state == SLOT_READY) {
+		sess_cuda_unpin(s, sl);
+		free(sl->errmsg);
+		sl->errmsg = NULL;
+		sl->error = 0;
+		sl->state = SLOT_FREE;
+	} else if (sl->state == SLOT_FILLING || sl->state == SLOT_COPYING) {
+		sl->state = SLOT_ORPHAN;
+	}
+}
+
 /*
  * A file of the session's dataset changed on disk (ds->changed): batch
  * `last`, an error batch saying so, is the epoch's last.  Batches after it
