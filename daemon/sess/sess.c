@@ -106,12 +106,6 @@ static void sess_free(struct sess *s)
 	free(s);
 }
 
-void sess_maybe_free(struct sess *s)
-{
-	if (s->dead && s->jobs == 0 && !s->ahead.busy)
-		sess_free(s);
-}
-
 static void ahead_back(struct ahead *a)
 {
 	struct sess *s = container_of(a, struct sess, ahead);
@@ -384,6 +378,7 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 	}
 	s->counted = true;
 	s->d = d;
+	s->free_fn = sess_free;
 	s->peer = p;
 	s->id = ++d->next_session_id;
 	s->gpu = gpu;

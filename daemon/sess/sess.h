@@ -290,6 +290,11 @@ struct sess {
 	unsigned builds;	     /* of them, order builds (the running epoch's or cancelled) */
 	bool dead;		     /* connection gone, waiting for jobs */
 	bool pump_later;	     /* its turn's work was done: the pump goes on next turn */
+	/* Frees the session once it is dead and every job is back: sess.c's
+	 * sess_free, set at open.  The job that comes back last may be any
+	 * file's, and the files below sess.c call nothing above them
+	 * (sess_int.h): they reach it through sess_maybe_free. */
+	void (*free_fn)(struct sess *s);
 
 	/* Quota (quota.h) held for the session's host memory, by uid: its
 	 * slots and their tables (taken at open), its order (npicks * 8),

@@ -80,6 +80,15 @@ void sess_req_clear(struct sess *s, struct sess_req *r)
 	memset(r, 0, sizeof(*r));
 }
 
+/* Whichever job of a dead session comes back last frees it, and the jobs
+ * come back in every file: the check is made here, at the bottom, and the
+ * free, which undoes sess_open, is sess.c's, reached through s->free_fn. */
+void sess_maybe_free(struct sess *s)
+{
+	if (s->dead && s->jobs == 0 && !s->ahead.busy)
+		s->free_fn(s);
+}
+
 /* ---- error batches ----------------------------------------------------------- */
 
 void sess_slot_error(struct sess *s, struct slot *sl, int rc, const char *why)

@@ -28,8 +28,6 @@ size_t sess_batch_frame_bytes(const struct sess *s, uint64_t epoch, uint64_t nba
  * READY slot is free again at once, a FILLING or COPYING one becomes ORPHAN
  * and comes free when its job is back. */
 void sess_drop_slot(struct sess *s, struct slot *sl);
-/* A dead session whose every job is back is freed now. */
-void sess_maybe_free(struct sess *s);
 
 /* ---- sess_base.c ---- */
 
@@ -39,6 +37,8 @@ int sess_take(struct sess *s, uint64_t *held, uint64_t n, const char *what, char
 	      size_t errlen);
 /* Gives back n of what *held holds (all of it at most). */
 void sess_give(struct sess *s, uint64_t *held, uint64_t n);
+/* A dead session whose every job is back is freed now (s->free_fn). */
+void sess_maybe_free(struct sess *s);
 /* Frees a paced request and gives its quota back. */
 void sess_req_clear(struct sess *s, struct sess_req *r);
 /* Records the error of the batch in sl (its epoch and seq set): the message
