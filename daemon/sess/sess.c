@@ -379,6 +379,7 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 	s->counted = true;
 	s->d = d;
 	s->free_fn = sess_free;
+	s->cuda.pump = sess_pump;
 	s->peer = p;
 	s->id = ++d->next_session_id;
 	s->gpu = gpu;
@@ -426,10 +427,15 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 	 * is done: max_depth ahead costs host memory only, and keeps a fast
 	 * consumer fed. */
 	gov_init(&s->gov, min_depth, max_depth, client_copy ? max_depth : cfg->depth);
-	if (gpu >= 0)
+	if (gpu >= 0) {
+		/* The ring wakes the pump of a session it has a slot for; the
+		 * CUDA half that takes the ring slots is below the pump and
+		 * does not name it (sess_int.h). */
+		d->ring.wake = sess_ring_wake;
 		rc = sess_cuda_setup(s, req, err, sizeof(err));
-	else
+	} else {
 		rc = make_host_arenas(s, err, sizeof(err));
+	}
 	if (rc)
 		goto fail;
 

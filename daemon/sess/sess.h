@@ -170,6 +170,11 @@ struct sess_start {
  * stage batches for them, and what crossed PCIe. */
 struct sess_cuda {
 	struct xfer *xfer; /* borrowed: the daemon's transfer thread of gpu */
+	/* Pumps the session: sess_pump, set at open.  A copy or an
+	 * allocation that came back, or an OOM back-off's end, may unblock
+	 * it; this half is below the pump and calls nothing above it
+	 * (sess_int.h). */
+	void (*pump)(struct sess *s);
 	enum gpu_ipc ipc;
 	struct gpu_mem *arenas; /* owned: device arenas, in id order */
 	uint32_t narenas;

@@ -163,7 +163,6 @@ int sess_cuda_setup(struct sess *s, const Pf__OpenSession *req, char *err, size_
 	want = cfg->readers + 2;
 	if (want > s->gov.max_depth + 1)
 		want = s->gov.max_depth + 1;
-	d->ring.wake = sess_ring_wake;
 	rc = ring_lease_take(&d->ring, &c->lease, s, s->gpu, want, s->gov.min_depth + 1,
 			     ring_stride, err, errlen);
 	if (rc)
@@ -300,7 +299,9 @@ static void give_up_alloc(struct sess *s, const char *why)
 
 static void on_retry(uv_timer_t *t)
 {
-	sess_pump(t->data);
+	struct sess *s = t->data;
+
+	s->cuda.pump(s);
 }
 
 static void alloc_done(struct sess *s, struct xfer_job *job)
@@ -423,7 +424,7 @@ out:
 		sess_maybe_free(s);
 		return;
 	}
-	sess_pump(s);
+	c->pump(s);
 }
 
 /* A narrow client's inline ids are the pool's entry ids cut to 4 bytes
