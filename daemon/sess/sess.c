@@ -1,13 +1,16 @@
 /*
  * sess.c — a session's life (see sess.h): opening it (layout, slots, host
  * arenas, the SessionOpened reply), detaching it from its connection, and
- * freeing it once nothing works on it any more.  Its other parts:
- * sess_pump.c (the slot state machine and in-order delivery), sess_epoch.c
- * (epochs and the other session requests), sess_cuda.c (the CUDA half).
+ * freeing it once nothing works on it any more.  Its other parts, each a
+ * layer below this one (sess_int.h): sess_epoch.c (epochs and the other
+ * session requests), sess_pump.c (the slot state machine and in-order
+ * delivery), sess_cuda.c (the CUDA half) and sess_base.c (what they all
+ * use).  As the top layer it hands the lower ones, at open, what they
+ * reach up for: s->free_fn, s->cuda.pump and the ring's wake.
  *
  * DESIGN: loop thread only; no locks.  A dead session is freed by whichever
- * of its jobs comes back last (sess_maybe_free).  Replies go to the
- * session's peer (peer.h), never to a socket.
+ * of its jobs comes back last (sess_maybe_free, through s->free_fn).
+ * Replies go to the session's peer (peer.h), never to a socket.
  */
 #include "sess/sess_int.h"
 

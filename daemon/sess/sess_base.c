@@ -1,9 +1,11 @@
 /*
  * sess_base.c — what every file of a session stands on: error replies to
  * a peer, the uid's memory quota taken and given back, a paced request's
- * end, and the error batches (a slot whose batch failed, a batch that is
- * an error from the start).  The files above it (sess_cuda.c, sess_pump.c,
- * sess_epoch.c, sess.c) all call these; this file calls none of them.
+ * end, the check that frees a dead session, and the error batches (a slot
+ * whose batch failed, a batch that is an error from the start).  The files
+ * above it (sess_cuda.c, sess_pump.c, sess_epoch.c, sess.c) all call these;
+ * this file calls none of them, and frees a session only through
+ * s->free_fn, which sess_open sets (sess_int.h).
  *
  * DESIGN: loop thread only; no locks.  Nothing here keeps state of its
  * own: each function changes the session or slot it is handed.

@@ -11,6 +11,10 @@
  * with no device slot turns the batch that needed one into an error batch,
  * one with some goes on with what it has until the next probe.
  *
+ * Below the pump, which it calls only through s->cuda.pump (a copy or an
+ * allocation that came back, a back-off's end), and above sess_base.c
+ * (sess_int.h).
+ *
  * DESIGN: loop thread only.  The transfer thread sees only the jobs queued
  * here, which borrow the ring slot and the device slot of a session that
  * lives until they are back (s->jobs).

@@ -2,7 +2,8 @@
  * sess_epoch.c — the session requests (see sess.h): StartEpoch (ordered or
  * paced), LoadBatch, Ack, Release, Abandon and Probe.  Each is checked
  * against the session's state and refused with a reply naming the problem,
- * or applied and followed by the pump.
+ * or applied and followed by the pump.  Below sess.c; above the pump, the
+ * CUDA half and sess_base.c, which it calls (sess_int.h).
  *
  * DESIGN: loop thread only; no locks.  An epoch's order is built here (or
  * taken from the one built ahead, ahead.h) before the epoch is switched,

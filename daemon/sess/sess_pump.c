@@ -2,7 +2,10 @@
  * sess_pump.c — a session's slot state machine and in-order delivery (see
  * sess.h): batches handed to the readers in parts, their completions, and
  * the pump that sends every READY batch whose turn has come and starts
- * fills while the governor allows.
+ * fills while the governor allows; and the slots dropped when their batch
+ * will not be sent (sess_drop_slot).  Below sess.c and sess_epoch.c; above
+ * the CUDA half, which pumps a session only through s->cuda.pump, and
+ * sess_base.c (sess_int.h).
  *
  * DESIGN: loop thread only; no locks.  Everything a reader thread needs is
  * copied into its job (sample numbers) or borrowed from memory that lives
