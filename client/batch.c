@@ -1244,7 +1244,7 @@ int pfc_take(struct pf_client *c, struct pf_batch **batch)
 
 		c->epoch_batches++; /* taken, as far as paced requests go */
 		c->error_batch = true;
-		/* The daemon's own text already names the batch (sess_pump.c):
+		/* The daemon's own text already names the batch (sess_base.c):
 		 * the prefix goes only on a message that does not. */
 		snprintf(head, sizeof(head), "epoch %" PRIu64 " batch %" PRIu64 ": ", b->pub.epoch,
 			 b->pub.seq);

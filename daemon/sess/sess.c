@@ -1,19 +1,21 @@
 /*
  * sess.c — a session's life (see sess.h): opening it (layout, slots, host
  * arenas, the SessionOpened reply), detaching it from its connection, and
- * freeing it once nothing works on it any more.  Its other parts:
- * sess_pump.c (the slot state machine and in-order delivery), sess_epoch.c
- * (epochs and the other session requests), sess_cuda.c (the CUDA half).
+ * freeing it once nothing works on it any more.  Its other parts, each a
+ * layer below this one (sess_int.h): sess_epoch.c (epochs and the other
+ * session requests), sess_pump.c (the slot state machine and in-order
+ * delivery), sess_cuda.c (the CUDA half) and sess_base.c (what they all
+ * use).  As the top layer it hands the lower ones, at open, what they
+ * reach up for: s->free_fn, s->cuda.pump and the ring's wake.
  *
  * DESIGN: loop thread only; no locks.  A dead session is freed by whichever
- * of its jobs comes back last (sess_maybe_free).  Replies go to the
- * session's peer (peer.h), never to a socket.
+ * of its jobs comes back last (sess_maybe_free, through s->free_fn).
+ * Replies go to the session's peer (peer.h), never to a socket.
  */
 #include "sess/sess_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,36 +26,6 @@
 #include "data/dataset.h"
 #include "base/log.h"
 #include "util.h"
-
-/* Refusals one peer may have logged: a burst of 20, then 2 a second. */
-#define PEER_LOG_PER_S 2.0
-#define PEER_LOG_BURST 20.0
-
-int peer_error(const struct peer *p, uint64_t id, int code, const char *fmt, ...)
-{
-	Pf__Envelope env = PF__ENVELOPE__INIT;
-	Pf__Error err = PF__ERROR__INIT;
-	char msg[512];
-	va_list ap;
-
-	uint64_t dropped = 0;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	util_printable(msg); /* it may quote what a client sent */
-	/* A client can be refused as fast as it asks: its lines are limited,
-	 * its replies are not. */
-	if (!p->limit || log_limit_pass(p->limit, PEER_LOG_PER_S, PEER_LOG_BURST, &dropped))
-		log_info("%s: error %d: %s%s", p->name, code, msg,
-			 dropped ? " (earlier refusals of this peer not logged)" : "");
-	err.code = code;
-	err.message = msg;
-	env.id = id;
-	env.msg_case = PF__ENVELOPE__MSG_ERROR;
-	env.error = &err;
-	return peer_send(p, &env, -1);
-}
 
 /* ---- life ------------------------------------------------------------------ */
 
@@ -135,30 +107,6 @@ static void sess_free(struct sess *s)
 		return;
 	}
 	free(s);
-}
-
-int sess_take(struct sess *s, uint64_t *held, uint64_t n, const char *what, char *err,
-	      size_t errlen)
-{
-	int rc = n ? quota_take(&s->d->quota, s->uid, QUOTA_MEMORY, n, what, err, errlen) : 0;
-
-	if (!rc)
-		*held += n;
-	return rc;
-}
-
-void sess_give(struct sess *s, uint64_t *held, uint64_t n)
-{
-	if (n > *held)
-		n = *held;
-	quota_give(&s->d->quota, s->uid, QUOTA_MEMORY, n);
-	*held -= n;
-}
-
-void sess_maybe_free(struct sess *s)
-{
-	if (s->dead && s->jobs == 0 && !s->ahead.busy)
-		sess_free(s);
 }
 
 static void ahead_back(struct ahead *a)
@@ -433,6 +381,8 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 	}
 	s->counted = true;
 	s->d = d;
+	s->free_fn = sess_free;
+	s->cuda.pump = sess_pump;
 	s->peer = p;
 	s->id = ++d->next_session_id;
 	s->gpu = gpu;
@@ -480,10 +430,15 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 	 * is done: max_depth ahead costs host memory only, and keeps a fast
 	 * consumer fed. */
 	gov_init(&s->gov, min_depth, max_depth, client_copy ? max_depth : cfg->depth);
-	if (gpu >= 0)
+	if (gpu >= 0) {
+		/* The ring wakes the pump of a session it has a slot for; the
+		 * CUDA half that takes the ring slots is below the pump and
+		 * does not name it (sess_int.h). */
+		d->ring.wake = sess_ring_wake;
 		rc = sess_cuda_setup(s, req, err, sizeof(err));
-	else
+	} else {
 		rc = make_host_arenas(s, err, sizeof(err));
+	}
 	if (rc)
 		goto fail;
 

@@ -177,6 +177,11 @@ struct sess_start {
  * stage batches for them, and what crossed PCIe. */
 struct sess_cuda {
 	struct xfer *xfer; /* borrowed: the daemon's transfer thread of gpu */
+	/* Pumps the session: sess_pump, set at open.  A copy or an
+	 * allocation that came back, or an OOM back-off's end, may unblock
+	 * it; this half is below the pump and calls nothing above it
+	 * (sess_int.h). */
+	void (*pump)(struct sess *s);
 	enum gpu_ipc ipc;
 	struct gpu_mem *arenas; /* owned: device arenas, in id order */
 	uint32_t narenas;
@@ -297,6 +302,11 @@ struct sess {
 	unsigned builds;	     /* of them, order builds (the running epoch's or cancelled) */
 	bool dead;		     /* connection gone, waiting for jobs */
 	bool pump_later;	     /* its turn's work was done: the pump goes on next turn */
+	/* Frees the session once it is dead and every job is back: sess.c's
+	 * sess_free, set at open.  The job that comes back last may be any
+	 * file's, and the files below sess.c call nothing above them
+	 * (sess_int.h): they reach it through sess_maybe_free. */
+	void (*free_fn)(struct sess *s);
 
 	/* Quota (quota.h) held for the session's host memory, by uid: its
 	 * slots and their tables (taken at open), its order (npicks * 8),

@@ -11,6 +11,10 @@
  * with no device slot turns the batch that needed one into an error batch,
  * one with some goes on with what it has until the next probe.
  *
+ * Below the pump, which it calls only through s->cuda.pump (a copy or an
+ * allocation that came back, a back-off's end), and above sess_base.c
+ * (sess_int.h).
+ *
  * DESIGN: loop thread only.  The transfer thread sees only the jobs queued
  * here, which borrow the ring slot and the device slot of a session that
  * lives until they are back (s->jobs).
@@ -163,7 +167,6 @@ int sess_cuda_setup(struct sess *s, const Pf__OpenSession *req, char *err, size_
 	want = cfg->readers + 2;
 	if (want > s->gov.max_depth + 1)
 		want = s->gov.max_depth + 1;
-	d->ring.wake = sess_ring_wake;
 	rc = ring_lease_take(&d->ring, &c->lease, s, s->gpu, want, s->gov.min_depth + 1,
 			     ring_stride, err, errlen);
 	if (rc)
@@ -300,7 +303,9 @@ static void give_up_alloc(struct sess *s, const char *why)
 
 static void on_retry(uv_timer_t *t)
 {
-	sess_pump(t->data);
+	struct sess *s = t->data;
+
+	s->cuda.pump(s);
 }
 
 static void alloc_done(struct sess *s, struct xfer_job *job)
@@ -423,7 +428,7 @@ out:
 		sess_maybe_free(s);
 		return;
 	}
-	sess_pump(s);
+	c->pump(s);
 }
 
 /* A narrow client's inline ids are the pool's entry ids cut to 4 bytes

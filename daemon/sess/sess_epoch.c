@@ -2,7 +2,8 @@
  * sess_epoch.c — the session requests (see sess.h): StartEpoch (ordered or
  * paced), LoadBatch, Ack, Release, Abandon and Probe.  Each is checked
  * against the session's state and refused with a reply naming the problem,
- * or applied and followed by the pump.
+ * or applied and followed by the pump.  Below sess.c; above the pump, the
+ * CUDA half and sess_base.c, which it calls (sess_int.h).
  *
  * DESIGN: loop thread only; no locks.  An epoch's order is built here (or
  * taken from the one built ahead, ahead.h) before the epoch is switched,
@@ -30,14 +31,6 @@ static uint64_t paced_bytes(uint32_t n)
 	return (uint64_t)(n ? n : 1) * sizeof(uint64_t);
 }
 
-void sess_req_clear(struct sess *s, struct sess_req *r)
-{
-	sess_give(s, &s->paced_held, r->held);
-	free(r->picks);
-	free(r->errmsg);
-	memset(r, 0, sizeof(*r));
-}
-
 /* Paced requests not yet sent go (an epoch ends or the session does). */
 void sess_drop_requests(struct sess *s)
 {
@@ -45,19 +38,6 @@ void sess_drop_requests(struct sess *s)
 		return;
 	for (uint64_t q = s->next_send; q < s->nbatches; q++)
 		sess_req_clear(s, sess_paced_req(s, q));
-}
-
-void sess_drop_slot(struct sess *s, struct slot *sl)
-{
-	if (sl->state == SLOT_READY) {
-		sess_cuda_unpin(s, sl);
-		free(sl->errmsg);
-		sl->errmsg = NULL;
-		sl->error = 0;
-		sl->state = SLOT_FREE;
-	} else if (sl->state == SLOT_FILLING || sl->state == SLOT_COPYING) {
-		sl->state = SLOT_ORPHAN;
-	}
 }
 
 /* The running epoch's order, still being built, is not wanted any more:

@@ -1,8 +1,23 @@
 /*
- * sess_int.h — what the files of a session share: sess.c (its life),
- * sess_pump.c (the slot state machine), sess_epoch.c (the requests) and
- * sess_cuda.c (the CUDA half: device slots, copies, pool sizing).
- * Not for anyone else: sess.h is the session layer's interface.
+ * sess_int.h — what the files of a session share.  Not for anyone else:
+ * sess.h is the session layer's interface.
+ *
+ * The files are layers, and a file calls only the files below it (any of
+ * them, not only the next):
+ *
+ *   sess.c        its life: opening, detaching, freeing
+ *   sess_epoch.c  the requests: epochs, paced loads, acks, releases, probes
+ *   sess_pump.c   the slot state machine and in-order delivery
+ *   sess_cuda.c   the CUDA half: device slots, copies, pool sizing
+ *   sess_base.c   what they all use: error replies, the quota, error batches
+ *
+ * What a lower file must reach above it, it reaches through a pointer that
+ * sess_open sets once: the CUDA half pumps its session through
+ * s->cuda.pump (a copy or an allocation back, an OOM back-off's end), and
+ * the last job of a dead session to come back, in whichever file, frees it
+ * through s->free_fn (sess_free, in sess.c), which sess_maybe_free calls.
+ * The ring wakes the pump through ring.wake, which sess_open sets as well.
+ * So no file names a function of a file above it.
  *
  * DESIGN: loop thread only, like everything a session does.
  */
@@ -13,39 +28,6 @@
 #include <string.h>
 
 #include "sess/sess.h"
-
-/* Sends every READY batch whose turn has come, then starts fills while the
- * governor allows and a slot (and, for CUDA sessions, a ring slot) is free.
- * Runs after every event that can unblock it. */
-void sess_pump(struct sess *s);
-/* Records the error of the batch in sl (its epoch and seq set): the message
- * names the batch, is logged unless the batch was abandoned, and is what
- * the trainer's pf_errmsg will say when the error batch is sent. */
-void sess_slot_error(struct sess *s, struct slot *sl, int rc, const char *why);
-/* Batch next_fill becomes an error batch in slot sl, READY at once: a
- * paced request that cannot be served, or a batch whose device slot never
- * came.  Nothing is read. */
-void sess_fill_error(struct sess *s, struct slot *sl, int rc, const char *why);
-/* The bytes of the frame of a full batch's BatchReady in epoch (of
- * nbatches), at most, for a client of picks_le or picks_le32; 0 for the
- * others, whose frames vary in size with their picks. */
-size_t sess_batch_frame_bytes(const struct sess *s, uint64_t epoch, uint64_t nbatches);
-/* A dead session whose every job is back is freed now. */
-void sess_maybe_free(struct sess *s);
-
-/* Paced epochs: the request that is batch seq. */
-static inline struct sess_req *sess_paced_req(const struct sess *s, uint64_t seq)
-{
-	return &s->reqs[seq % SESS_PACED_MAX];
-}
-/* Frees a paced request and gives its quota back. */
-void sess_req_clear(struct sess *s, struct sess_req *r);
-/* Takes n bytes of memory quota for the session's uid, held in *held (one
- * of the session's counters).  0 or -ENOMEM with err naming `what`. */
-int sess_take(struct sess *s, uint64_t *held, uint64_t n, const char *what, char *err,
-	      size_t errlen);
-/* Gives back n of what *held holds (all of it at most). */
-void sess_give(struct sess *s, uint64_t *held, uint64_t n);
 
 /* ---- sess_epoch.c ---- */
 
@@ -59,10 +41,23 @@ void sess_stop_epoch(struct sess *s);
 /* The running epoch's block cache goes (a new epoch, the session's end);
  * reader jobs still out keep it until they are back. */
 void sess_drop_blocks(struct sess *s, bool quota);
-/* The same for one slot, whose batch will not be sent. */
-void sess_drop_slot(struct sess *s, struct slot *sl);
 /* Paced requests not yet sent go (an epoch ends or the session does). */
 void sess_drop_requests(struct sess *s);
+
+/* ---- sess_pump.c ---- */
+
+/* Sends every READY batch whose turn has come, then starts fills while the
+ * governor allows and a slot (and, for CUDA sessions, a ring slot) is free.
+ * Runs after every event that can unblock it. */
+void sess_pump(struct sess *s);
+/* The bytes of the frame of a full batch's BatchReady in epoch (of
+ * nbatches), at most, for a client of picks_le or picks_le32; 0 for the
+ * others, whose frames vary in size with their picks. */
+size_t sess_batch_frame_bytes(const struct sess *s, uint64_t epoch, uint64_t nbatches);
+/* Slot sl's batch will not be sent (its epoch stopped or was cut short): a
+ * READY slot is free again at once, a FILLING or COPYING one becomes ORPHAN
+ * and comes free when its job is back. */
+void sess_drop_slot(struct sess *s, struct slot *sl);
 
 /* ---- sess_cuda.c ---- */
 
@@ -93,5 +88,50 @@ void sess_cuda_copy(struct sess *s, struct slot *sl);
 /* The honest probe: size the target and the pool from the trainer's free
  * device memory. */
 void sess_cuda_probe(struct sess *s, uint64_t free_bytes, uint64_t total_bytes);
+
+/* ---- sess_base.c ---- */
+
+/* Takes n bytes of memory quota for the session's uid, held in *held (one
+ * of the session's counters).  0 or -ENOMEM with err naming `what`. */
+int sess_take(struct sess *s, uint64_t *held, uint64_t n, const char *what, char *err,
+	      size_t errlen);
+/* Gives back n of what *held holds (all of it at most). */
+void sess_give(struct sess *s, uint64_t *held, uint64_t n);
+/* A dead session whose every job is back is freed now (s->free_fn). */
+void sess_maybe_free(struct sess *s);
+/* Frees a paced request and gives its quota back. */
+void sess_req_clear(struct sess *s, struct sess_req *r);
+/* Records the error of the batch in sl (its epoch and seq set): the message
+ * names the batch, is logged unless the batch was abandoned, and is what
+ * the trainer's pf_errmsg will say when the error batch is sent. */
+void sess_slot_error(struct sess *s, struct slot *sl, int rc, const char *why);
+/* Batch next_fill becomes an error batch in slot sl, READY at once: a
+ * paced request that cannot be served, or a batch whose device slot never
+ * came.  Nothing is read. */
+void sess_fill_error(struct sess *s, struct slot *sl, int rc, const char *why);
+
+/* Paced epochs: the request that is batch seq. */
+static inline struct sess_req *sess_paced_req(const struct sess *s, uint64_t seq)
+{
+	return &s->reqs[seq % SESS_PACED_MAX];
+}
+/* The picks of batch seq: batch_size, or fewer for a short last batch or a
+ * paced request. */
+static inline uint32_t sess_batch_count(const struct sess *s, uint64_t seq)
+{
+	uint64_t first = seq * s->batch_size;
+	uint64_t left = s->npicks - first;
+
+	if (s->paced)
+		return sess_paced_req(s, seq)->count;
+	return left < s->batch_size ? (uint32_t)left : s->batch_size;
+}
+/* Batch seq's picks (borrowed: valid until it is sent or the epoch ends). */
+static inline const uint64_t *sess_batch_picks(const struct sess *s, uint64_t seq)
+{
+	if (s->paced)
+		return sess_paced_req(s, seq)->picks;
+	return s->picks + seq * s->batch_size;
+}
 
 #endif

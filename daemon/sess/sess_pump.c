@@ -2,7 +2,10 @@
  * sess_pump.c — a session's slot state machine and in-order delivery (see
  * sess.h): batches handed to the readers in parts, their completions, and
  * the pump that sends every READY batch whose turn has come and starts
- * fills while the governor allows.
+ * fills while the governor allows; and the slots dropped when their batch
+ * will not be sent (sess_drop_slot).  Below sess.c and sess_epoch.c; above
+ * the CUDA half, which pumps a session only through s->cuda.pump, and
+ * sess_base.c (sess_int.h).
  *
  * DESIGN: loop thread only; no locks.  Everything a reader thread needs is
  * copied into its job (sample numbers) or borrowed from memory that lives
@@ -52,37 +55,6 @@ static void put_ring_slot(struct sess *s, struct slot *sl)
 {
 	ring_slot_put(&s->cuda.lease, sl->ring);
 	sl->ring = -1;
-}
-
-void sess_slot_error(struct sess *s, struct slot *sl, int rc, const char *why)
-{
-	char msg[400];
-
-	snprintf(msg, sizeof(msg), "epoch %" PRIu64 " batch %" PRIu64 ": %s", sl->epoch, sl->seq,
-		 why);
-	if (sl->state != SLOT_ORPHAN)
-		log_warn("session %" PRIu64 ": %s", s->id, msg);
-	free(sl->errmsg);
-	sl->errmsg = strdup(msg);
-	sl->error = sl->errmsg ? rc : -ENOMEM;
-}
-
-static uint32_t batch_count(const struct sess *s, uint64_t seq)
-{
-	uint64_t first = seq * s->batch_size;
-	uint64_t left = s->npicks - first;
-
-	if (s->paced)
-		return sess_paced_req(s, seq)->count;
-	return left < s->batch_size ? (uint32_t)left : s->batch_size;
-}
-
-/* Batch seq's picks (borrowed: valid until it is sent or the epoch ends). */
-static const uint64_t *batch_picks(const struct sess *s, uint64_t seq)
-{
-	if (s->paced)
-		return sess_paced_req(s, seq)->picks;
-	return s->picks + seq * s->batch_size;
 }
 
 /* The loop's scratch for a BatchReady's 4-byte picks: packed just before
@@ -177,7 +149,7 @@ static int send_batch(struct sess *s, struct slot *sl)
 {
 	Pf__Envelope env = PF__ENVELOPE__INIT;
 	Pf__BatchReady msg = PF__BATCH_READY__INIT;
-	uint32_t count = batch_count(s, sl->seq);
+	uint32_t count = sess_batch_count(s, sl->seq);
 	uint64_t staged_off[GPU_GATHER_MAX_FIELDS];
 	int rc;
 
@@ -203,7 +175,7 @@ static int send_batch(struct sess *s, struct slot *sl)
 			}
 		}
 	}
-	batch_msg_picks(s, &msg, count, batch_picks(s, sl->seq));
+	batch_msg_picks(s, &msg, count, sess_batch_picks(s, sl->seq));
 	env.msg_case = PF__ENVELOPE__MSG_BATCH;
 	env.batch = &msg;
 	rc = peer_send(s->peer, &env, -1);
@@ -258,17 +230,17 @@ static int send_end(struct sess *s)
 	return peer_send(s->peer, &env, -1);
 }
 
-void sess_fill_error(struct sess *s, struct slot *sl, int rc, const char *why)
+void sess_drop_slot(struct sess *s, struct slot *sl)
 {
-	/* Its rows are never read: off the block cache's counts. */
-	if (s->blocks && !s->paced && s->picks && s->next_fill < s->nbatches)
-		blocks_skip(s->blocks, batch_picks(s, s->next_fill), batch_count(s, s->next_fill));
-	sl->state = SLOT_READY;
-	sl->epoch = s->epoch;
-	sl->seq = s->next_fill;
-	sess_slot_error(s, sl, rc, why);
-	s->next_fill++;
-	s->gov.prepared++;
+	if (sl->state == SLOT_READY) {
+		sess_cuda_unpin(s, sl);
+		free(sl->errmsg);
+		sl->errmsg = NULL;
+		sl->error = 0;
+		sl->state = SLOT_FREE;
+	} else if (sl->state == SLOT_FILLING || sl->state == SLOT_COPYING) {
+		sl->state = SLOT_ORPHAN;
+	}
 }
 
 /*
@@ -306,8 +278,8 @@ static void end_epoch_at(struct sess *s, uint64_t last)
  * thread). */
 static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 {
-	uint32_t count = batch_count(s, s->next_fill);
-	const uint64_t *picks = batch_picks(s, s->next_fill);
+	uint32_t count = sess_batch_count(s, s->next_fill);
+	const uint64_t *picks = sess_batch_picks(s, s->next_fill);
 	const uint64_t *rows = NULL; /* NULL: the picks themselves */
 	const uint64_t *field_offset = s->lay.field_offset;
 	uint32_t main_rows = count, extra = 0;
@@ -499,7 +471,7 @@ again:
 			pump_later(s);
 			return;
 		}
-		work += (uint64_t)batch_count(s, sl->seq) * sizeof(uint64_t);
+		work += (uint64_t)sess_batch_count(s, sl->seq) * sizeof(uint64_t);
 		/* A batch with staged rows may have admitted some into new
 		 * slabs: those go to a client that gathers as they fill, not
 		 * all at the next StartEpoch.  Each costs the trainer 0.15-0.4
@@ -536,7 +508,7 @@ again:
 		}
 		if (s->gpu >= 0 && (ring = ring_slot_get(&s->cuda.lease)) < 0)
 			break;
-		work += (uint64_t)batch_count(s, s->next_fill) * sizeof(uint64_t);
+		work += (uint64_t)sess_batch_count(s, s->next_fill) * sizeof(uint64_t);
 		if (start_fill(s, sl, ring)) {
 			log_err("session %" PRIu64 ": out of memory starting a read", s->id);
 			return;
