@@ -422,7 +422,7 @@ static inline int64_t mono(void)
 	return (int64_t)now_ns();
 }
 
-/* ---- conn.c: deadlines, errors, frames, hello ------------------------------ */
+/* ---- base.c: deadlines, errors, the raw write ----------------------------- */
 
 int64_t pfc_deadline_after(int timeout_ms);
 int pfc_ms_left(int64_t deadline);
@@ -430,16 +430,20 @@ int pfc_conn_fail(struct pf_client *c, int rc, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 int pfc_fail_dead(struct pf_client *c);
 int pfc_sane_code(int32_t code);
-int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env);
-/* pfc_read_env that also returns -EAGAIN, with no frame, as soon as a
- * release lane has given a device buffer back (pfc_settle_fd): pf_next
- * waiting for a free buffer looks again. */
-int pfc_read_env_or_buffer(struct pf_client *c, int64_t deadline, Pf__Envelope **env);
+int pfc_write_all(int sock, const uint8_t *frame, size_t len, int64_t deadline, uint64_t *sends);
 /* From a release lane (settle.c): sends msg, unmarking slot first (when
  * >= 0), if the connection is still gen's and whole.  A send that fails
  * shuts the socket down, so that the owner's next read says the
  * connection broke; the lane touches nothing else of c. */
 void pfc_send_for_gen(struct pf_client *c, Pf__Envelope *msg, uint64_t gen, int32_t slot);
+
+/* ---- conn.c: frames in and out -------------------------------------------- */
+
+int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env);
+/* pfc_read_env that also returns -EAGAIN, with no frame, as soon as a
+ * release lane has given a device buffer back (pfc_settle_fd): pf_next
+ * waiting for a free buffer looks again. */
+int pfc_read_env_or_buffer(struct pf_client *c, int64_t deadline, Pf__Envelope **env);
 /* Handles first (when not NULL; taken) and then every frame already
  * received, without a system call, the gathers of the batches among them
  * grouped into as few launches as may be: 0, or the error that broke the

@@ -1,6 +1,7 @@
 /*
- * conn.c — libprefetch's connection to the daemon: deadlines, error texts,
- * frames out and in, the request/reply call, and connecting with hello.
+ * conn.c — libprefetch's connection to the daemon: frames out and in, the
+ * request/reply call, and connecting with hello.  Deadlines, error texts
+ * and the raw write are base.c's.
  *
  * A client is one socket.  Every wait is a poll() with a deadline, so a
  * wedged daemon costs a caller at most its timeout and a dead one (EOF) is
@@ -17,8 +18,8 @@
  * DESIGN: the socket, the receive buffer and the error texts are the
  * struct pf_client's, used by one thread at a time (prefetch.h says so),
  * with one exception: the release lanes of a CUDA client (settle.c) write
- * Releases from their threads (pfc_send_for_gen).  So every write of a
- * frame holds send_lock, and so do the changes a lane must see whole:
+ * Releases from their threads (base.c's pfc_send_for_gen).  So every write
+ * of a frame holds send_lock, and so do the changes a lane must see whole:
  * closing the socket (pfc_conn_fail, the one place that closes it),
  * installing a new one (pfc_connect_fd, pf_connect, a reconnection) and
  * the connection's gen.
@@ -37,82 +38,6 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
-
-/* ---- time and errors ------------------------------------------------------ */
-
-/* -1: no deadline. */
-int64_t pfc_deadline_after(int timeout_ms)
-{
-	return timeout_ms < 0 ? -1 : mono() + (int64_t)timeout_ms * 1000000;
-}
-
-/* Milliseconds left for poll(), rounded up so that a deadline 0.3 ms away
- * is not polled with 0 and spun on; -1 without a deadline. */
-int pfc_ms_left(int64_t deadline)
-{
-	int64_t left;
-
-	if (deadline < 0)
-		return -1;
-	left = deadline - mono();
-	if (left <= 0)
-		return 0;
-	left = (left + 999999) / 1000000;
-	return left > INT_MAX ? INT_MAX : (int)left;
-}
-
-static int vset_err(struct pf_client *c, int rc, const char *fmt, va_list ap)
-{
-	vsnprintf(c->err, sizeof(c->err), fmt, ap);
-	return rc;
-}
-
-int pfc_set_err(struct pf_client *c, int rc, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vset_err(c, rc, fmt, ap);
-	va_end(ap);
-	return rc;
-}
-
-/* Breaks the connection: closes the socket (the daemon then takes back
- * every slot and frees the session) and makes every later call return rc
- * with this message.  The first failure wins. */
-int __attribute__((format(printf, 3, 4)))
-pfc_conn_fail(struct pf_client *c, int rc, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (c->dead) {
-		snprintf(c->err, sizeof(c->err), "%s", c->dead_msg);
-		return c->dead;
-	}
-	va_start(ap, fmt);
-	vsnprintf(c->dead_msg, sizeof(c->dead_msg), fmt, ap);
-	va_end(ap);
-	snprintf(c->err, sizeof(c->err), "%s", c->dead_msg);
-	pthread_mutex_lock(&c->send_lock);
-	c->dead = rc;
-	if (c->sock >= 0)
-		close(c->sock);
-	c->sock = -1;
-	pthread_mutex_unlock(&c->send_lock);
-	return rc;
-}
-
-int pfc_fail_dead(struct pf_client *c)
-{
-	snprintf(c->err, sizeof(c->err), "%s", c->dead_msg);
-	return c->dead;
-}
-
-/* A daemon's error code must be a -errno; anything else is its bug. */
-int pfc_sane_code(int32_t code)
-{
-	return code < 0 && code > -4096 ? code : -EPROTO;
-}
 
 /* ---- frames ---------------------------------------------------------------- */
 
@@ -148,37 +73,6 @@ static int peer_closed(struct pf_client *c)
 	return pfc_conn_fail(c, -ECONNRESET, "%s went away (the connection closed)", c->where);
 }
 
-/* Writes len bytes to sock, waiting until deadline for room: 0, or -errno
- * (-ETIMEDOUT when the deadline passed, with part of the bytes possibly
- * on the wire).  *sends counts the system calls.  Touches nothing else, so
- * a release lane may use it too (send_lock held). */
-static int write_all(int sock, const uint8_t *frame, size_t len, int64_t deadline, uint64_t *sends)
-{
-	size_t off = 0;
-
-	while (off < len) {
-		long n = wire_send_some(sock, frame + off, len - off, -1);
-		struct pollfd pfd = {.fd = sock, .events = POLLOUT};
-		int ready;
-
-		(*sends)++;
-		if (n > 0) {
-			off += (size_t)n;
-			continue;
-		}
-		if (n != -EAGAIN)
-			return (int)n;
-		ready = poll(&pfd, 1, pfc_ms_left(deadline));
-		if (ready < 0 && errno == EINTR)
-			continue;
-		if (ready == 0)
-			return -ETIMEDOUT;
-		if (ready < 0)
-			return -errno;
-	}
-	return 0;
-}
-
 static int send_bytes_now(struct pf_client *c, const uint8_t *frame, size_t len, int64_t deadline,
 			  const char *what);
 
@@ -198,37 +92,10 @@ static int send_bytes(struct pf_client *c, const uint8_t *frame, size_t len, int
 	return rc;
 }
 
-void pfc_send_for_gen(struct pf_client *c, Pf__Envelope *msg, uint64_t gen, int32_t slot)
-{
-	int64_t deadline = pfc_deadline_after(c->timeout_ms);
-	uint8_t *frame = NULL;
-	uint64_t sends = 0; /* not counted: c->counts is the owner's */
-	size_t len;
-
-	msg->id = 0;
-	if (wire_encode(msg, &frame, &len))
-		return; /* out of memory: the slot comes back with the socket */
-	pthread_mutex_lock(&c->send_lock);
-	if (c->dead || c->sock < 0 || c->gen != gen)
-		goto out;
-	/* Unmarked before the Release is out: the daemon may announce the
-	 * slot again at once, and the owner's read of that must not find it
-	 * still marked. */
-	if (slot >= 0 && (uint32_t)slot < c->slots)
-		slot_mark(c, slot, false);
-	/* Broken, or part of a frame on the wire: the stream is over, and
-	 * the owner's next read finds it so and says why. */
-	if (write_all(c->sock, frame, len, deadline, &sends))
-		shutdown(c->sock, SHUT_RDWR);
-out:
-	pthread_mutex_unlock(&c->send_lock);
-	free(frame);
-}
-
 static int send_bytes_now(struct pf_client *c, const uint8_t *frame, size_t len, int64_t deadline,
 			  const char *what)
 {
-	int rc = write_all(c->sock, frame, len, deadline, &c->counts.sends);
+	int rc = pfc_write_all(c->sock, frame, len, deadline, &c->counts.sends);
 
 	if (rc == -EPIPE || rc == -ECONNRESET)
 		return peer_closed(c);

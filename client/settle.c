@@ -31,8 +31,8 @@
  *
  * DESIGN: the lanes' threads own nothing but their position in the lane.
  * struct pfc_settle's lock guards the lanes, the done list and the
- * counters; pf_client.send_lock (conn.c) guards the socket's writes and its
- * replacement, and a lane sends only a release of the connection it came
+ * counters; pf_client.send_lock guards the socket's writes (base.c,
+ * conn.c) and its replacement, and a lane sends only a release of the connection it came
  * on (pfc_release.gen), which it checks under that lock.  Lock order:
  * settle lock, then send lock; a lane never holds the settle lock while it
  * waits for the GPU or sends.
