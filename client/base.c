@@ -28,7 +28,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-/* ---- time and errors ------------------------------------------------------ */
+/* ---- time and errors ----------------------------------------------------- */
 
 /* -1: no deadline. */
 int64_t pfc_deadline_after(int timeout_ms)

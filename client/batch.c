@@ -1,8 +1,9 @@
 /*
  * batch.c — libprefetch's batches: the arenas they live in (mapped or
  * imported when the daemon pushes them, unmapped once the device is done
- * with them), BatchReady and the other pushes, the queue of batches not
- * taken, taking one, and giving it back.
+ * with them), BatchReady and the other pushes, taking in the frames the
+ * connection (conn.c) has received, the queue of batches not taken,
+ * taking one, and giving it back.
  *
  * Taking a batch sends its Ack (the daemon may prepare another: the
  * governor's `consumed`), with the stall accounting of this client: time
@@ -912,6 +913,42 @@ int pfc_handle_push(struct pf_client *c, Pf__Envelope *env)
 	}
 	pf__envelope__free_unpacked(env, NULL);
 	return rc;
+}
+
+int pfc_take_in(struct pf_client *c, Pf__Envelope *first)
+{
+	int rc = 0, frc;
+
+	c->grouping = true;
+	if (first)
+		rc = pfc_handle_unasked(c, first);
+	while (!rc) {
+		Pf__Envelope *env;
+
+		if (c->dead) {
+			rc = pfc_fail_dead(c);
+			break;
+		}
+		rc = pfc_next_frame(c, &env);
+		if (rc <= 0)
+			break;
+		rc = pfc_handle_unasked(c, env);
+	}
+	c->grouping = false;
+	frc = pfc_gather_flush(c);
+	return rc ? rc : frc;
+}
+
+int pfc_read_buffered(struct pf_client *c)
+{
+	return pfc_take_in(c, NULL);
+}
+
+int pfc_read_now(struct pf_client *c)
+{
+	int rc = pfc_fill_now(c);
+
+	return rc ? rc : pfc_take_in(c, NULL);
 }
 
 /* ---- taking and releasing batches ------------------------------------------- */

@@ -439,27 +439,24 @@ void pfc_send_for_gen(struct pf_client *c, Pf__Envelope *msg, uint64_t gen, int3
 
 /* ---- conn.c: frames in and out -------------------------------------------- */
 
+/* Sends env as it is, its id included (0: corked while the client is),
+ * waiting until deadline for room: 0, or -errno. */
+int pfc_send_env(struct pf_client *c, Pf__Envelope *env, int64_t deadline);
+int pfc_next_frame(struct pf_client *c, Pf__Envelope **env);
+/* Reads what the socket holds now into the receive buffer, without
+ * waiting: 0 (nothing there is 0 too), or the error that broke the
+ * connection. */
+int pfc_fill_now(struct pf_client *c);
 int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env);
 /* pfc_read_env that also returns -EAGAIN, with no frame, as soon as a
  * release lane has given a device buffer back (pfc_settle_fd): pf_next
  * waiting for a free buffer looks again. */
 int pfc_read_env_or_buffer(struct pf_client *c, int64_t deadline, Pf__Envelope **env);
-/* Handles first (when not NULL; taken) and then every frame already
- * received, without a system call, the gathers of the batches among them
- * grouped into as few launches as may be: 0, or the error that broke the
- * connection. */
-int pfc_take_in(struct pf_client *c, Pf__Envelope *first);
-/* pfc_take_in(c, NULL). */
-int pfc_read_buffered(struct pf_client *c);
-/* Reads what the socket holds now, without waiting, and takes it in (as
- * pfc_read_buffered): 0, or the error that broke the connection. */
-int pfc_read_now(struct pf_client *c);
 /* Whether the daemon's end of the socket is still open, asked without
  * waiting and without writing: 0, or the error that broke the connection
  * (as a failed write would have said). */
 int pfc_check_peer(struct pf_client *c);
 struct pf_client *pfc_client_new(const char *where);
-int pfc_hello(struct pf_client *c, int timeout_ms);
 
 /* ---- batch.c: arenas, pushes, taking and releasing batches ----------------- */
 
@@ -475,6 +472,16 @@ int pfc_handle_push(struct pf_client *c, Pf__Envelope *env);
 /* A frame no request waits for, taken: a push is handled, the late reply to
  * a request that timed out dropped. */
 int pfc_handle_unasked(struct pf_client *c, Pf__Envelope *env);
+/* Handles first (when not NULL; taken) and then every frame already
+ * received, without a system call, the gathers of the batches among them
+ * grouped into as few launches as may be: 0, or the error that broke the
+ * connection. */
+int pfc_take_in(struct pf_client *c, Pf__Envelope *first);
+/* pfc_take_in(c, NULL). */
+int pfc_read_buffered(struct pf_client *c);
+/* Reads what the socket holds now, without waiting, and takes it in (as
+ * pfc_read_buffered): 0, or the error that broke the connection. */
+int pfc_read_now(struct pf_client *c);
 int pfc_send_probe(struct pf_client *c);
 int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream);
 int pfc_take(struct pf_client *c, struct pf_batch **batch);
@@ -492,6 +499,10 @@ int pfc_ack_ahead(struct pf_client *c);
  * whose queue is never taken from): 0, or the error that broke it. */
 int pfc_gather_flush(struct pf_client *c);
 int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_t *blocked_since);
+
+/* ---- call.c: requests and replies, hello ----------------------------------- */
+
+int pfc_hello(struct pf_client *c, int timeout_ms);
 
 /* ---- settle.c: the release lanes -------------------------------------------- */
 

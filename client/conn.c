@@ -1,19 +1,18 @@
 /*
- * conn.c — libprefetch's connection to the daemon: frames out and in, the
- * request/reply call, and connecting with hello.  Deadlines, error texts
- * and the raw write are base.c's.
+ * conn.c — libprefetch's connection to the daemon: frames out (corked or
+ * at once) and frames in (read, decoded, waited for with a deadline).
+ * What a frame says is for the files above: batch.c takes pushes in,
+ * call.c matches replies to requests.  Deadlines, error texts and the raw
+ * write are base.c's.
  *
  * A client is one socket.  Every wait is a poll() with a deadline, so a
  * wedged daemon costs a caller at most its timeout and a dead one (EOF) is
- * noticed at once; nothing here waits on anything the daemon owns.  Pushes
- * (Arena, BatchReady, EpochEnd, unsolicited Error) may arrive between a
- * request and its reply, so whichever call is reading handles them
- * (pfc_handle_push): arenas are mapped when they arrive, batches of the
- * current epoch are queued for pf_next, and batches of any other epoch are
- * released at once and never reach the trainer.  A frame that does not
- * decode, or a push that breaks the protocol (a slot out of range, a batch
- * out of order), breaks the connection: the socket is closed, so the daemon
- * takes every slot back, and every later call returns the same error.
+ * noticed at once; nothing here waits on anything the daemon owns.  A
+ * frame that does not decode breaks the connection: the socket is closed,
+ * so the daemon takes every slot back, and every later call returns the
+ * same error.  While a wait has nothing to read, it hands the corked
+ * frames to the socket and collects what the release lanes (settle.c)
+ * settled; a wait for a client copy's buffer also polls the lanes' eventfd.
  *
  * DESIGN: the socket, the receive buffer and the error texts are the
  * struct pf_client's, used by one thread at a time (prefetch.h says so),
@@ -27,19 +26,16 @@
 #include "client_int.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
-/* ---- frames ---------------------------------------------------------------- */
+/* ---- frames out ---------------------------------------------------------- */
 
 /* The daemon closed the connection.  A daemon that refuses a peer
  * (SO_PEERCRED) pushes an Error and closes before hello, possibly before our
@@ -112,7 +108,7 @@ static int send_bytes_now(struct pf_client *c, const uint8_t *frame, size_t len,
 	return 0;
 }
 
-static int send_env(struct pf_client *c, Pf__Envelope *env, int64_t deadline)
+int pfc_send_env(struct pf_client *c, Pf__Envelope *env, int64_t deadline)
 {
 	uint8_t *frame = NULL;
 	size_t len;
@@ -180,12 +176,14 @@ int pfc_uncork(struct pf_client *c)
 int pfc_send(struct pf_client *c, Pf__Envelope *msg)
 {
 	msg->id = 0;
-	return send_env(c, msg, pfc_deadline_after(c->timeout_ms));
+	return pfc_send_env(c, msg, pfc_deadline_after(c->timeout_ms));
 }
+
+/* ---- frames in ----------------------------------------------------------- */
 
 /* The next frame already received: 1 with *env, 0 for none, or the error
  * that broke the connection. */
-static int next_buffered(struct pf_client *c, Pf__Envelope **env)
+int pfc_next_frame(struct pf_client *c, Pf__Envelope **env)
 {
 	int64_t t0 = PFC_T0(c);
 	int rc = wire_rx_next(&c->rx, env);
@@ -199,35 +197,6 @@ static int next_buffered(struct pf_client *c, Pf__Envelope **env)
 				     c->where, c->rx.max_frame);
 	return pfc_conn_fail(c, -EPROTO, "%s sent a frame that does not decode; connection closed",
 			     c->where);
-}
-
-int pfc_take_in(struct pf_client *c, Pf__Envelope *first)
-{
-	int rc = 0, frc;
-
-	c->grouping = true;
-	if (first)
-		rc = pfc_handle_unasked(c, first);
-	while (!rc) {
-		Pf__Envelope *env;
-
-		if (c->dead) {
-			rc = pfc_fail_dead(c);
-			break;
-		}
-		rc = next_buffered(c, &env);
-		if (rc <= 0)
-			break;
-		rc = pfc_handle_unasked(c, env);
-	}
-	c->grouping = false;
-	frc = pfc_gather_flush(c);
-	return rc ? rc : frc;
-}
-
-int pfc_read_buffered(struct pf_client *c)
-{
-	return pfc_take_in(c, NULL);
 }
 
 /* A failed fill of the receive buffer (n < 0, not -EAGAIN): the error that
@@ -276,7 +245,7 @@ int pfc_check_peer(struct pf_client *c)
 	return 0;
 }
 
-int pfc_read_now(struct pf_client *c)
+int pfc_fill_now(struct pf_client *c)
 {
 	long n;
 
@@ -287,7 +256,7 @@ int pfc_read_now(struct pf_client *c)
 		return peer_closed(c);
 	if (n < 0 && n != -EAGAIN)
 		return fill_failed(c, n);
-	return pfc_take_in(c, NULL);
+	return 0;
 }
 
 /* poll() of n fds with a deadline to the nanosecond (poll's own timeout
@@ -324,7 +293,7 @@ static int read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env, i
 
 		if (c->dead)
 			return pfc_fail_dead(c);
-		rc = next_buffered(c, env);
+		rc = pfc_next_frame(c, env);
 		if (rc == 1)
 			return 0;
 		if (rc < 0)
@@ -393,75 +362,6 @@ int pfc_read_env_or_buffer(struct pf_client *c, int64_t deadline, Pf__Envelope *
 	return read_env(c, deadline, env, fd);
 }
 
-/* ---- requests -------------------------------------------------------------- */
-
-static int call_within(struct pf_client *c, Pf__Envelope *req, int reply_case, Pf__Envelope **reply,
-		       int timeout_ms)
-{
-	int64_t deadline = pfc_deadline_after(timeout_ms);
-	uint64_t id;
-	int rc;
-
-	if (reply)
-		*reply = NULL;
-	c->refused = false;
-	if (c->dead)
-		return pfc_fail_dead(c);
-	id = ++c->last_id;
-	req->id = id;
-	rc = send_env(c, req, deadline);
-	if (rc)
-		return rc;
-	for (;;) {
-		Pf__Envelope *env;
-
-		rc = pfc_read_env(c, deadline, &env);
-		if (rc == -ETIMEDOUT)
-			return pfc_set_err(c, rc, "%s did not answer %s within %d ms", c->where,
-					   wire_msg_name(req->msg_case), timeout_ms);
-		if (rc)
-			return rc;
-		if (env->id == 0) {
-			rc = pfc_handle_push(c, env);
-			if (rc)
-				return rc;
-			continue;
-		}
-		if (env->id != id) {
-			/* The reply to an earlier request that timed out. */
-			pf__envelope__free_unpacked(env, NULL);
-			continue;
-		}
-		if (env->msg_case == PF__ENVELOPE__MSG_ERROR) {
-			rc = pfc_sane_code(env->error->code);
-			c->refused = true;
-			pfc_set_err(c, rc, "%s",
-				    env->error->message && *env->error->message
-					    ? env->error->message
-					    : strerror(-rc));
-			pf__envelope__free_unpacked(env, NULL);
-			return rc;
-		}
-		if ((int)env->msg_case != reply_case) {
-			rc = pfc_conn_fail(c, -EPROTO, "%s answered %s with %s", c->where,
-					   wire_msg_name(req->msg_case),
-					   wire_msg_name(env->msg_case));
-			pf__envelope__free_unpacked(env, NULL);
-			return rc;
-		}
-		if (reply)
-			*reply = env;
-		else
-			pf__envelope__free_unpacked(env, NULL);
-		return 0;
-	}
-}
-
-int pfc_call(struct pf_client *c, Pf__Envelope *req, int reply_case, Pf__Envelope **reply)
-{
-	return call_within(c, req, reply_case, reply, c->timeout_ms);
-}
-
 void pfc_set_timeout(struct pf_client *c, int timeout_ms)
 {
 	c->timeout_ms = timeout_ms > 0 ? timeout_ms : PFC_TIMEOUT_MS_DEFAULT;
@@ -472,17 +372,7 @@ bool pfc_broken(const struct pf_client *c)
 	return c->dead != 0;
 }
 
-const char *pfc_daemon_version(const struct pf_client *c)
-{
-	return c->daemon;
-}
-
-uint32_t pfc_daemon_max_frame(const struct pf_client *c)
-{
-	return c->max_frame;
-}
-
-/* ---- connecting -------------------------------------------------------------- */
+/* ---- making a client ----------------------------------------------------- */
 
 struct pf_client *pfc_client_new(const char *where)
 {
@@ -522,64 +412,4 @@ struct pf_client *pfc_client_new(const char *where)
 	snprintf(c->hello_name, sizeof(c->hello_name), "%s[%d]", program_invocation_short_name,
 		 (int)getpid());
 	return c;
-}
-
-int pfc_hello(struct pf_client *c, int timeout_ms)
-{
-	Pf__Envelope env = PF__ENVELOPE__INIT;
-	Pf__Hello msg = PF__HELLO__INIT;
-	Pf__Envelope *reply;
-	Pf__HelloReply *hr;
-	int rc;
-
-	msg.version = WIRE_VERSION;
-	msg.client = c->hello_name;
-	env.msg_case = PF__ENVELOPE__MSG_HELLO;
-	env.hello = &msg;
-	rc = call_within(c, &env, PF__ENVELOPE__MSG_HELLO_REPLY, &reply, timeout_ms);
-	if (rc == -ETIMEDOUT)
-		return pfc_conn_fail(c, rc, "%s did not answer hello within %g s", c->where,
-				     timeout_ms / 1000.0);
-	if (rc)
-		return pfc_conn_fail(c, rc, "%s", c->err);
-	hr = reply->hello_reply;
-	if (hr->version != WIRE_VERSION) {
-		rc = pfc_conn_fail(c, -EPROTO,
-				   "%s speaks protocol version %" PRIu32 "; this library speaks %d",
-				   c->where, hr->version, WIRE_VERSION);
-		goto out;
-	}
-	snprintf(c->daemon, sizeof(c->daemon), "%s", hr->daemon ? hr->daemon : "");
-	c->greeted = true;
-	if (hr->max_frame >= 64)
-		c->max_frame = hr->max_frame;
-out:
-	pf__envelope__free_unpacked(reply, NULL);
-	return rc;
-}
-
-static int set_nonblocking(int fd)
-{
-	int fl = fcntl(fd, F_GETFL);
-
-	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
-		return -errno;
-	return 0;
-}
-
-int pfc_connect_fd(int sock, const char *where, int hello_timeout_ms, struct pf_client **out)
-{
-	struct pf_client *c = pfc_client_new(where ? where : "prefetchd");
-	int rc;
-
-	*out = c;
-	if (!c) {
-		close(sock);
-		return -ENOMEM;
-	}
-	c->sock = sock;
-	rc = set_nonblocking(sock);
-	if (rc)
-		return pfc_conn_fail(c, rc, "cannot set up the socket: %s", strerror(-rc));
-	return pfc_hello(c, hello_timeout_ms);
 }
