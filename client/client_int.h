@@ -500,9 +500,13 @@ int pfc_ack_ahead(struct pf_client *c);
 int pfc_gather_flush(struct pf_client *c);
 int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_t *blocked_since);
 
-/* ---- call.c: requests and replies, hello ----------------------------------- */
+/* ---- call.c: requests and replies, hello, the session's requests --------- */
 
 int pfc_hello(struct pf_client *c, int timeout_ms);
+bool pfc_env_says_no(const char *name);
+int pfc_send_open(struct pf_client *c, Pf__Envelope **reply);
+int pfc_send_start(struct pf_client *c, uint64_t start_batch, const uint64_t *indices,
+		   size_t nindices, uint64_t *batches);
 
 /* ---- settle.c: the release lanes -------------------------------------------- */
 
@@ -549,11 +553,5 @@ bool pfc_reconnecting(const struct pf_client *c);
 void pfc_retired_put(struct pf_client *c, uint64_t gen);
 void pfc_note_outage(struct pf_client *c);
 int pfc_revive(struct pf_client *c, int64_t deadline);
-
-/* ---- prefetch.c: the session's requests, sent again after a restart ------- */
-
-int pfc_send_open(struct pf_client *c, Pf__Envelope **reply);
-int pfc_send_start(struct pf_client *c, uint64_t start_batch, const uint64_t *indices,
-		   size_t nindices, uint64_t *batches);
 
 #endif

@@ -161,48 +161,6 @@ static int keep_open_opts(struct pf_client *c, const struct pf_open_opts *opts)
 	return 0;
 }
 
-/* $name is "0": the trainer turned that off. */
-static bool env_says_no(const char *name)
-{
-	const char *v = getenv(name);
-
-	return v && strcmp(v, "0") == 0;
-}
-
-/* OpenSession with the kept options. */
-int pfc_send_open(struct pf_client *c, Pf__Envelope **reply)
-{
-	const struct pf_open_opts *o = &c->open_opts;
-	Pf__Envelope env = PF__ENVELOPE__INIT;
-	Pf__OpenSession msg = PF__OPEN_SESSION__INIT;
-
-	msg.dataset = (char *)o->dataset;
-	msg.device = (char *)o->device;
-	msg.batch_size = o->batch_size;
-	msg.picks_le = true; /* copy_picks reads every form */
-	/* 4-byte picks and inline gather ids where they fit: half the bytes
-	 * of a BatchReady to read, decode and copy, on the trainer's CPU,
-	 * which bounds a warm pool's tight loop (bench/NOTES.md);
-	 * $PREFETCH_CLIENT_NARROW=0 asks for 8 bytes, to compare. */
-	msg.narrow = !env_says_no("PREFETCH_CLIENT_NARROW");
-	msg.drop_last = o->drop_last;
-	msg.augment = o->augment;
-	msg.min_depth = o->min_depth;
-	msg.max_depth = o->max_depth;
-	msg.ipc = (Pf__Ipc)o->ipc;
-	msg.name = (char *)o->name;
-	msg.gather = c->gather != NULL;
-	/* Without a pool, batches come in host arenas for this process to copy
-	 * ($PREFETCH_CLIENT_COPY=0: the daemon copies them). */
-	msg.client_copy = c->gather != NULL && pfcuda_can_copy_from_host(c->cuda) &&
-			  !env_says_no("PREFETCH_CLIENT_COPY");
-	if (c->pci_bus_id[0])
-		msg.pci_bus_id = c->pci_bus_id;
-	env.msg_case = PF__ENVELOPE__MSG_OPEN;
-	env.open = &msg;
-	return pfc_call(c, &env, PF__ENVELOPE__MSG_OPENED, reply);
-}
-
 PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
 {
 	Pf__Envelope *reply;
@@ -247,7 +205,7 @@ PF_API int pf_open(struct pf_client *c, const struct pf_open_opts *opts)
 		/* Pool hits are gathered here, in the trainer's context, when
 		 * the kernel loads ($PREFETCH_CLIENT_GATHER=0: never; then, or
 		 * when it does not load, the daemon gathers). */
-		if (!env_says_no("PREFETCH_CLIENT_GATHER"))
+		if (!pfc_env_says_no("PREFETCH_CLIENT_GATHER"))
 			pfcuda_gather_open(c->cuda, &c->gather, NULL, 0);
 	}
 	rc = keep_open_opts(c, opts);
@@ -287,53 +245,6 @@ PF_API int pf_field_info(const struct pf_client *c, uint32_t i, struct pf_field 
 	out->shape = c->fields[i].shape;
 	out->sample_bytes = c->fields[i].sample_bytes;
 	return 0;
-}
-
-/*
- * StartEpoch for the epoch on record (c->epoch and how it was started) at
- * start_batch.  Batches that arrive meanwhile for it are queued; if it is
- * refused (or gets no answer) no epoch runs here, and whatever arrived for
- * it goes back.  The daemon's error stays in pf_errmsg: pfc_release_queue only
- * sets a message if it fails.
- */
-int pfc_send_start(struct pf_client *c, uint64_t start_batch, const uint64_t *indices,
-		   size_t nindices, uint64_t *batches)
-{
-	Pf__Envelope env = PF__ENVELOPE__INIT;
-	Pf__StartEpoch msg = PF__START_EPOCH__INIT;
-	Pf__Envelope *reply;
-	int rc;
-
-	c->epoch_live = true;
-	c->epoch_ended = false;
-	c->next_seq = start_batch;
-	msg.epoch = c->epoch;
-	msg.order = (Pf__Order)c->epoch_order;
-	msg.seed = c->epoch_seed;
-	msg.rank = c->epoch_rank;
-	msg.world = c->epoch_world;
-	msg.start_batch = start_batch;
-	msg.block_rows = c->epoch_block_rows;
-	msg.block_bytes = c->epoch_block_bytes;
-	msg.window_blocks = c->epoch_window_blocks;
-	msg.n_indices = nindices;
-	msg.indices = (uint64_t *)indices;
-	env.msg_case = PF__ENVELOPE__MSG_START;
-	env.start = &msg;
-	rc = pfc_call(c, &env, PF__ENVELOPE__MSG_STARTED, &reply);
-	if (rc) {
-		c->epoch_live = false;
-		pfc_release_queue(c);
-		return rc;
-	}
-	if (reply->started->epoch != c->epoch)
-		rc = pfc_conn_fail(c, -EPROTO,
-				   "%s started epoch %" PRIu64 " when asked for %" PRIu64, c->where,
-				   reply->started->epoch, c->epoch);
-	else if (batches)
-		*batches = reply->started->batches;
-	pf__envelope__free_unpacked(reply, NULL);
-	return rc;
 }
 
 /* ---- epochs ------------------------------------------------------------------- */
