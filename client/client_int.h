@@ -422,7 +422,20 @@ static inline int64_t mono(void)
 	return (int64_t)now_ns();
 }
 
-/* ---- base.c: deadlines, errors, the raw write ----------------------------- */
+/* The slot marks (pf_client.slot_mine), which a lane clears as it sends a
+ * Release: atomics, so that the owner's test of a slot the daemon just
+ * announced again sees the lane's clearing. */
+static inline bool slot_marked(const struct pf_client *c, int32_t slot)
+{
+	return __atomic_load_n(&c->slot_mine[slot], __ATOMIC_ACQUIRE) != 0;
+}
+
+static inline void slot_mark(struct pf_client *c, int32_t slot, bool mine)
+{
+	__atomic_store_n(&c->slot_mine[slot], (uint8_t)mine, __ATOMIC_RELEASE);
+}
+
+/* ---- base.c: deadlines, errors, the raw write ---------------------------- */
 
 int64_t pfc_deadline_after(int timeout_ms);
 int pfc_ms_left(int64_t deadline);
@@ -437,78 +450,7 @@ int pfc_write_all(int sock, const uint8_t *frame, size_t len, int64_t deadline, 
  * connection broke; the lane touches nothing else of c. */
 void pfc_send_for_gen(struct pf_client *c, Pf__Envelope *msg, uint64_t gen, int32_t slot);
 
-/* ---- conn.c: frames in and out -------------------------------------------- */
-
-/* Sends env as it is, its id included (0: corked while the client is),
- * waiting until deadline for room: 0, or -errno. */
-int pfc_send_env(struct pf_client *c, Pf__Envelope *env, int64_t deadline);
-int pfc_next_frame(struct pf_client *c, Pf__Envelope **env);
-/* Reads what the socket holds now into the receive buffer, without
- * waiting: 0 (nothing there is 0 too), or the error that broke the
- * connection. */
-int pfc_fill_now(struct pf_client *c);
-int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env);
-/* pfc_read_env that also returns -EAGAIN, with no frame, as soon as a
- * release lane has given a device buffer back (pfc_settle_fd): pf_next
- * waiting for a free buffer looks again. */
-int pfc_read_env_or_buffer(struct pf_client *c, int64_t deadline, Pf__Envelope **env);
-/* Whether the daemon's end of the socket is still open, asked without
- * waiting and without writing: 0, or the error that broke the connection
- * (as a failed write would have said). */
-int pfc_check_peer(struct pf_client *c);
-struct pf_client *pfc_client_new(const char *where);
-
-/* ---- batch.c: arenas, pushes, taking and releasing batches ----------------- */
-
-void pfc_free_batch(struct pfc_batch *b);
-bool pfc_can_take(const struct pf_client *c);
-void pfc_free_dbufs(struct pf_client *c);
-int pfc_keep_pool(struct pf_client *c, const Pf__SessionOpened *so);
-void pfc_unmap_slabs(struct pf_client *c);
-int pfc_send_release(struct pf_client *c, uint64_t epoch, uint64_t seq, int32_t slot);
-int pfc_release_queue(struct pf_client *c);
-void pfc_unmap_arenas(struct pf_client *c, struct pfc_arena *arenas, uint32_t n);
-int pfc_handle_push(struct pf_client *c, Pf__Envelope *env);
-/* A frame no request waits for, taken: a push is handled, the late reply to
- * a request that timed out dropped. */
-int pfc_handle_unasked(struct pf_client *c, Pf__Envelope *env);
-/* Handles first (when not NULL; taken) and then every frame already
- * received, without a system call, the gathers of the batches among them
- * grouped into as few launches as may be: 0, or the error that broke the
- * connection. */
-int pfc_take_in(struct pf_client *c, Pf__Envelope *first);
-/* pfc_take_in(c, NULL). */
-int pfc_read_buffered(struct pf_client *c);
-/* Reads what the socket holds now, without waiting, and takes it in (as
- * pfc_read_buffered): 0, or the error that broke the connection. */
-int pfc_read_now(struct pf_client *c);
-int pfc_send_probe(struct pf_client *c);
-int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream);
-int pfc_take(struct pf_client *c, struct pf_batch **batch);
-/* Client copies: starts the copies of the batches at the head of the queue,
- * up to PFC_COPY_AHEAD not taken yet.  0, or the error that broke the
- * connection. */
-int pfc_copy_ahead(struct pf_client *c);
-/* CUDA sessions, at a release: acks the head of the queue now, with the
- * release's write, when it is a batch on the device (or on its way there),
- * so that the pf_next that takes it writes nothing (pfc_take).  The daemon
- * hears of the take one call early, as a trainer that releases a batch
- * takes the next at once.  0, or the error of a failed encoding. */
-int pfc_ack_ahead(struct pf_client *c);
-/* Launches the gathers waiting in c->group (none on a broken connection,
- * whose queue is never taken from): 0, or the error that broke it. */
-int pfc_gather_flush(struct pf_client *c);
-int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_t *blocked_since);
-
-/* ---- call.c: requests and replies, hello, the session's requests --------- */
-
-int pfc_hello(struct pf_client *c, int timeout_ms);
-bool pfc_env_says_no(const char *name);
-int pfc_send_open(struct pf_client *c, Pf__Envelope **reply);
-int pfc_send_start(struct pf_client *c, uint64_t start_batch, const uint64_t *indices,
-		   size_t nindices, uint64_t *batches);
-
-/* ---- settle.c: the release lanes -------------------------------------------- */
+/* ---- settle.c: the release lanes ----------------------------------------- */
 
 /* Hands r (its event recorded, free_event set) to the lane of r->stream,
  * whose thread sends its Release once the event has completed.  0, or
@@ -534,20 +476,92 @@ int pfc_settle_fd(const struct pf_client *c);
  * the device first), collects, and frees them. */
 void pfc_settle_close(struct pf_client *c);
 
-/* The slot marks (pf_client.slot_mine), which a lane clears as it sends a
- * Release: atomics, so that the owner's test of a slot the daemon just
- * announced again sees the lane's clearing. */
-static inline bool slot_marked(const struct pf_client *c, int32_t slot)
-{
-	return __atomic_load_n(&c->slot_mine[slot], __ATOMIC_ACQUIRE) != 0;
-}
+/* ---- conn.c: frames in and out ------------------------------------------- */
 
-static inline void slot_mark(struct pf_client *c, int32_t slot, bool mine)
-{
-	__atomic_store_n(&c->slot_mine[slot], (uint8_t)mine, __ATOMIC_RELEASE);
-}
+/* Sends env as it is, its id included (0: corked while the client is),
+ * waiting until deadline for room: 0, or -errno. */
+int pfc_send_env(struct pf_client *c, Pf__Envelope *env, int64_t deadline);
+int pfc_next_frame(struct pf_client *c, Pf__Envelope **env);
+/* Reads what the socket holds now into the receive buffer, without
+ * waiting: 0 (nothing there is 0 too), or the error that broke the
+ * connection. */
+int pfc_fill_now(struct pf_client *c);
+int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env);
+/* pfc_read_env that also returns -EAGAIN, with no frame, as soon as a
+ * release lane has given a device buffer back (pfc_settle_fd): pf_next
+ * waiting for a free buffer looks again. */
+int pfc_read_env_or_buffer(struct pf_client *c, int64_t deadline, Pf__Envelope **env);
+/* Whether the daemon's end of the socket is still open, asked without
+ * waiting and without writing: 0, or the error that broke the connection
+ * (as a failed write would have said). */
+int pfc_check_peer(struct pf_client *c);
+struct pf_client *pfc_client_new(const char *where);
 
-/* ---- reconnect.c: the session across daemon restarts ---------------------- */
+/* ---- arena.c: arenas and pool slabs -------------------------------------- */
+
+int pfc_add_arena(struct pf_client *c, const Pf__Arena *msg);
+void pfc_unmap_arenas(struct pf_client *c, struct pfc_arena *arenas, uint32_t n);
+int pfc_keep_pool(struct pf_client *c, const Pf__SessionOpened *so);
+size_t pfc_staging_bytes(const struct pf_client *c);
+void pfc_unmap_slabs(struct pf_client *c);
+int pfc_add_pool_slab(struct pf_client *c, const Pf__PoolSlab *m);
+int pfc_pool_slab_gone(struct pf_client *c, const Pf__PoolSlabGone *m);
+
+/* ---- release.c: events, releases, client copies -------------------------- */
+
+int pfc_event_get(struct pf_client *c, const char *what, struct pfc_event **out);
+void pfc_event_put(void *event);
+void pfc_free_batch(struct pfc_batch *b);
+int pfc_send_release(struct pf_client *c, uint64_t epoch, uint64_t seq, int32_t slot);
+void pfc_drop_untaken(struct pf_client *c, struct pfc_batch *b);
+int pfc_release_queue(struct pf_client *c);
+int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream);
+bool pfc_can_take(const struct pf_client *c);
+void pfc_free_dbufs(struct pf_client *c);
+int pfc_copy_batch(struct pf_client *c, struct pfc_batch *b, bool ahead);
+/* Client copies: starts the copies of the batches at the head of the queue,
+ * up to PFC_COPY_AHEAD not taken yet.  0, or the error that broke the
+ * connection. */
+int pfc_copy_ahead(struct pf_client *c);
+
+/* ---- batch.c: pushes, gathers, taking batches ---------------------------- */
+
+int pfc_handle_push(struct pf_client *c, Pf__Envelope *env);
+/* A frame no request waits for, taken: a push is handled, the late reply to
+ * a request that timed out dropped. */
+int pfc_handle_unasked(struct pf_client *c, Pf__Envelope *env);
+/* Handles first (when not NULL; taken) and then every frame already
+ * received, without a system call, the gathers of the batches among them
+ * grouped into as few launches as may be: 0, or the error that broke the
+ * connection. */
+int pfc_take_in(struct pf_client *c, Pf__Envelope *first);
+/* pfc_take_in(c, NULL). */
+int pfc_read_buffered(struct pf_client *c);
+/* Reads what the socket holds now, without waiting, and takes it in (as
+ * pfc_read_buffered): 0, or the error that broke the connection. */
+int pfc_read_now(struct pf_client *c);
+/* Launches the gathers waiting in c->group (none on a broken connection,
+ * whose queue is never taken from): 0, or the error that broke it. */
+int pfc_gather_flush(struct pf_client *c);
+int pfc_send_probe(struct pf_client *c);
+/* CUDA sessions, at a release: acks the head of the queue now, with the
+ * release's write, when it is a batch on the device (or on its way there),
+ * so that the pf_next that takes it writes nothing (pfc_take).  The daemon
+ * hears of the take one call early, as a trainer that releases a batch
+ * takes the next at once.  0, or the error of a failed encoding. */
+int pfc_ack_ahead(struct pf_client *c);
+int pfc_take(struct pf_client *c, struct pf_batch **batch);
+int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_t *blocked_since);
+
+/* ---- call.c: requests and replies, hello, the session's requests --------- */
+
+int pfc_hello(struct pf_client *c, int timeout_ms);
+bool pfc_env_says_no(const char *name);
+int pfc_send_open(struct pf_client *c, Pf__Envelope **reply);
+int pfc_send_start(struct pf_client *c, uint64_t start_batch, const uint64_t *indices,
+		   size_t nindices, uint64_t *batches);
+
+/* ---- reconnect.c: the session across daemon restarts --------------------- */
 
 bool pfc_reconnecting(const struct pf_client *c);
 void pfc_retired_put(struct pf_client *c, uint64_t gen);
