@@ -561,6 +561,11 @@ int pfc_send_open(struct pf_client *c, Pf__Envelope **reply);
 int pfc_send_start(struct pf_client *c, uint64_t start_batch, const uint64_t *indices,
 		   size_t nindices, uint64_t *batches);
 
+/* One call reconnects at most this often before it returns the error: a
+ * daemon that dies on the same request every time must not keep a call
+ * spinning for ever (the next call tries again). */
+#define RECONNECTS_PER_CALL 3
+
 /* ---- reconnect.c: the session across daemon restarts --------------------- */
 
 bool pfc_reconnecting(const struct pf_client *c);
