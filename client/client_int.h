@@ -1,9 +1,36 @@
 /*
  * client_int.h — libprefetch internals.  First the calls that prefetchctl
- * and the unit tests build on; then, for the library's own files only
- * (conn.c, batch.c, reconnect.c, prefetch.c), struct pf_client and what
- * those files call across each other.  Not installed: prefetch.h is the
- * only public header.
+ * and the unit tests build on; then, for the library's own files only,
+ * struct pf_client and what those files call across each other, file by
+ * file from the bottom up.  Not installed: prefetch.h is the only public
+ * header.
+ *
+ * The files are layers: a file calls only the files below it, never one
+ * above it or beside it, so each reads (and is tested) with what lies
+ * under it and no circle of calls holds two files together.
+ *   prefetch.c, epoch.c  the public API: sessions; epochs and batches
+ *   reconnect.c          the session across daemon restarts
+ *   call.c               requests and replies, hello, OpenSession and
+ *                        StartEpoch (which a reconnection sends again)
+ *   batch.c              pushes taken in, gathers launched, batches taken
+ *   release.c            events, releases, client copies
+ *   arena.c              the arenas and pool slabs batches live in
+ *   conn.c               frames out and in, waits with a deadline
+ *   settle.c             the release lanes (threads)
+ *   base.c               deadlines, error texts, the raw write
+ * The CUDA side (pfcuda.h) is below them all and calls none of them:
+ * cuda_ipc.c and cuda_gather.c (imports; the gather module and its
+ * stream) over cuda.c (the driver, contexts, events, device memory).
+ * What a lower file would have needed from a higher one lives low: the
+ * lanes' raw write in base.c, the session's two requests in call.c.  Where
+ * the order goes the other way, the caller moved up instead: a request's
+ * wait hands the pushes it reads to batch.c, so the request/reply call
+ * (call.c) sits above batch.c, and taking in the frames received
+ * (pfc_take_in) is batch.c's, not conn.c's.  The one callback is an old
+ * one: a settled release gives its event back to release.c through
+ * pfc_release.free_event, so settle.c never calls up.
+ * (prefetchctl's files, prefetchctl.c and ctl_*.c, are a program of their
+ * own on top of the calls below.)
  *
  * Everything declared here has hidden visibility (the library is compiled
  * with -fvisibility=hidden), so it links from libprefetch.a but is not
