@@ -124,12 +124,14 @@ GPU_TESTS   := $(filter $(B)/tests/test_cuda_gather,$(CUDA_TESTS))
 TEST_UTIL   := $(patsubst %.c,$(B)/%.o,$(wildcard tests/lib/*.c))
 GPU_FAKE    := $(B)/tests/mocks/gpu_fake.o
 # The client's side of the same: libprefetch's objects with the fake CUDA
-# side (tests/mocks/pfcuda_fake.c) in place of client/cuda.c and its
-# embedded kernel, for the unit tests of the client's device paths, which
-# link it instead of libprefetch.a and no daemon.
+# side (tests/mocks/pfcuda_fake.c) in place of client/cuda*.c (cuda.c,
+# cuda_ipc.c, cuda_gather.c: every CUDA call of the library, pfcuda.h's
+# whole interface) and the embedded kernel, for the unit tests of the
+# client's device paths, which link it instead of libprefetch.a and no
+# daemon.
 PFCUDA_FAKE := $(B)/tests/mocks/pfcuda_fake.o
-CLIENT_FAKE_OBJ := $(filter-out $(B)/client/cuda.o $(B)/client/gather_fatbin.o,$(CLIENT_OBJ)) \
-           $(PFCUDA_FAKE)
+CLIENT_CUDA_OBJ := $(filter $(B)/client/cuda%.o,$(CLIENT_OBJ)) $(B)/client/gather_fatbin.o
+CLIENT_FAKE_OBJ := $(filter-out $(CLIENT_CUDA_OBJ),$(CLIENT_OBJ)) $(PFCUDA_FAKE)
 CLIENT_FAKE_TESTS := $(B)/tests/test_client_cuda $(B)/tests/test_pfcuda_fake
 # Programs the tests run, not tests (run.sh is not given them):
 # build/tests/bystander is tests/lib/bystander.c from the command line, for

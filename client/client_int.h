@@ -1,9 +1,36 @@
 /*
  * client_int.h — libprefetch internals.  First the calls that prefetchctl
- * and the unit tests build on; then, for the library's own files only
- * (conn.c, batch.c, reconnect.c, prefetch.c), struct pf_client and what
- * those files call across each other.  Not installed: prefetch.h is the
- * only public header.
+ * and the unit tests build on; then, for the library's own files only,
+ * struct pf_client and what those files call across each other, file by
+ * file from the bottom up.  Not installed: prefetch.h is the only public
+ * header.
+ *
+ * The files are layers: a file calls only the files below it, never one
+ * above it or beside it, so each reads (and is tested) with what lies
+ * under it and no circle of calls holds two files together.
+ *   prefetch.c, epoch.c  the public API: sessions; epochs and batches
+ *   reconnect.c          the session across daemon restarts
+ *   call.c               requests and replies, hello, OpenSession and
+ *                        StartEpoch (which a reconnection sends again)
+ *   batch.c              pushes taken in, gathers launched, batches taken
+ *   release.c            events, releases, client copies
+ *   arena.c              the arenas and pool slabs batches live in
+ *   conn.c               frames out and in, waits with a deadline
+ *   settle.c             the release lanes (threads)
+ *   base.c               deadlines, error texts, the raw write
+ * The CUDA side (pfcuda.h) is below them all and calls none of them:
+ * cuda_ipc.c and cuda_gather.c (imports; the gather module and its
+ * stream) over cuda.c (the driver, contexts, events, device memory).
+ * What a lower file would have needed from a higher one lives low: the
+ * lanes' raw write in base.c, the session's two requests in call.c.  Where
+ * the order goes the other way, the caller moved up instead: a request's
+ * wait hands the pushes it reads to batch.c, so the request/reply call
+ * (call.c) sits above batch.c, and taking in the frames received
+ * (pfc_take_in) is batch.c's, not conn.c's.  The one callback is an old
+ * one: a settled release gives its event back to release.c through
+ * pfc_release.free_event, so settle.c never calls up.
+ * (prefetchctl's files, prefetchctl.c and ctl_*.c, are a program of their
+ * own on top of the calls below.)
  *
  * Everything declared here has hidden visibility (the library is compiled
  * with -fvisibility=hidden), so it links from libprefetch.a but is not
@@ -422,7 +449,20 @@ static inline int64_t mono(void)
 	return (int64_t)now_ns();
 }
 
-/* ---- conn.c: deadlines, errors, frames, hello ------------------------------ */
+/* The slot marks (pf_client.slot_mine), which a lane clears as it sends a
+ * Release: atomics, so that the owner's test of a slot the daemon just
+ * announced again sees the lane's clearing. */
+static inline bool slot_marked(const struct pf_client *c, int32_t slot)
+{
+	return __atomic_load_n(&c->slot_mine[slot], __ATOMIC_ACQUIRE) != 0;
+}
+
+static inline void slot_mark(struct pf_client *c, int32_t slot, bool mine)
+{
+	__atomic_store_n(&c->slot_mine[slot], (uint8_t)mine, __ATOMIC_RELEASE);
+}
+
+/* ---- base.c: deadlines, errors, the raw write ---------------------------- */
 
 int64_t pfc_deadline_after(int timeout_ms);
 int pfc_ms_left(int64_t deadline);
@@ -430,66 +470,14 @@ int pfc_conn_fail(struct pf_client *c, int rc, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 int pfc_fail_dead(struct pf_client *c);
 int pfc_sane_code(int32_t code);
-int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env);
-/* pfc_read_env that also returns -EAGAIN, with no frame, as soon as a
- * release lane has given a device buffer back (pfc_settle_fd): pf_next
- * waiting for a free buffer looks again. */
-int pfc_read_env_or_buffer(struct pf_client *c, int64_t deadline, Pf__Envelope **env);
+int pfc_write_all(int sock, const uint8_t *frame, size_t len, int64_t deadline, uint64_t *sends);
 /* From a release lane (settle.c): sends msg, unmarking slot first (when
  * >= 0), if the connection is still gen's and whole.  A send that fails
  * shuts the socket down, so that the owner's next read says the
  * connection broke; the lane touches nothing else of c. */
 void pfc_send_for_gen(struct pf_client *c, Pf__Envelope *msg, uint64_t gen, int32_t slot);
-/* Handles first (when not NULL; taken) and then every frame already
- * received, without a system call, the gathers of the batches among them
- * grouped into as few launches as may be: 0, or the error that broke the
- * connection. */
-int pfc_take_in(struct pf_client *c, Pf__Envelope *first);
-/* pfc_take_in(c, NULL). */
-int pfc_read_buffered(struct pf_client *c);
-/* Reads what the socket holds now, without waiting, and takes it in (as
- * pfc_read_buffered): 0, or the error that broke the connection. */
-int pfc_read_now(struct pf_client *c);
-/* Whether the daemon's end of the socket is still open, asked without
- * waiting and without writing: 0, or the error that broke the connection
- * (as a failed write would have said). */
-int pfc_check_peer(struct pf_client *c);
-struct pf_client *pfc_client_new(const char *where);
-int pfc_hello(struct pf_client *c, int timeout_ms);
 
-/* ---- batch.c: arenas, pushes, taking and releasing batches ----------------- */
-
-void pfc_free_batch(struct pfc_batch *b);
-bool pfc_can_take(const struct pf_client *c);
-void pfc_free_dbufs(struct pf_client *c);
-int pfc_keep_pool(struct pf_client *c, const Pf__SessionOpened *so);
-void pfc_unmap_slabs(struct pf_client *c);
-int pfc_send_release(struct pf_client *c, uint64_t epoch, uint64_t seq, int32_t slot);
-int pfc_release_queue(struct pf_client *c);
-void pfc_unmap_arenas(struct pf_client *c, struct pfc_arena *arenas, uint32_t n);
-int pfc_handle_push(struct pf_client *c, Pf__Envelope *env);
-/* A frame no request waits for, taken: a push is handled, the late reply to
- * a request that timed out dropped. */
-int pfc_handle_unasked(struct pf_client *c, Pf__Envelope *env);
-int pfc_send_probe(struct pf_client *c);
-int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream);
-int pfc_take(struct pf_client *c, struct pf_batch **batch);
-/* Client copies: starts the copies of the batches at the head of the queue,
- * up to PFC_COPY_AHEAD not taken yet.  0, or the error that broke the
- * connection. */
-int pfc_copy_ahead(struct pf_client *c);
-/* CUDA sessions, at a release: acks the head of the queue now, with the
- * release's write, when it is a batch on the device (or on its way there),
- * so that the pf_next that takes it writes nothing (pfc_take).  The daemon
- * hears of the take one call early, as a trainer that releases a batch
- * takes the next at once.  0, or the error of a failed encoding. */
-int pfc_ack_ahead(struct pf_client *c);
-/* Launches the gathers waiting in c->group (none on a broken connection,
- * whose queue is never taken from): 0, or the error that broke it. */
-int pfc_gather_flush(struct pf_client *c);
-int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_t *blocked_since);
-
-/* ---- settle.c: the release lanes -------------------------------------------- */
+/* ---- settle.c: the release lanes ----------------------------------------- */
 
 /* Hands r (its event recorded, free_event set) to the lane of r->stream,
  * whose thread sends its Release once the event has completed.  0, or
@@ -515,30 +503,101 @@ int pfc_settle_fd(const struct pf_client *c);
  * the device first), collects, and frees them. */
 void pfc_settle_close(struct pf_client *c);
 
-/* The slot marks (pf_client.slot_mine), which a lane clears as it sends a
- * Release: atomics, so that the owner's test of a slot the daemon just
- * announced again sees the lane's clearing. */
-static inline bool slot_marked(const struct pf_client *c, int32_t slot)
-{
-	return __atomic_load_n(&c->slot_mine[slot], __ATOMIC_ACQUIRE) != 0;
-}
+/* ---- conn.c: frames in and out ------------------------------------------- */
 
-static inline void slot_mark(struct pf_client *c, int32_t slot, bool mine)
-{
-	__atomic_store_n(&c->slot_mine[slot], (uint8_t)mine, __ATOMIC_RELEASE);
-}
+/* Sends env as it is, its id included (0: corked while the client is),
+ * waiting until deadline for room: 0, or -errno. */
+int pfc_send_env(struct pf_client *c, Pf__Envelope *env, int64_t deadline);
+int pfc_next_frame(struct pf_client *c, Pf__Envelope **env);
+/* Reads what the socket holds now into the receive buffer, without
+ * waiting: 0 (nothing there is 0 too), or the error that broke the
+ * connection. */
+int pfc_fill_now(struct pf_client *c);
+int pfc_read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env);
+/* pfc_read_env that also returns -EAGAIN, with no frame, as soon as a
+ * release lane has given a device buffer back (pfc_settle_fd): pf_next
+ * waiting for a free buffer looks again. */
+int pfc_read_env_or_buffer(struct pf_client *c, int64_t deadline, Pf__Envelope **env);
+/* Whether the daemon's end of the socket is still open, asked without
+ * waiting and without writing: 0, or the error that broke the connection
+ * (as a failed write would have said). */
+int pfc_check_peer(struct pf_client *c);
+struct pf_client *pfc_client_new(const char *where);
 
-/* ---- reconnect.c: the session across daemon restarts ---------------------- */
+/* ---- arena.c: arenas and pool slabs -------------------------------------- */
+
+int pfc_add_arena(struct pf_client *c, const Pf__Arena *msg);
+void pfc_unmap_arenas(struct pf_client *c, struct pfc_arena *arenas, uint32_t n);
+int pfc_keep_pool(struct pf_client *c, const Pf__SessionOpened *so);
+size_t pfc_staging_bytes(const struct pf_client *c);
+void pfc_unmap_slabs(struct pf_client *c);
+int pfc_add_pool_slab(struct pf_client *c, const Pf__PoolSlab *m);
+int pfc_pool_slab_gone(struct pf_client *c, const Pf__PoolSlabGone *m);
+
+/* ---- release.c: events, releases, client copies -------------------------- */
+
+int pfc_event_get(struct pf_client *c, const char *what, struct pfc_event **out);
+void pfc_event_put(void *event);
+void pfc_free_batch(struct pfc_batch *b);
+int pfc_send_release(struct pf_client *c, uint64_t epoch, uint64_t seq, int32_t slot);
+void pfc_drop_untaken(struct pf_client *c, struct pfc_batch *b);
+int pfc_release_queue(struct pf_client *c);
+int pfc_release_after(struct pf_client *c, struct pfc_batch *b, void *stream);
+bool pfc_can_take(const struct pf_client *c);
+void pfc_free_dbufs(struct pf_client *c);
+int pfc_copy_batch(struct pf_client *c, struct pfc_batch *b, bool ahead);
+/* Client copies: starts the copies of the batches at the head of the queue,
+ * up to PFC_COPY_AHEAD not taken yet.  0, or the error that broke the
+ * connection. */
+int pfc_copy_ahead(struct pf_client *c);
+
+/* ---- batch.c: pushes, gathers, taking batches ---------------------------- */
+
+int pfc_handle_push(struct pf_client *c, Pf__Envelope *env);
+/* A frame no request waits for, taken: a push is handled, the late reply to
+ * a request that timed out dropped. */
+int pfc_handle_unasked(struct pf_client *c, Pf__Envelope *env);
+/* Handles first (when not NULL; taken) and then every frame already
+ * received, without a system call, the gathers of the batches among them
+ * grouped into as few launches as may be: 0, or the error that broke the
+ * connection. */
+int pfc_take_in(struct pf_client *c, Pf__Envelope *first);
+/* pfc_take_in(c, NULL). */
+int pfc_read_buffered(struct pf_client *c);
+/* Reads what the socket holds now, without waiting, and takes it in (as
+ * pfc_read_buffered): 0, or the error that broke the connection. */
+int pfc_read_now(struct pf_client *c);
+/* Launches the gathers waiting in c->group (none on a broken connection,
+ * whose queue is never taken from): 0, or the error that broke it. */
+int pfc_gather_flush(struct pf_client *c);
+int pfc_send_probe(struct pf_client *c);
+/* CUDA sessions, at a release: acks the head of the queue now, with the
+ * release's write, when it is a batch on the device (or on its way there),
+ * so that the pf_next that takes it writes nothing (pfc_take).  The daemon
+ * hears of the take one call early, as a trainer that releases a batch
+ * takes the next at once.  0, or the error of a failed encoding. */
+int pfc_ack_ahead(struct pf_client *c);
+int pfc_take(struct pf_client *c, struct pf_batch **batch);
+int pfc_wait_batch(struct pf_client *c, int64_t deadline, int timeout_ms, int64_t *blocked_since);
+
+/* ---- call.c: requests and replies, hello, the session's requests --------- */
+
+int pfc_hello(struct pf_client *c, int timeout_ms);
+bool pfc_env_says_no(const char *name);
+int pfc_send_open(struct pf_client *c, Pf__Envelope **reply);
+int pfc_send_start(struct pf_client *c, uint64_t start_batch, const uint64_t *indices,
+		   size_t nindices, uint64_t *batches);
+
+/* One call reconnects at most this often before it returns the error: a
+ * daemon that dies on the same request every time must not keep a call
+ * spinning for ever (the next call tries again). */
+#define RECONNECTS_PER_CALL 3
+
+/* ---- reconnect.c: the session across daemon restarts --------------------- */
 
 bool pfc_reconnecting(const struct pf_client *c);
 void pfc_retired_put(struct pf_client *c, uint64_t gen);
 void pfc_note_outage(struct pf_client *c);
 int pfc_revive(struct pf_client *c, int64_t deadline);
-
-/* ---- prefetch.c: the session's requests, sent again after a restart ------- */
-
-int pfc_send_open(struct pf_client *c, Pf__Envelope **reply);
-int pfc_send_start(struct pf_client *c, uint64_t start_batch, const uint64_t *indices,
-		   size_t nindices, uint64_t *batches);
 
 #endif

@@ -1,24 +1,24 @@
 /*
- * conn.c — libprefetch's connection to the daemon: deadlines, error texts,
- * frames out and in, the request/reply call, and connecting with hello.
+ * conn.c — libprefetch's connection to the daemon: frames out (corked or
+ * at once) and frames in (read, decoded, waited for with a deadline).
+ * What a frame says is for the files above: batch.c takes pushes in,
+ * call.c matches replies to requests.  Deadlines, error texts and the raw
+ * write are base.c's.
  *
  * A client is one socket.  Every wait is a poll() with a deadline, so a
  * wedged daemon costs a caller at most its timeout and a dead one (EOF) is
- * noticed at once; nothing here waits on anything the daemon owns.  Pushes
- * (Arena, BatchReady, EpochEnd, unsolicited Error) may arrive between a
- * request and its reply, so whichever call is reading handles them
- * (pfc_handle_push): arenas are mapped when they arrive, batches of the
- * current epoch are queued for pf_next, and batches of any other epoch are
- * released at once and never reach the trainer.  A frame that does not
- * decode, or a push that breaks the protocol (a slot out of range, a batch
- * out of order), breaks the connection: the socket is closed, so the daemon
- * takes every slot back, and every later call returns the same error.
+ * noticed at once; nothing here waits on anything the daemon owns.  A
+ * frame that does not decode breaks the connection: the socket is closed,
+ * so the daemon takes every slot back, and every later call returns the
+ * same error.  While a wait has nothing to read, it hands the corked
+ * frames to the socket and collects what the release lanes (settle.c)
+ * settled; a wait for a client copy's buffer also polls the lanes' eventfd.
  *
  * DESIGN: the socket, the receive buffer and the error texts are the
  * struct pf_client's, used by one thread at a time (prefetch.h says so),
  * with one exception: the release lanes of a CUDA client (settle.c) write
- * Releases from their threads (pfc_send_for_gen).  So every write of a
- * frame holds send_lock, and so do the changes a lane must see whole:
+ * Releases from their threads (base.c's pfc_send_for_gen).  So every write
+ * of a frame holds send_lock, and so do the changes a lane must see whole:
  * closing the socket (pfc_conn_fail, the one place that closes it),
  * installing a new one (pfc_connect_fd, pf_connect, a reconnection) and
  * the connection's gen.
@@ -26,95 +26,16 @@
 #include "client_int.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
-/* ---- time and errors ------------------------------------------------------ */
-
-/* -1: no deadline. */
-int64_t pfc_deadline_after(int timeout_ms)
-{
-	return timeout_ms < 0 ? -1 : mono() + (int64_t)timeout_ms * 1000000;
-}
-
-/* Milliseconds left for poll(), rounded up so that a deadline 0.3 ms away
- * is not polled with 0 and spun on; -1 without a deadline. */
-int pfc_ms_left(int64_t deadline)
-{
-	int64_t left;
-
-	if (deadline < 0)
-		return -1;
-	left = deadline - mono();
-	if (left <= 0)
-		return 0;
-	left = (left + 999999) / 1000000;
-	return left > INT_MAX ? INT_MAX : (int)left;
-}
-
-static int vset_err(struct pf_client *c, int rc, const char *fmt, va_list ap)
-{
-	vsnprintf(c->err, sizeof(c->err), fmt, ap);
-	return rc;
-}
-
-int pfc_set_err(struct pf_client *c, int rc, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vset_err(c, rc, fmt, ap);
-	va_end(ap);
-	return rc;
-}
-
-/* Breaks the connection: closes the socket (the daemon then takes back
- * every slot and frees the session) and makes every later call return rc
- * with this message.  The first failure wins. */
-int __attribute__((format(printf, 3, 4)))
-pfc_conn_fail(struct pf_client *c, int rc, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (c->dead) {
-		snprintf(c->err, sizeof(c->err), "%s", c->dead_msg);
-		return c->dead;
-	}
-	va_start(ap, fmt);
-	vsnprintf(c->dead_msg, sizeof(c->dead_msg), fmt, ap);
-	va_end(ap);
-	snprintf(c->err, sizeof(c->err), "%s", c->dead_msg);
-	pthread_mutex_lock(&c->send_lock);
-	c->dead = rc;
-	if (c->sock >= 0)
-		close(c->sock);
-	c->sock = -1;
-	pthread_mutex_unlock(&c->send_lock);
-	return rc;
-}
-
-int pfc_fail_dead(struct pf_client *c)
-{
-	snprintf(c->err, sizeof(c->err), "%s", c->dead_msg);
-	return c->dead;
-}
-
-/* A daemon's error code must be a -errno; anything else is its bug. */
-int pfc_sane_code(int32_t code)
-{
-	return code < 0 && code > -4096 ? code : -EPROTO;
-}
-
-/* ---- frames ---------------------------------------------------------------- */
+/* ---- frames out ---------------------------------------------------------- */
 
 /* The daemon closed the connection.  A daemon that refuses a peer
  * (SO_PEERCRED) pushes an Error and closes before hello, possibly before our
@@ -148,37 +69,6 @@ static int peer_closed(struct pf_client *c)
 	return pfc_conn_fail(c, -ECONNRESET, "%s went away (the connection closed)", c->where);
 }
 
-/* Writes len bytes to sock, waiting until deadline for room: 0, or -errno
- * (-ETIMEDOUT when the deadline passed, with part of the bytes possibly
- * on the wire).  *sends counts the system calls.  Touches nothing else, so
- * a release lane may use it too (send_lock held). */
-static int write_all(int sock, const uint8_t *frame, size_t len, int64_t deadline, uint64_t *sends)
-{
-	size_t off = 0;
-
-	while (off < len) {
-		long n = wire_send_some(sock, frame + off, len - off, -1);
-		struct pollfd pfd = {.fd = sock, .events = POLLOUT};
-		int ready;
-
-		(*sends)++;
-		if (n > 0) {
-			off += (size_t)n;
-			continue;
-		}
-		if (n != -EAGAIN)
-			return (int)n;
-		ready = poll(&pfd, 1, pfc_ms_left(deadline));
-		if (ready < 0 && errno == EINTR)
-			continue;
-		if (ready == 0)
-			return -ETIMEDOUT;
-		if (ready < 0)
-			return -errno;
-	}
-	return 0;
-}
-
 static int send_bytes_now(struct pf_client *c, const uint8_t *frame, size_t len, int64_t deadline,
 			  const char *what);
 
@@ -198,37 +88,10 @@ static int send_bytes(struct pf_client *c, const uint8_t *frame, size_t len, int
 	return rc;
 }
 
-void pfc_send_for_gen(struct pf_client *c, Pf__Envelope *msg, uint64_t gen, int32_t slot)
-{
-	int64_t deadline = pfc_deadline_after(c->timeout_ms);
-	uint8_t *frame = NULL;
-	uint64_t sends = 0; /* not counted: c->counts is the owner's */
-	size_t len;
-
-	msg->id = 0;
-	if (wire_encode(msg, &frame, &len))
-		return; /* out of memory: the slot comes back with the socket */
-	pthread_mutex_lock(&c->send_lock);
-	if (c->dead || c->sock < 0 || c->gen != gen)
-		goto out;
-	/* Unmarked before the Release is out: the daemon may announce the
-	 * slot again at once, and the owner's read of that must not find it
-	 * still marked. */
-	if (slot >= 0 && (uint32_t)slot < c->slots)
-		slot_mark(c, slot, false);
-	/* Broken, or part of a frame on the wire: the stream is over, and
-	 * the owner's next read finds it so and says why. */
-	if (write_all(c->sock, frame, len, deadline, &sends))
-		shutdown(c->sock, SHUT_RDWR);
-out:
-	pthread_mutex_unlock(&c->send_lock);
-	free(frame);
-}
-
 static int send_bytes_now(struct pf_client *c, const uint8_t *frame, size_t len, int64_t deadline,
 			  const char *what)
 {
-	int rc = write_all(c->sock, frame, len, deadline, &c->counts.sends);
+	int rc = pfc_write_all(c->sock, frame, len, deadline, &c->counts.sends);
 
 	if (rc == -EPIPE || rc == -ECONNRESET)
 		return peer_closed(c);
@@ -245,7 +108,7 @@ static int send_bytes_now(struct pf_client *c, const uint8_t *frame, size_t len,
 	return 0;
 }
 
-static int send_env(struct pf_client *c, Pf__Envelope *env, int64_t deadline)
+int pfc_send_env(struct pf_client *c, Pf__Envelope *env, int64_t deadline)
 {
 	uint8_t *frame = NULL;
 	size_t len;
@@ -313,12 +176,14 @@ int pfc_uncork(struct pf_client *c)
 int pfc_send(struct pf_client *c, Pf__Envelope *msg)
 {
 	msg->id = 0;
-	return send_env(c, msg, pfc_deadline_after(c->timeout_ms));
+	return pfc_send_env(c, msg, pfc_deadline_after(c->timeout_ms));
 }
+
+/* ---- frames in ----------------------------------------------------------- */
 
 /* The next frame already received: 1 with *env, 0 for none, or the error
  * that broke the connection. */
-static int next_buffered(struct pf_client *c, Pf__Envelope **env)
+int pfc_next_frame(struct pf_client *c, Pf__Envelope **env)
 {
 	int64_t t0 = PFC_T0(c);
 	int rc = wire_rx_next(&c->rx, env);
@@ -332,35 +197,6 @@ static int next_buffered(struct pf_client *c, Pf__Envelope **env)
 				     c->where, c->rx.max_frame);
 	return pfc_conn_fail(c, -EPROTO, "%s sent a frame that does not decode; connection closed",
 			     c->where);
-}
-
-int pfc_take_in(struct pf_client *c, Pf__Envelope *first)
-{
-	int rc = 0, frc;
-
-	c->grouping = true;
-	if (first)
-		rc = pfc_handle_unasked(c, first);
-	while (!rc) {
-		Pf__Envelope *env;
-
-		if (c->dead) {
-			rc = pfc_fail_dead(c);
-			break;
-		}
-		rc = next_buffered(c, &env);
-		if (rc <= 0)
-			break;
-		rc = pfc_handle_unasked(c, env);
-	}
-	c->grouping = false;
-	frc = pfc_gather_flush(c);
-	return rc ? rc : frc;
-}
-
-int pfc_read_buffered(struct pf_client *c)
-{
-	return pfc_take_in(c, NULL);
 }
 
 /* A failed fill of the receive buffer (n < 0, not -EAGAIN): the error that
@@ -409,7 +245,7 @@ int pfc_check_peer(struct pf_client *c)
 	return 0;
 }
 
-int pfc_read_now(struct pf_client *c)
+int pfc_fill_now(struct pf_client *c)
 {
 	long n;
 
@@ -420,7 +256,7 @@ int pfc_read_now(struct pf_client *c)
 		return peer_closed(c);
 	if (n < 0 && n != -EAGAIN)
 		return fill_failed(c, n);
-	return pfc_take_in(c, NULL);
+	return 0;
 }
 
 /* poll() of n fds with a deadline to the nanosecond (poll's own timeout
@@ -457,7 +293,7 @@ static int read_env(struct pf_client *c, int64_t deadline, Pf__Envelope **env, i
 
 		if (c->dead)
 			return pfc_fail_dead(c);
-		rc = next_buffered(c, env);
+		rc = pfc_next_frame(c, env);
 		if (rc == 1)
 			return 0;
 		if (rc < 0)
@@ -526,75 +362,6 @@ int pfc_read_env_or_buffer(struct pf_client *c, int64_t deadline, Pf__Envelope *
 	return read_env(c, deadline, env, fd);
 }
 
-/* ---- requests -------------------------------------------------------------- */
-
-static int call_within(struct pf_client *c, Pf__Envelope *req, int reply_case, Pf__Envelope **reply,
-		       int timeout_ms)
-{
-	int64_t deadline = pfc_deadline_after(timeout_ms);
-	uint64_t id;
-	int rc;
-
-	if (reply)
-		*reply = NULL;
-	c->refused = false;
-	if (c->dead)
-		return pfc_fail_dead(c);
-	id = ++c->last_id;
-	req->id = id;
-	rc = send_env(c, req, deadline);
-	if (rc)
-		return rc;
-	for (;;) {
-		Pf__Envelope *env;
-
-		rc = pfc_read_env(c, deadline, &env);
-		if (rc == -ETIMEDOUT)
-			return pfc_set_err(c, rc, "%s did not answer %s within %d ms", c->where,
-					   wire_msg_name(req->msg_case), timeout_ms);
-		if (rc)
-			return rc;
-		if (env->id == 0) {
-			rc = pfc_handle_push(c, env);
-			if (rc)
-				return rc;
-			continue;
-		}
-		if (env->id != id) {
-			/* The reply to an earlier request that timed out. */
-			pf__envelope__free_unpacked(env, NULL);
-			continue;
-		}
-		if (env->msg_case == PF__ENVELOPE__MSG_ERROR) {
-			rc = pfc_sane_code(env->error->code);
-			c->refused = true;
-			pfc_set_err(c, rc, "%s",
-				    env->error->message && *env->error->message
-					    ? env->error->message
-					    : strerror(-rc));
-			pf__envelope__free_unpacked(env, NULL);
-			return rc;
-		}
-		if ((int)env->msg_case != reply_case) {
-			rc = pfc_conn_fail(c, -EPROTO, "%s answered %s with %s", c->where,
-					   wire_msg_name(req->msg_case),
-					   wire_msg_name(env->msg_case));
-			pf__envelope__free_unpacked(env, NULL);
-			return rc;
-		}
-		if (reply)
-			*reply = env;
-		else
-			pf__envelope__free_unpacked(env, NULL);
-		return 0;
-	}
-}
-
-int pfc_call(struct pf_client *c, Pf__Envelope *req, int reply_case, Pf__Envelope **reply)
-{
-	return call_within(c, req, reply_case, reply, c->timeout_ms);
-}
-
 void pfc_set_timeout(struct pf_client *c, int timeout_ms)
 {
 	c->timeout_ms = timeout_ms > 0 ? timeout_ms : PFC_TIMEOUT_MS_DEFAULT;
@@ -605,17 +372,7 @@ bool pfc_broken(const struct pf_client *c)
 	return c->dead != 0;
 }
 
-const char *pfc_daemon_version(const struct pf_client *c)
-{
-	return c->daemon;
-}
-
-uint32_t pfc_daemon_max_frame(const struct pf_client *c)
-{
-	return c->max_frame;
-}
-
-/* ---- connecting -------------------------------------------------------------- */
+/* ---- making a client ----------------------------------------------------- */
 
 struct pf_client *pfc_client_new(const char *where)
 {
@@ -655,64 +412,4 @@ struct pf_client *pfc_client_new(const char *where)
 	snprintf(c->hello_name, sizeof(c->hello_name), "%s[%d]", program_invocation_short_name,
 		 (int)getpid());
 	return c;
-}
-
-int pfc_hello(struct pf_client *c, int timeout_ms)
-{
-	Pf__Envelope env = PF__ENVELOPE__INIT;
-	Pf__Hello msg = PF__HELLO__INIT;
-	Pf__Envelope *reply;
-	Pf__HelloReply *hr;
-	int rc;
-
-	msg.version = WIRE_VERSION;
-	msg.client = c->hello_name;
-	env.msg_case = PF__ENVELOPE__MSG_HELLO;
-	env.hello = &msg;
-	rc = call_within(c, &env, PF__ENVELOPE__MSG_HELLO_REPLY, &reply, timeout_ms);
-	if (rc == -ETIMEDOUT)
-		return pfc_conn_fail(c, rc, "%s did not answer hello within %g s", c->where,
-				     timeout_ms / 1000.0);
-	if (rc)
-		return pfc_conn_fail(c, rc, "%s", c->err);
-	hr = reply->hello_reply;
-	if (hr->version != WIRE_VERSION) {
-		rc = pfc_conn_fail(c, -EPROTO,
-				   "%s speaks protocol version %" PRIu32 "; this library speaks %d",
-				   c->where, hr->version, WIRE_VERSION);
-		goto out;
-	}
-	snprintf(c->daemon, sizeof(c->daemon), "%s", hr->daemon ? hr->daemon : "");
-	c->greeted = true;
-	if (hr->max_frame >= 64)
-		c->max_frame = hr->max_frame;
-out:
-	pf__envelope__free_unpacked(reply, NULL);
-	return rc;
-}
-
-static int set_nonblocking(int fd)
-{
-	int fl = fcntl(fd, F_GETFL);
-
-	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
-		return -errno;
-	return 0;
-}
-
-int pfc_connect_fd(int sock, const char *where, int hello_timeout_ms, struct pf_client **out)
-{
-	struct pf_client *c = pfc_client_new(where ? where : "prefetchd");
-	int rc;
-
-	*out = c;
-	if (!c) {
-		close(sock);
-		return -ENOMEM;
-	}
-	c->sock = sock;
-	rc = set_nonblocking(sock);
-	if (rc)
-		return pfc_conn_fail(c, rc, "cannot set up the socket: %s", strerror(-rc));
-	return pfc_hello(c, hello_timeout_ms);
 }

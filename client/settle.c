@@ -29,13 +29,18 @@
  * wake eventfd, which pf_next polls beside the socket while it waits for a
  * free buffer.
  *
+ * A lane sends with base.c's raw write (pfc_send_for_gen), never through
+ * the owner's corked frames, so this file calls only base.c (and the
+ * CUDA side) and sits below the connection (conn.c), whose waits collect
+ * what it settled.
+ *
  * DESIGN: the lanes' threads own nothing but their position in the lane.
  * struct pfc_settle's lock guards the lanes, the done list and the
- * counters; pf_client.send_lock (conn.c) guards the socket's writes and its
- * replacement, and a lane sends only a release of the connection it came
- * on (pfc_release.gen), which it checks under that lock.  Lock order:
- * settle lock, then send lock; a lane never holds the settle lock while it
- * waits for the GPU or sends.
+ * counters; pf_client.send_lock guards the socket's writes (base.c,
+ * conn.c) and its replacement, and a lane sends only a release of the
+ * connection it came on (pfc_release.gen), which it checks under that
+ * lock.  Lock order: settle lock, then send lock; a lane never holds the
+ * settle lock while it waits for the GPU or sends.
  */
 #include "client_int.h"
 #include "pfcuda.h"

@@ -2,17 +2,18 @@
  * cuda_smoke.c — a by-hand check of the real GPU paths on a machine with a
  * GPU: the daemon side (daemon/gpu/gpu.c) allocates an arena, fills it with
  * gpu_copy_h2d from a registered host buffer and passes it to a forked
- * child, which imports it with the client side (client/cuda.c) and reads it
- * back.  Once for each kind: FD (cuMemCreate + SCM_RIGHTS) and legacy
+ * child, which imports it with the client side (client/cuda_ipc.c) and
+ * reads it back.  Once for each kind: FD (cuMemCreate + SCM_RIGHTS) and legacy
  * (cudaIpcGetMemHandle), and an FD arena the daemon frees while its fd is
  * still in flight.  The child also reads through the CUDA runtime, as
  * PyTorch would.  Prints PASS/FAIL per check; exit 0 when all pass,
  * 1 on a failure, 77 when there is no GPU.
  *
- * Not named test_*: the Makefile does not build it.  By hand:
+ * Not named test_*: the Makefile does not build it.  By hand, after make:
  *   gcc -std=gnu11 -O2 -g -Wall -Wextra -D_GNU_SOURCE -DPF_CUDA=1 \
- *       -I/usr/local/cuda/include -Idaemon -Iclient -o build/cuda_smoke \
+ *       -I/usr/local/cuda/include -Idaemon -Iproto -Iclient -o build/cuda_smoke \
  *       tests/cuda/cuda_smoke.c daemon/gpu/gpu.c daemon/base/log.c client/cuda.c \
+ *       client/cuda_ipc.c build/daemon/gpu/gather.o \
  *       -L/usr/local/cuda/lib64 -lcudart_static -ldl -lrt -lpthread
  *
  * DESIGN: two processes, one socketpair.  The child is forked before the

@@ -63,7 +63,7 @@
  * whole multiples of it (the daemon rounds them, GPU_MEM_ALIGN). */
 #define FAKE_GRANULARITY (2u << 20)
 #define FAKE_DEFAULT_MEM (80ull << 30)
-/* pfcuda_gather_open's first slab table, as client/cuda.c's. */
+/* pfcuda_gather_open's first slab table, as client/cuda_gather.c's. */
 #define FAKE_BASES_MIN	 64
 #define FAKE_MAX_HANDLES 256
 #define FAKE_MAX_TOKENS	 1024
@@ -1183,7 +1183,7 @@ int pfcuda_gather_set_slab(struct pfcuda_gather *g, uint32_t slab, uint64_t base
 			set_err(msg, msglen, "out of memory");
 			return -ENOMEM;
 		}
-		/* As client/cuda.c's grow_bases: the stream is idle before
+		/* As client/cuda_gather.c's grow_bases: the stream is idle before
 		 * the old table goes, and the new one starts as the host's. */
 		run_to(g->stream, g->stream->queued, true);
 		memcpy(h, g->hbases, g->cap * sizeof(*h));
