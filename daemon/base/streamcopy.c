@@ -38,7 +38,8 @@ bool copy_streaming(void)
 
 #if HAVE_STREAMING
 /* The bulk in whole 64-byte lines of dst: four unaligned loads, four
- * streaming stores.  dst is 16-byte aligned here. */
+ * streaming stores.  dst is 64-byte aligned here, so no line is written
+ * by both kinds of store. */
 static void stream_lines(uint8_t *dst, const uint8_t *src, size_t lines)
 {
 	for (size_t i = 0; i < lines; i++, dst += 64, src += 64) {

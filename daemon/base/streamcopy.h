@@ -1,19 +1,24 @@
 /*
  * streamcopy.h — copies whose next reader is a copy engine, not a CPU.
  *
- * A reader thread writes every batch it gathers into a slot of the pinned
- * ring or of a client's host arena, and the next thing to read those bytes
- * is a DMA engine (the daemon's copy or gather, the client's copy).  With
+ * A reader thread writes every batch of a CUDA session into a slot of the
+ * pinned ring or of a client's host arena, and the next thing to read those
+ * bytes is a DMA engine (the daemon's copy or gather, the client's copy).  With
  * ordinary stores, every cache line of the slot that is no longer cached is
  * first read from memory (the store's read for ownership) and then fills
  * the shared L3, evicting the trainer's own lines.  Run 66 of
  * bench/NOTES.md measured the first cost: the readers' CPU per GB rose
  * 1.65x once the slots filled ahead no longer fit the L3.  Non-temporal
  * (streaming) stores write whole lines to memory through the
- * write-combining buffers: no read, no eviction.  Measured (bench/NOTES.md,
- * runs 70-71, one H100 machine): 16 pool-off trainers got 37.1-38.9 GB/s
- * against 33.3-35.5 with plain stores, the readers 0.244-0.252 CPU-s per GB
- * against 0.267-0.277; 4 trainers, no difference beyond noise.
+ * write-combining buffers: no read, no eviction.  They win only where the
+ * lines would not have stayed cached: where they would, the DMA reads them
+ * from the L3 and plain stores are 10-20% faster (run 34, one session's
+ * ring slots).  So the session layer streams only client-copy slots, and
+ * only while the sessions fill more ahead than fill_bytes
+ * (sess_fill_shares).  Measured (runs 70-71, one H100 machine): 16 pool-off
+ * trainers got 37.1-38.9 GB/s against 33.3-35.5 with plain stores, the
+ * readers 0.244-0.252 CPU-s per GB against 0.267-0.277; 4 trainers, no
+ * difference beyond noise.
  *
  * copy_streamed is memcpy with streaming stores for the bulk on x86-64
  * (SSE2, which every x86-64 has), and plain memcpy elsewhere or below a few
@@ -22,7 +27,7 @@
  * engine) that the bytes are there.
  *
  * PREFETCHD_CACHED_FILLS=1 in the daemon's environment turns streaming off
- * (bench comparisons); copy_streaming says which is in force.
+ * (bench comparisons); copy_streaming says whether it may be used.
  *
  * DESIGN: no state but a flag read once (pthread_once); any thread.
  */

@@ -1,4 +1,9 @@
 /*
+ * daemon/conf/ — the configuration file: its keys, their defaults and
+ * ranges, and its parsing (config.c, config_keys.c).  Loop thread, at
+ * startup and reload.  Calls base/ only; data/ and later folders read its
+ * declarations.
+ *
  * config.h — the daemon's INI configuration file, parsed with inih.
  *
  *   [daemon]

@@ -8,7 +8,8 @@
  * first_row <= s < first_row + rows, found by binary search.
  *
  * Reads.  With `read = mmap` (the default) every shard is mapped once at
- * load and ds_read_field copies rows out with memcpy: gathering shuffled
+ * load and ds_read_field copies rows out (memcpy, or streaming stores for a
+ * slot a copy engine reads next: streamcopy.h): gathering shuffled
  * 4 KiB rows from the page cache then costs page faults only on first touch
  * (fault-around maps up to 64 KiB per fault), never a system call per row,
  * which is what lets ~13 reader threads reach the ~45 GB/s the CUDA bench

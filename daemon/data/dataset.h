@@ -5,7 +5,8 @@
  * (dataset_read.c; direct.c for `read = direct`, blocks.c its block cache),
  * and the reader threads that run those reads as jobs (reader.c).  The loop
  * thread loads, reloads and submits; reader threads read, with no lock on
- * a dataset (immutable once loaded).  Calls base/ only.
+ * a dataset (immutable once loaded).  Calls base/ only (and reads the
+ * declarations of conf/).
  *
  * dataset.h — a named dataset as the daemon serves it.
  *
@@ -146,10 +147,11 @@ bool ds_check(const struct dataset *ds);
 int ds_read_field(const struct dataset *ds, size_t field, const uint64_t *samples, size_t n,
 		  uint8_t *dst, char *err, size_t errlen);
 
-/* Who reads dst next.  DS_FOR_DMA (a slot of the pinned ring or of a
- * client-copy arena, read next by a copy engine): mapped rows are copied
- * with streaming stores (streamcopy.h), which neither read the slot's lines
- * first nor fill the L3 with them.  DS_FOR_CPU: plain memcpy. */
+/* Who reads dst next.  DS_FOR_DMA (a slot a copy engine reads next, whose
+ * lines would not stay cached until then; the session layer decides):
+ * mapped rows are copied with streaming stores (streamcopy.h), which
+ * neither read the slot's lines first nor fill the L3 with them.
+ * DS_FOR_CPU: plain memcpy. */
 enum ds_reader { DS_FOR_CPU, DS_FOR_DMA };
 
 /* ds_read_field, for the reader `next` names; ds_read_field is DS_FOR_CPU. */

@@ -180,6 +180,10 @@ static int copy_mapped(const struct ds_field *field, const uint64_t *samples, si
 	const uint8_t *src;
 	size_t i, run;
 
+	/* Its one pthread_once here, not inside the guarded loop, which takes
+	 * no lock. */
+	if (dma)
+		(void)copy_streaming();
 	g->shard = NULL;
 	if (sigsetjmp(g->env, 0)) {
 		sigset_t bus;
@@ -191,6 +195,8 @@ static int copy_mapped(const struct ds_field *field, const uint64_t *samples, si
 		sigemptyset(&bus);
 		sigaddset(&bus, SIGBUS);
 		pthread_sigmask(SIG_UNBLOCK, &bus, NULL);
+		if (dma)
+			copy_streamed_fence(); /* the rows before the fault */
 		return -EIO;
 	}
 	guard = g;

@@ -34,7 +34,7 @@ struct reader_job {
 	uint64_t wrap;		      /* nonzero: samples are picks, taken mod wrap first */
 	uint32_t first;		      /* index of samples[0] within the slot's batch */
 	uint8_t *dst;		      /* borrowed: the slot, valid while owner lives */
-	bool dma;		      /* dst is read next by a copy engine (ds_read_field_for) */
+	bool dma;		      /* DS_FOR_DMA: streamed (ds_read_field_for) */
 	const uint64_t *field_offset; /* borrowed: owner's per-field offsets */
 	uint32_t slot;
 	uint64_t epoch, seq;

@@ -21,7 +21,7 @@
 
 #include "base/bigmem.h"
 #include "server/closer.h"
-#include "conf/daemon.h"
+#include "state/daemon.h"
 #include "gpu/gpu.h"
 #include "sess/linger.h"
 #include "base/log.h"

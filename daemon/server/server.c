@@ -23,7 +23,7 @@
 
 #include "base/bigmem.h"
 #include "server/closer.h"
-#include "conf/daemon.h"
+#include "state/daemon.h"
 #include "server/listen.h"
 #include "base/log.h"
 #include "prefetch.pb-c.h"

@@ -28,7 +28,7 @@
 #include <sys/types.h>
 #include <uv.h>
 
-#include "server/peer.h"
+#include "sess/peer.h"
 #include "wire.h"
 
 struct daemon;

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "data/blocks.h"
-#include "conf/daemon.h"
+#include "state/daemon.h"
 #include "sess/linger.h"
 #include "base/log.h"
 #include "sess/sess.h"
@@ -279,6 +279,7 @@ int status_set_depth(struct daemon *d, const struct peer *p, struct sess *own, u
 		gov_set_auto(&s->gov, d->cfg.depth);
 	else
 		gov_set_manual(&s->gov, req->target);
+	sess_fill_shares(d); /* a manual target fills more (or less) ahead */
 	log_info("session %" PRIu64 ": target %u (%s), by %s", s->id, s->gov.target, s->gov.reason,
 		 p->name);
 	sess_kick(s);

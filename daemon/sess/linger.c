@@ -13,7 +13,7 @@
 #include <stdlib.h>
 
 #include "conf/config.h"
-#include "conf/daemon.h"
+#include "state/daemon.h"
 #include "sess/gov.h"
 #include "base/log.h"
 #include "gpu/pool.h"

@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "base/bigmem.h"
-#include "conf/daemon.h"
+#include "state/daemon.h"
 #include "data/dataset.h"
 #include "base/log.h"
 #include "util.h"

@@ -1,10 +1,11 @@
 /*
  * daemon/sess/ — a trainer's session and what it decides: its life,
  * epochs, slot state machine and CUDA half (sess*.c), slot layouts and
- * reader jobs (fill.c), the depth governor (gov.c), per-uid quotas
- * (quota.c), lingering pools (linger.c).  Loop thread only; readers and
- * transfer threads see only the jobs it submits.  Calls every folder
- * before it; server/ calls it.
+ * reader jobs (fill.c), the depth governor (gov.c), lingering pools
+ * (linger.c), and the client as its request handlers see it (peer.h: the
+ * server fills in how to answer).  Loop thread only; readers and transfer
+ * threads see only the jobs it submits.  Calls every folder before it;
+ * server/ calls it.
  *
  * sess.h — a consumer's session: its slots, its arenas, its epochs.  The
  * session layer is where requests become actions: the server (server.c)
@@ -47,7 +48,7 @@
 #include "sess/gov.h"
 #include "gpu/gpu.h"
 #include "order/order.h"
-#include "server/peer.h"
+#include "sess/peer.h"
 #include "gpu/pool.h"
 #include "prefetch.pb-c.h"
 #include "mem/ring.h"
@@ -201,7 +202,7 @@ struct sess_cuda {
 	bool gather;
 	/* Its client takes the entry ids of a batch of hits as 4 bytes
 	 * (OpenSession.narrow): every entry id fits, since the pool's index
-	 * holds them as uint32 below POOL_PENDING (pool.c's maybe_grow stops
+	 * holds them as uint32 below POOL_PENDING (pool_maybe_grow stops
 	 * growing before an id would not). */
 	bool ids32;
 	uint64_t dev_stride; /* device slot stride: slot_stride, plus the tail */

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "conf/daemon.h"
+#include "state/daemon.h"
 #include "data/blocks.h"
 #include "base/log.h"
 #include "util.h"

@@ -30,7 +30,7 @@
 #include <string.h>
 
 #include "base/bigmem.h"
-#include "conf/daemon.h"
+#include "state/daemon.h"
 #include "data/dataset.h"
 #include "sess/linger.h"
 #include "base/log.h"
@@ -144,6 +144,11 @@ int sess_cuda_setup(struct sess *s, const Pf__OpenSession *req, char *err, size_
 	uint32_t want;
 	int rc;
 
+	/* Pools are made by CUDA sessions, so this is before any slab can go:
+	 * the pool layer (gpu/) tells the sessions through this pointer, never
+	 * by name. */
+	d->pools.slab_gone = sess_cuda_slab_gone;
+	d->pools.gone_arg = d;
 	switch (req->ipc) {
 	case PF__IPC__IPC_FD: c->ipc = GPU_IPC_FD; break;
 	case PF__IPC__IPC_LEGACY: c->ipc = GPU_IPC_LEGACY; break;

@@ -19,7 +19,7 @@
 
 #include "base/bigmem.h"
 #include "data/blocks.h"
-#include "conf/daemon.h"
+#include "state/daemon.h"
 #include "data/dataset.h"
 #include "base/log.h"
 #include "order/order.h"

@@ -24,7 +24,7 @@
 
 #include "base/bigmem.h"
 #include "data/blocks.h"
-#include "conf/daemon.h"
+#include "state/daemon.h"
 #include "data/dataset.h"
 #include "base/log.h"
 #include "data/reader.h"
@@ -350,9 +350,11 @@ static int start_fill(struct sess *s, struct slot *sl, int32_t ring)
 		job->owner = s;
 		job->ds = s->ds;
 		job->dst = dst;
-		/* The ring's slot, or a client-copy arena's: a DMA engine
-		 * reads it next. */
-		job->dma = s->gpu >= 0 || s->client_copy;
+		/* A client-copy arena's slot, read next by the trainer's copy
+		 * engine, while the sessions fill more ahead than stays cached
+		 * (sess_fill_shares).  The ring's slots are few and reused
+		 * within milliseconds: they stay cached for their DMA. */
+		job->dma = s->client_copy && s->d->fill_streamed;
 		job->field_offset = field_offset;
 		job->slot = (uint32_t)(sl - s->slots);
 		job->epoch = s->epoch;
@@ -415,7 +417,8 @@ void sess_ring_wake(void *owner)
 
 void sess_fill_shares(struct daemon *d)
 {
-	uint64_t budget = daemon_fill_bytes(d), n = 0;
+	uint64_t budget = daemon_fill_bytes(d), n = 0, ahead = 0;
+	bool streamed;
 
 	for (struct sess *s = d->sessions; s; s = s->next)
 		n += s->gpu < 0;
@@ -438,6 +441,22 @@ void sess_fill_shares(struct daemon *d)
 		if (gov_limit(&s->gov) > was && s->running)
 			pump_later(s);
 	}
+	/* What they fill ahead together, manual targets included: past the
+	 * budget (the shares' floor of min_depth, or a depth set by hand),
+	 * slot lines no longer stay cached until their copy, and a streamed
+	 * store saves the read of each one.  Measured (bench/NOTES.md, runs
+	 * 34, 70-71): 16 client-copy sessions (80 MiB ahead of a 75 MiB
+	 * budget) +10% with streaming; 4 (60 MiB) no difference; one session
+	 * whose slots stay cached -10 to -20% (daemon copies, run 34). */
+	for (struct sess *s = d->sessions; s; s = s->next)
+		if (s->gpu < 0)
+			ahead += (uint64_t)gov_limit(&s->gov) * s->lay.slot_stride;
+	streamed = ahead > budget;
+	if (streamed != d->fill_streamed)
+		log_info("client-copy fills: %s stores (host sessions fill %.0f MiB ahead, "
+			 "fill_bytes %.0f MiB)",
+			 streamed ? "streaming" : "plain", ahead / 1048576.0, budget / 1048576.0);
+	d->fill_streamed = streamed;
 }
 
 void sess_pump_stop(struct daemon *d)

@@ -67,7 +67,7 @@
 
 #include "server/closer.h"
 #include "conf/config.h"
-#include "conf/daemon.h"
+#include "state/daemon.h"
 #include "data/dataset.h"
 #include "sess/gov.h"
 #include "gpu/gpu.h"

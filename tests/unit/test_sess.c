@@ -34,7 +34,7 @@
 #include <uv.h>
 
 #include "conf/config.h"
-#include "conf/daemon.h"
+#include "state/daemon.h"
 #include "data/dataset.h"
 #include "sess/gov.h"
 #include "gpu/gpu.h"
@@ -1882,6 +1882,9 @@ static void host_sessions_fill_ahead_an_even_share_of_fill_bytes(void **state)
 		assert_int_equal(c[i]->s->gov.share, 4);
 		assert_int_equal(gov_limit(&c[i]->s->gov), 4);
 	}
+	/* 3 x 4 batches ahead: the budget, no more, so slots stay cached
+	 * for their copy and client-copy fills keep plain stores. */
+	assert_false(f->d.fill_streamed);
 	for (int i = 0; i < 3; i++) {
 		Pf__StartEpoch req = PF__START_EPOCH__INIT;
 
@@ -1903,9 +1906,14 @@ static void host_sessions_fill_ahead_an_even_share_of_fill_bytes(void **state)
 		run_until(f, fills_settled);
 		assert_int_equal(gov_in_flight(&c[i]->s->gov), 6);
 	}
-	/* A target set by hand is the user's. */
+	assert_false(f->d.fill_streamed); /* 2 x 6: the budget again */
+	/* A target set by hand is the user's.  With it the two fill 14
+	 * batches ahead, past the 12 of fill_bytes: client-copy fills now
+	 * stream (status.c recounts after `prefetchctl depth`). */
 	gov_set_manual(&c[1]->s->gov, 8);
+	sess_fill_shares(&f->d);
 	assert_int_equal(gov_limit(&c[1]->s->gov), 8);
+	assert_true(f->d.fill_streamed);
 	for (int i = 0; i < 2; i++) {
 		spec.seed = 10 + i;
 		assert_int_equal(consume_epoch(c[i], 1, &spec, 16), (N + 15) / 16);
@@ -1913,6 +1921,7 @@ static void host_sessions_fill_ahead_an_even_share_of_fill_bytes(void **state)
 	for (int i = 0; i < 2; i++)
 		client_end(c[i]);
 	run_until(f, no_sessions_left);
+	assert_false(f->d.fill_streamed); /* nobody fills ahead */
 }
 
 static int setup8(void **state)

@@ -4,7 +4,7 @@
  * DESIGN: loop thread only.  A take checks the user's limit first, then the
  * total, so the message names the tighter one that was hit.
  */
-#include "sess/quota.h"
+#include "state/quota.h"
 
 #include <errno.h>
 #include <inttypes.h>

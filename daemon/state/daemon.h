@@ -1,9 +1,9 @@
 /*
- * daemon/conf/ — the configuration in force and the state it gives the
- * daemon: the config file and its keys (config.c, config_keys.c), and
- * struct daemon with its datasets, what the configuration says of each, and
- * reload (daemon.c).  Loop thread.  Calls base/, data/ (loading datasets)
- * and gpu/ (pools turned on or off by a reload).
+ * daemon/state/ — the daemon's state: struct daemon with its datasets, what
+ * the configuration says of each, and reload (daemon.c), and the per-uid
+ * quotas that every session's memory is counted against (quota.c).  Loop
+ * thread.  Calls base/, conf/, data/ (loading datasets) and gpu/ (pools
+ * turned on or off by a reload).
  *
  * daemon.h — the daemon's process-wide state.
  *
@@ -21,7 +21,7 @@
 #include "conf/config.h"
 #include "data/dataset.h"
 #include "gpu/pool.h"
-#include "sess/quota.h"
+#include "state/quota.h"
 #include "mem/ring.h"
 
 struct conn;
@@ -52,6 +52,11 @@ struct daemon {
 	bool accept_timer_live;
 	uv_idle_t pump_idle; /* sessions' pumps carried over to the next turn (sess_pump.c) */
 	bool pump_idle_live;
+	/* Client-copy fills go with streaming stores (sess_fill_shares): what
+	 * the host-arena sessions fill ahead is more than fill_bytes, so a
+	 * slot's lines are gone from the L3 before the copy engine reads
+	 * them.  Within it, plain stores leave them there for the DMA. */
+	bool fill_streamed;
 	uv_idle_t conn_idle; /* connections' frames carried over to the next turn (server.c) */
 	bool conn_idle_live;
 	unsigned accept_pause_ms;

@@ -12,7 +12,7 @@
  * it changed on disk, or its shard patterns match other files: a stat,
  * fstat and header read per file, and the globs, as loading does.
  */
-#include "conf/daemon.h"
+#include "state/daemon.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -24,7 +24,6 @@
 
 #include "base/log.h"
 #include "gpu/pool.h"
-#include "sess/sess.h"
 
 struct dataset *daemon_dataset(const struct daemon *d, const char *name)
 {
@@ -348,8 +347,6 @@ void daemon_config_pools(struct daemon *d)
 	 * new slabs follow a reloaded `ipc`, old ones keep their kind. */
 	d->pools.cfg.slab_ipc =
 		d->cfg.ipc && strcmp(d->cfg.ipc, "legacy") == 0 ? GPU_IPC_LEGACY : GPU_IPC_FD;
-	d->pools.slab_gone = sess_cuda_slab_gone;
-	d->pools.gone_arg = d;
 	for (struct pool *p = d->pools.head; p; p = p->next) {
 		bool on = !p->ds->retired && daemon_pool_enabled(d, p->ds);
 

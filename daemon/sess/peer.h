@@ -3,7 +3,7 @@
  * answer it.
  *
  * The server (server.c) makes one per connection and hands it to the
- * handlers (sess.c, status.c) with every request; a session keeps it,
+ * handlers (sess_epoch.c, sess.c, status.c) with every request; a session keeps it,
  * borrowed, until its connection goes.  Nothing below the server sees a
  * socket: replies go out through send, which queues them on the
  * connection.
