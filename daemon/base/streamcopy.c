@@ -63,7 +63,7 @@ void copy_streamed(void *dst, const void *src, size_t n)
 	const uint8_t *s = src;
 	size_t head, lines;
 
-	if (n < STREAM_MIN || !copy_streaming()) {
+	if (n < STREAM_MIN) {
 		memcpy(dst, src, n);
 		return;
 	}

@@ -27,7 +27,8 @@
  * engine) that the bytes are there.
  *
  * PREFETCHD_CACHED_FILLS=1 in the daemon's environment turns streaming off
- * (bench comparisons); copy_streaming says whether it may be used.
+ * (bench comparisons): copy_streaming says whether the session layer may
+ * ask for it, which it decides once per change of sessions, not per copy.
  *
  * DESIGN: no state but a flag read once (pthread_once); any thread.
  */
@@ -37,12 +38,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* memcpy(dst, src, n), with streaming stores where copy_streaming(). */
+/* memcpy(dst, src, n), with streaming stores for the bulk (x86-64). */
 void copy_streamed(void *dst, const void *src, size_t n);
 /* Orders the calling thread's streaming stores before its later stores. */
 void copy_streamed_fence(void);
 /* False when PREFETCHD_CACHED_FILLS is set (not "0") or the machine has no
- * streaming stores: copy_streamed is then memcpy. */
+ * streaming stores (copy_streamed is memcpy there). */
 bool copy_streaming(void);
 
 #endif

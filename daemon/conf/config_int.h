@@ -24,13 +24,12 @@
 #define DAEMON_KEYS(X)                                                                             \
 	X(SOCKET, socket), X(SOCKET_MODE, socket_mode), X(SOCKET_GROUP, socket_group),             \
 		X(READERS, readers), X(RING_BYTES, ring_bytes), X(ARENA_BYTES, arena_bytes),       \
-		X(FILL_BYTES, fill_bytes),                                                         \
-		X(SESSION_BYTES, session_bytes), X(MAX_SESSIONS, max_sessions),                    \
-		X(MAX_FRAME, max_frame), X(ALLOW_USERS, allow_users),                              \
-		X(ALLOW_GROUPS, allow_groups), X(DEPTH, depth), X(MAX_DEPTH, max_depth),           \
-		X(IPC, ipc), X(READ, read), X(RESERVE, reserve), X(RESERVE_MIN, reserve_min),      \
-		X(PROBE_INTERVAL, probe_interval), X(POOL, pool), X(POOL_BYTES, pool_bytes),       \
-		X(POOL_SLAB, pool_slab), X(POOL_LINGER, pool_linger),                              \
+		X(FILL_BYTES, fill_bytes), X(SESSION_BYTES, session_bytes),                        \
+		X(MAX_SESSIONS, max_sessions), X(MAX_FRAME, max_frame),                            \
+		X(ALLOW_USERS, allow_users), X(ALLOW_GROUPS, allow_groups), X(DEPTH, depth),       \
+		X(MAX_DEPTH, max_depth), X(IPC, ipc), X(READ, read), X(RESERVE, reserve),          \
+		X(RESERVE_MIN, reserve_min), X(PROBE_INTERVAL, probe_interval), X(POOL, pool),     \
+		X(POOL_BYTES, pool_bytes), X(POOL_SLAB, pool_slab), X(POOL_LINGER, pool_linger),   \
 		X(MAX_EPOCH_PICKS, max_epoch_picks), X(MEMORY_BUDGET, memory_budget),              \
 		X(MEMORY_PER_UID, memory_per_uid), X(MAX_SESSIONS_PER_UID, max_sessions_per_uid),  \
 		X(MAX_CONNS, max_conns), X(MAX_CONNS_PER_UID, max_conns_per_uid),                  \

@@ -180,10 +180,6 @@ static int copy_mapped(const struct ds_field *field, const uint64_t *samples, si
 	const uint8_t *src;
 	size_t i, run;
 
-	/* Its one pthread_once here, not inside the guarded loop, which takes
-	 * no lock. */
-	if (dma)
-		(void)copy_streaming();
 	g->shard = NULL;
 	if (sigsetjmp(g->env, 0)) {
 		sigset_t bus;

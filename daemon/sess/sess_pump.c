@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "base/bigmem.h"
+#include "base/streamcopy.h"
 #include "data/blocks.h"
 #include "state/daemon.h"
 #include "data/dataset.h"
@@ -451,7 +452,7 @@ void sess_fill_shares(struct daemon *d)
 	for (struct sess *s = d->sessions; s; s = s->next)
 		if (s->gpu < 0)
 			ahead += (uint64_t)gov_limit(&s->gov) * s->lay.slot_stride;
-	streamed = ahead > budget;
+	streamed = ahead > budget && copy_streaming();
 	if (streamed != d->fill_streamed)
 		log_info("client-copy fills: %s stores (host sessions fill %.0f MiB ahead, "
 			 "fill_bytes %.0f MiB)",

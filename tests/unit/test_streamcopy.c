@@ -2,8 +2,8 @@
  * test_streamcopy.c — the streaming-store copy of slots a copy engine reads
  * next: the same bytes as memcpy at every alignment of source and
  * destination and at every length around its line and threshold edges,
- * nothing written outside [dst, dst + n), and the same with streaming
- * turned off.
+ * nothing written outside [dst, dst + n); and PREFETCHD_CACHED_FILLS=1
+ * telling the session layer not to ask for it (copy_streaming false).
  */
 #include <setjmp.h>
 #include <stdarg.h>
