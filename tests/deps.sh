@@ -41,9 +41,21 @@ echo "dpkg-query $*" >>"$FAKE_LOG"
 for p; do :; done
 if grep -qx "$p" "$FAKE_INSTALLED"; then printf 'install ok installed'; else printf 'unknown ok not-installed'; fi
 EOF
+# apt-get logs how it was called; with FAKE_APT_SLOW set, an install takes a
+# second and then is installed (for the test of two runs at once).
 cat >"$dir/bin/apt-get" <<'EOF'
 #!/bin/sh
 echo "apt-get $*" >>"$FAKE_LOG"
+[ -n "$FAKE_APT_SLOW" ] || exit 0
+case " $* " in *" install "*) ;; *) exit 0 ;; esac
+sleep 1
+for p; do :; done
+seen=0
+for a; do
+	[ $seen = 1 ] && echo "$a" >>"$FAKE_INSTALLED"
+	[ "$a" = --no-install-recommends ] && seen=1
+done
+exit 0
 EOF
 cat >"$dir/bin/id" <<'EOF'
 #!/bin/sh
@@ -58,7 +70,8 @@ deps() {
 	shift 2
 	: >"$dir/log"
 	OS_RELEASE=$fixtures/$fixture PATH="$dir/bin:$PATH" FAKE_LOG=$dir/log \
-		FAKE_INSTALLED=$dir/installed FAKE_UID=$uid sh "$deps" "$@" >"$dir/out" 2>"$dir/err"
+		FAKE_INSTALLED=$dir/installed FAKE_UID=$uid DEPS_LOCK=$dir/lock \
+		sh "$deps" "$@" >"$dir/out" 2>"$dir/err"
 	rc=$?
 }
 
@@ -187,11 +200,47 @@ t_non_root_is_told_what_is_missing() {
 t_root_installs_only_what_is_missing_at_once() {
 	echo "$build $test clang" | tr ' ' '\n' | grep -v -e libuv1-dev -e python3-numpy >"$dir/installed"
 	deps ubuntu-24.04 0 build test clang
-	want="apt-get update -qq
-apt-get install -y -qq --no-install-recommends libuv1-dev python3-numpy libclang-rt-18-dev"
+	want="apt-get -o DPkg::Lock::Timeout=600 update -qq
+apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends libuv1-dev python3-numpy libclang-rt-18-dev"
 	if [ "$rc" -ne 0 ] || [ "$(grep apt-get "$dir/log")" != "$want" ]; then
 		say_run "build test clang as root without libuv1-dev, python3-numpy, libclang-rt-18-dev"
 		echo "  want: $want"
+		return 1
+	fi
+}
+
+# Two make targets at once on a fresh machine: the second run waits for the
+# first's install instead of failing on dpkg's lock, then finds nothing
+# missing and installs nothing.
+t_a_second_run_waits_for_the_first() {
+	echo "$build" | tr ' ' '\n' | grep -v -e libuv1-dev -e libinih-dev >"$dir/installed"
+	: >"$dir/log"
+	for i in 1 2; do
+		OS_RELEASE=$fixtures/debian-12 PATH="$dir/bin:$PATH" FAKE_LOG=$dir/log \
+			FAKE_INSTALLED=$dir/installed FAKE_UID=0 DEPS_LOCK=$dir/lock FAKE_APT_SLOW=1 \
+			sh "$deps" build >"$dir/out$i" 2>"$dir/err$i" &
+		eval "pid$i=\$!"
+		# The first takes the lock before the second starts.
+		waited=0
+		while [ $i = 1 ] && [ $waited -lt 200 ] && ! grep -q "^apt-get.* update" "$dir/log"; do
+			sleep 0.05
+			waited=$((waited + 1))
+		done
+	done
+	wait $pid1
+	rc1=$?
+	wait $pid2
+	rc2=$?
+	installs=$(grep -c "^apt-get.* install " "$dir/log")
+	if [ $rc1 -ne 0 ] || [ $rc2 -ne 0 ] || [ "$installs" -ne 1 ] ||
+		! grep -q "waiting for it" "$dir/out2" ||
+		! grep -q "the other run installed what build needs" "$dir/out2"; then
+		echo "two runs at once: status $rc1 and $rc2, $installs installs"
+		for i in 1 2; do
+			sed "s/^/  run $i stdout: /" "$dir/out$i"
+			sed "s/^/  run $i stderr: /" "$dir/err$i"
+		done
+		sed 's/^/  ran: /' "$dir/log"
 		return 1
 	fi
 }

@@ -165,10 +165,16 @@ if [ "$list" = 1 ]; then
 	exit 0
 fi
 
-missing=""
-for p in $pkgs; do
-	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
-done
+# $missing: the packages of $pkgs not installed here.
+find_missing() {
+	missing=""
+	for p in $pkgs; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+			missing="$missing $p"
+	done
+}
+
+find_missing
 [ -n "$missing" ] || exit 0
 [ -z "$note" ] || echo "$note" >&2
 if [ "$(id -u)" != 0 ]; then
@@ -177,7 +183,32 @@ if [ "$(id -u)" != 0 ]; then
 	echo "deps: or run this make target as root" >&2
 	exit 1
 fi
+
+# Two make targets at once on a fresh machine (make check beside a CI run,
+# or in two terminals) would both install, and the second apt-get would fail
+# on dpkg's lock ("Could not get lock /var/lib/dpkg/lock-frontend"): the
+# second waits here for the first, then installs only what is still missing,
+# which is usually nothing.  Another program's apt-get (unattended-upgrades)
+# is waited for by apt itself, DPkg::Lock::Timeout seconds.  DEPS_LOCK names
+# the lock file (the test gives its own).
+lock=${DEPS_LOCK:-/run/lock/prefetchd-deps.lock}
+[ -n "$DEPS_LOCK" ] || [ -d /run/lock ] || lock=${TMPDIR:-/tmp}/prefetchd-deps.lock
+if command -v flock >/dev/null 2>&1; then
+	exec 9>"$lock"
+	if ! flock -n 9; then
+		echo "deps: another tools/deps.sh is installing packages; waiting for it (up to 30 min, $lock)"
+		if ! flock -w 1800 9; then
+			echo "deps: the other tools/deps.sh still holds $lock after 30 min: giving up" >&2
+			exit 1
+		fi
+		find_missing
+		if [ -z "$missing" ]; then
+			echo "deps: the other run installed what $* needs"
+			exit 0
+		fi
+	fi
+fi
 echo "deps: installing$missing ($release, for $*)"
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends $missing
+apt-get -o DPkg::Lock::Timeout=600 update -qq
+apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends $missing
