@@ -146,8 +146,8 @@ static int hold_sessions(void *arg)
 			rc = pf_set_depth(c[n], 0, 16);
 		if (!rc)
 			rc = pf_start_epoch(c[n], &eo, NULL);
-		if (!rc)
-			rc = pf_next(c[n], 5000, &batch); /* taken and kept */
+		if (!rc) /* taken and kept */
+			rc = pf_next(c[n], (int)(5000 * td_patience()), &batch);
 		if (rc)
 			fprintf(stderr, "  [uid %u] session %d: %d %s\n", (unsigned)getuid(), n, rc,
 				pf_errmsg(c[n]));
@@ -267,7 +267,7 @@ static int flood_paced(void *arg)
 	/* The refusals come back as the session's errors, then the batches
 	 * that were accepted. */
 	for (int i = 0; i < 400; i++) {
-		rc = pf_next(c, 5000, &b);
+		rc = pf_next(c, (int)(5000 * td_patience()), &b);
 		if (rc == -ENOMEM && strstr(pf_errmsg(c), "memory_per_uid")) {
 			refused++;
 			continue;
@@ -410,7 +410,7 @@ static void a_huge_order_is_refused_and_a_big_one_built_off_the_loop(void **stat
 		      td_now() - t0, (unsigned long long)batches, rc ? pf_errmsg(c) : "");
 	assert_int_equal(rc, 0);
 	assert_int_equal(batches, 31);
-	assert_int_equal(pf_next(c, 30000, &b), 0);
+	assert_int_equal(pf_next(c, (int)(30000 * td_patience()), &b), 0);
 	assert_non_null(b);
 	print_message("  its first batch after %.2f s; daemon RSS then +%ld kB (memory_per_uid "
 		      "524288 kB)\n",
@@ -465,12 +465,13 @@ static void a_depth_beyond_the_limit_is_refused_and_deep_sessions_slow_nobody(vo
 #define KEEP_CAP     (36ull << 20)
 #define KEEP_ROUNDS  7u
 
-/* Waits (30 s at most) until status counts `want` bytes for session's
- * orders: the one the epoch runs and the next one's, once built ahead
- * (while that is being built its peak is counted, which is more). */
+/* Waits (30 s at most, td_patience() times that under a sanitizer) until
+ * status counts `want` bytes for session's orders: the one the epoch runs
+ * and the next one's, once built ahead (while that is being built its peak
+ * is counted, which is more). */
 static void wait_order_bytes(uint64_t session, uint64_t want)
 {
-	double until = td_now() + 30;
+	double until = td_now() + 30 * td_patience();
 	uint64_t got = 0;
 
 	while (td_now() < until) {
@@ -487,11 +488,11 @@ static void wait_order_bytes(uint64_t session, uint64_t want)
 		 (unsigned long long)got, (unsigned long long)want);
 }
 
-/* Waits (10 s at most) until status no longer lists session: it has been
- * detached, and its order built ahead is kept. */
+/* Waits (10 s at most, td_patience() times that) until status no longer
+ * lists session: it has been detached, and its order built ahead is kept. */
 static void wait_session_gone(uint64_t session)
 {
-	double until = td_now() + 10;
+	double until = td_now() + 10 * td_patience();
 
 	for (;;) {
 		Pf__Envelope *env = td_status(td.sock);
@@ -515,7 +516,7 @@ static void keep_epoch(struct pf_client *c, uint64_t seed, uint32_t world, uint6
 	struct pf_batch *b;
 
 	assert_int_equal(pf_start_epoch(c, &eo, NULL), 0);
-	assert_int_equal(pf_next(c, 30000, &b), 0);
+	assert_int_equal(pf_next(c, (int)(30000 * td_patience()), &b), 0);
 	assert_non_null(b);
 	assert_int_equal(pf_release(c, b, NULL), 0);
 	assert_int_equal(pf_stats(c, &ps), 0);
@@ -619,7 +620,7 @@ static void one_epoch(struct pf_client *c, uint64_t n)
 	assert_non_null(seen);
 	assert_int_equal(pf_start_epoch(c, &eo, NULL), 0);
 	for (;;) {
-		int rc = pf_next(c, 30000, &b);
+		int rc = pf_next(c, (int)(30000 * td_patience()), &b);
 
 		if (rc)
 			fail_msg("pf_next: %d %s", rc, pf_errmsg(c));

@@ -69,6 +69,17 @@ double td_status_limit_ms(void)
 #endif
 }
 
+double td_patience(void)
+{
+#if defined(TD_TSAN)
+	return 20;
+#elif defined(TD_ASAN)
+	return 4;
+#else
+	return 1;
+#endif
+}
+
 double td_now(void)
 {
 	struct timespec ts;
