@@ -41,9 +41,38 @@ echo "dpkg-query $*" >>"$FAKE_LOG"
 for p; do :; done
 if grep -qx "$p" "$FAKE_INSTALLED"; then printf 'install ok installed'; else printf 'unknown ok not-installed'; fi
 EOF
-# apt-get logs how it was called; with FAKE_APT_SLOW set, an install takes a
-# second and then is installed (for the test of two runs at once).
+# apt-get logs how it was called.  With FAKE_APT_SLOW set, an install
+# waits (20 s at most) until $dir/go exists, then is installed: the test of
+# two runs at once says when.  With FAKE_LISTS_LOCKED=N, the first N
+# updates fail as apt-get does while another program holds the lists.
 cat >"$dir/bin/apt-get" <<'EOF'
+#!/bin/sh
+echo "apt-get $*" >>"$FAKE_LOG"
+case " $* " in
+*" update "*)
+	n=$(grep -c "^apt-get update" "$FAKE_LOG")
+	if [ "$n" -le "${FAKE_LISTS_LOCKED:-0}" ]; then
+		echo "E: Could not get lock /var/lib/apt/lists/lock. It is held by process 1 (apt-get)" >&2
+		exit 100
+	fi
+	exit 0
+	;;
+*" install "*) ;;
+*) exit 0 ;;
+esac
+[ -n "$FAKE_APT_SLOW" ] || exit 0
+waited=0
+while [ ! -e "$FAKE_GO" ] && [ $waited -lt 400 ]; do
+	sleep 0.05
+	waited=$((waited + 1))
+done
+seen=0
+for a; do
+	[ $seen = 1 ] && echo "$a" >>"$FAKE_INSTALLED"
+	[ "$a" = --no-install-recommends ] && seen=1
+done
+exit 0
+EOF'
 #!/bin/sh
 echo "apt-get $*" >>"$FAKE_LOG"
 [ -n "$FAKE_APT_SLOW" ] || exit 0
@@ -200,7 +229,7 @@ t_non_root_is_told_what_is_missing() {
 t_root_installs_only_what_is_missing_at_once() {
 	echo "$build $test clang" | tr ' ' '\n' | grep -v -e libuv1-dev -e python3-numpy >"$dir/installed"
 	deps ubuntu-24.04 0 build test clang
-	want="apt-get -o DPkg::Lock::Timeout=600 update -qq
+	want="apt-get update -qq
 apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends libuv1-dev python3-numpy libclang-rt-18-dev"
 	if [ "$rc" -ne 0 ] || [ "$(grep apt-get "$dir/log")" != "$want" ]; then
 		say_run "build test clang as root without libuv1-dev, python3-numpy, libclang-rt-18-dev"
@@ -209,24 +238,41 @@ apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends libuv1
 	fi
 }
 
+# two_at_once I: run I of that case, in the background.
+two_at_once() {
+	OS_RELEASE=$fixtures/debian-12 PATH="$dir/bin:$PATH" FAKE_LOG=$dir/log \
+		FAKE_INSTALLED=$dir/installed FAKE_UID=0 DEPS_LOCK=$dir/lock FAKE_APT_SLOW=1 \
+		FAKE_GO=$dir/go sh "$deps" build >"$dir/out$1" 2>"$dir/err$1" &
+}
+
+# wait_for PATTERN FILE: until FILE has a line of PATTERN, 10 s at most.
+wait_for() {
+	waited=0
+	while [ $waited -lt 200 ] && ! grep -q "$1" "$2" 2>/dev/null; do
+		sleep 0.05
+		waited=$((waited + 1))
+	done
+}
+
 # Two make targets at once on a fresh machine: the second run waits for the
 # first's install instead of failing on dpkg's lock, then finds nothing
-# missing and installs nothing.
+# missing and installs nothing.  The first's install lasts until the second
+# has said it waits.
 t_a_second_run_waits_for_the_first() {
+	command -v flock >/dev/null || {
+		echo "flock (util-linux) is not here: tools/deps.sh cannot lock"
+		return 1
+	}
 	echo "$build" | tr ' ' '\n' | grep -v -e libuv1-dev -e libinih-dev >"$dir/installed"
 	: >"$dir/log"
-	for i in 1 2; do
-		OS_RELEASE=$fixtures/debian-12 PATH="$dir/bin:$PATH" FAKE_LOG=$dir/log \
-			FAKE_INSTALLED=$dir/installed FAKE_UID=0 DEPS_LOCK=$dir/lock FAKE_APT_SLOW=1 \
-			sh "$deps" build >"$dir/out$i" 2>"$dir/err$i" &
-		eval "pid$i=\$!"
-		# The first takes the lock before the second starts.
-		waited=0
-		while [ $i = 1 ] && [ $waited -lt 200 ] && ! grep -q "^apt-get.* update" "$dir/log"; do
-			sleep 0.05
-			waited=$((waited + 1))
-		done
-	done
+	rm -f "$dir/go"
+	two_at_once 1
+	pid1=$!
+	wait_for "^apt-get.* install " "$dir/log" # the first is installing, the lock its
+	two_at_once 2
+	pid2=$!
+	wait_for "waiting for it" "$dir/out2"
+	touch "$dir/go"
 	wait $pid1
 	rc1=$?
 	wait $pid2
@@ -234,13 +280,30 @@ t_a_second_run_waits_for_the_first() {
 	installs=$(grep -c "^apt-get.* install " "$dir/log")
 	if [ $rc1 -ne 0 ] || [ $rc2 -ne 0 ] || [ "$installs" -ne 1 ] ||
 		! grep -q "waiting for it" "$dir/out2" ||
-		! grep -q "the other run installed what build needs" "$dir/out2"; then
+		! grep -q "another run installed what build needs" "$dir/out2"; then
 		echo "two runs at once: status $rc1 and $rc2, $installs installs"
 		for i in 1 2; do
 			sed "s/^/  run $i stdout: /" "$dir/out$i"
 			sed "s/^/  run $i stderr: /" "$dir/err$i"
 		done
 		sed 's/^/  ran: /' "$dir/log"
+		return 1
+	fi
+}
+
+# Another program holds apt's package lists (the daily apt timer at boot):
+# update is tried again until they are free, and the install goes on.
+t_update_waits_for_the_package_lists() {
+	echo "$build" | tr ' ' '\n' | grep -v -e libuv1-dev >"$dir/installed"
+	: >"$dir/log"
+	OS_RELEASE=$fixtures/debian-12 PATH="$dir/bin:$PATH" FAKE_LOG=$dir/log \
+		FAKE_INSTALLED=$dir/installed FAKE_UID=0 DEPS_LOCK=$dir/lock FAKE_LISTS_LOCKED=2 \
+		DEPS_RETRY_S=0 sh "$deps" build >"$dir/out" 2>"$dir/err"
+	rc=$?
+	updates=$(grep -c "^apt-get update" "$dir/log")
+	if [ "$rc" -ne 0 ] || [ "$updates" -ne 3 ] || ! grep -q "^apt-get.* install " "$dir/log" ||
+		! grep -q "another program holds apt's package lists; waiting" "$dir/out"; then
+		say_run "build with the lists locked for two updates"
 		return 1
 	fi
 }

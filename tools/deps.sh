@@ -186,29 +186,65 @@ fi
 
 # Two make targets at once on a fresh machine (make check beside a CI run,
 # or in two terminals) would both install, and the second apt-get would fail
-# on dpkg's lock ("Could not get lock /var/lib/dpkg/lock-frontend"): the
-# second waits here for the first, then installs only what is still missing,
-# which is usually nothing.  Another program's apt-get (unattended-upgrades)
-# is waited for by apt itself, DPkg::Lock::Timeout seconds.  DEPS_LOCK names
-# the lock file (the test gives its own).
-lock=${DEPS_LOCK:-/run/lock/prefetchd-deps.lock}
-[ -n "$DEPS_LOCK" ] || [ -d /run/lock ] || lock=${TMPDIR:-/tmp}/prefetchd-deps.lock
-if command -v flock >/dev/null 2>&1; then
-	exec 9>"$lock"
+# on dpkg's lock ("Could not get lock /var/lib/dpkg/lock-frontend"): a run
+# takes a lock of its own first, so the second waits for the first (and
+# says so), then installs only what is still missing, usually nothing.  The
+# lock is a file in /run, which only root may write (a file in /run/lock or
+# /tmp anyone could make a link to /etc/shadow, or hold), opened without
+# truncating it; DEPS_LOCK names another (the test's).  Where it cannot be
+# opened, or flock is missing, the install goes on without it.  Another
+# program's apt (unattended-upgrades, the daily apt timer) is waited for
+# too: dpkg's lock by apt-get itself (DPkg::Lock::Timeout), the package
+# lists' lock, which update does not wait for, by apt_update.
+lock=${DEPS_LOCK:-/run/prefetchd-deps.lock}
+if command -v flock >/dev/null 2>&1 && { command exec 9>>"$lock"; } 2>/dev/null; then
 	if ! flock -n 9; then
 		echo "deps: another tools/deps.sh is installing packages; waiting for it (up to 30 min, $lock)"
 		if ! flock -w 1800 9; then
 			echo "deps: the other tools/deps.sh still holds $lock after 30 min: giving up" >&2
 			exit 1
 		fi
-		find_missing
-		if [ -z "$missing" ]; then
-			echo "deps: the other run installed what $* needs"
-			exit 0
-		fi
 	fi
+	# Again under the lock: a run that finished since the first look
+	# may have installed them.
+	find_missing
+	if [ -z "$missing" ]; then
+		echo "deps: another run installed what $* needs"
+		exit 0
+	fi
+else
+	echo "deps: cannot lock $lock: installing without waiting for other runs" >&2
 fi
+
+# apt-get update, waiting up to 10 min while another program holds the
+# package lists' lock (60 tries, DEPS_RETRY_S apart: 10 s, or the test's);
+# any other failure is reported as apt-get said it.
+apt_update() {
+	tries=0
+	while :; do
+		if err=$(apt-get update -qq 2>&1 >/dev/null); then
+			[ -z "$err" ] || printf '%s\n' "$err" >&2
+			return 0
+		fi
+		case $err in
+		*"Could not get lock"*) ;;
+		*)
+			printf '%s\n' "$err" >&2
+			return 1
+			;;
+		esac
+		tries=$((tries + 1))
+		if [ "$tries" -ge 60 ]; then
+			printf '%s\n' "$err" >&2
+			return 1
+		fi
+		[ "$tries" != 1 ] ||
+			echo "deps: another program holds apt's package lists; waiting for it (up to 10 min)"
+		sleep "${DEPS_RETRY_S:-10}"
+	done
+}
+
 echo "deps: installing$missing ($release, for $*)"
 export DEBIAN_FRONTEND=noninteractive
-apt-get -o DPkg::Lock::Timeout=600 update -qq
+apt_update
 apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends $missing
