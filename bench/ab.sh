@@ -20,8 +20,10 @@
 #   nodeoff  the same, pool off only
 #   node16   node.py --n 16, pool off only
 #   tight    train_step.py's tight loop alone, warm pool
-# Give the trees in turn and turn the order round every pair (old new new
-# old ...): the machine's drift then falls on both.  Builds stay in /tmp/ab
+# The SPECs run in the order given: give the trees in turn and turn the
+# order round every pair (old new new old ...), so that the machine's drift
+# falls on both.  Each tree runs its own bench scripts: a change to them
+# between the two revisions is part of the comparison.  Builds stay in /tmp/ab
 # while the machine is warm: a call made within its idle_release_s (30 s)
 # of the last one may leave out build.
 #
@@ -32,11 +34,15 @@ set -u
 ab_root=$(cd "$(dirname "$0")/.." && pwd)
 
 if [ "${1:-}" = pack ]; then
-	rev=${2:?usage: bench/ab.sh pack REV}
+	rev=$(git -C "$ab_root" rev-parse --verify --quiet "${2:?usage: bench/ab.sh pack REV}^{commit}") || {
+		echo "bench/ab.sh: '$2' names no commit here" >&2
+		exit 1
+	}
 	mkdir -p "$ab_root/.ab"
-	git -C "$ab_root" archive --prefix=old/ "$rev" | gzip >"$ab_root/.ab/old.tar.gz"
-	git -C "$ab_root" rev-parse "$rev" >"$ab_root/.ab/REV"
-	echo "bench/ab.sh: .ab/old.tar.gz is $(cat "$ab_root/.ab/REV"); carry .ab"
+	git -C "$ab_root" archive --format=tar.gz --prefix=old/ -o "$ab_root/.ab/old.tar.gz" "$rev" ||
+		exit 1
+	echo "$rev" >"$ab_root/.ab/REV"
+	echo "bench/ab.sh: .ab/old.tar.gz is $rev; carry .ab"
 	exit 0
 fi
 
@@ -47,7 +53,6 @@ left() { echo $((${DEADLINE:-570} - $(elapsed))); }
 log=$OUT/ab.log
 [ -f "$ab_root/.devdeps/install.sh" ] && source "$ab_root/.devdeps/install.sh" >"$OUT/build.log" 2>&1
 {
-	echo "old is $(cat "$ab_root/.ab/REV" 2>/dev/null || echo '(no .ab/REV)')"
 	nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader 2>&1
 	echo "$(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
 } >>"$log"
@@ -60,20 +65,40 @@ if [ "${1:-}" = build ]; then
 	}
 	rm -rf /tmp/ab
 	mkdir -p /tmp/ab/new
-	(cd "$ab_root" && tar cf - --exclude=./.ab --exclude=./build .) | tar xf - -C /tmp/ab/new
+	cp "$ab_root/.ab/REV" /tmp/ab/REV
+	# The new tree without what a build or an earlier call left: the
+	# ignored paths of .gitignore, and the carried folders but .devdeps.
+	(cd "$ab_root" && tar cf - --exclude=./.git --exclude=./.ab --exclude=./.diag --exclude=./build \
+		--exclude=./build-asan --exclude=./build-tsan --exclude=./run --exclude=./python/build \
+		--exclude='./python/*.egg-info' --exclude=__pycache__ .) | tar xf - -C /tmp/ab/new
 	tar xzf "$ab_root/.ab/old.tar.gz" -C /tmp/ab
 	(cd /tmp/ab/old && make -j8 >/tmp/ab/old.log 2>&1; echo "old: make rc=$?" >>/tmp/ab/old.log) &
 	(cd /tmp/ab/new && make -j16 >/tmp/ab/new.log 2>&1; echo "new: make rc=$?" >>/tmp/ab/new.log)
-	(cd /tmp/ab/new && timeout 300 make check-cuda >/tmp/ab/check.log 2>&1
-		echo "new: make check-cuda rc=$?" >>/tmp/ab/check.log)
+	# make check-cuda runs while the old tree may still be compiling: its
+	# figures are not for comparing.  It takes at most what the call has
+	# left, less a minute for the benches.
+	cap=$(($(left) - 60))
+	[ "$cap" -gt 300 ] && cap=300
+	if [ "$cap" -ge 30 ]; then
+		(cd /tmp/ab/new && timeout "$cap" make check-cuda >/tmp/ab/check.log 2>&1
+			echo "new: make check-cuda rc=$?" >>/tmp/ab/check.log)
+	else
+		echo "new: make check-cuda not run: $(left) s left" >/tmp/ab/check.log
+	fi
 	wait
 	cat /tmp/ab/new.log /tmp/ab/old.log /tmp/ab/check.log >>"$OUT/build.log"
 	grep -h "rc=\|^tests:" /tmp/ab/new.log /tmp/ab/old.log /tmp/ab/check.log >>"$log"
 	echo "built in $(elapsed) s" >>"$log"
 fi
+echo "old is $(cat /tmp/ab/REV 2>/dev/null || echo '(not built on this machine: give build)')" >>"$log"
 
 for spec in "$@"; do
 	IFS=: read -r tree bench secs <<<"$spec"
+	case ${secs:-60} in *[!0-9]*)
+		echo "$spec: SECONDS is a whole number" >>"$log"
+		continue
+		;;
+	esac
 	case $tree in new | old) ;; *)
 		echo "$spec: the tree is new or old" >>"$log"
 		continue
@@ -85,7 +110,8 @@ for spec in "$@"; do
 	node) cmd=(bench/node.py --n 4,16 --steps 10 --tight-s 1.5) ;;
 	nodeoff) cmd=(bench/node.py --n 4,16 --steps 10 --tight-s 1.5 --pool off) ;;
 	node16) cmd=(bench/node.py --n 16 --steps 10 --tight-s 1.5 --pool off) ;;
-	tight) cmd=(bench/train_step.py --skip compute,tight-off,dataloader,sweep,checks --epochs 2) ;;
+	tight) cmd=(bench/train_step.py --skip compute,tight-off,dataloader,sweep,checks --epochs 2
+		--cuda-bench none) ;;
 	*)
 		echo "$spec: no bench '$bench' (eager gs node nodeoff node16 tight)" >>"$log"
 		continue
