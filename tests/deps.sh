@@ -72,19 +72,6 @@ for a; do
 	[ "$a" = --no-install-recommends ] && seen=1
 done
 exit 0
-EOF'
-#!/bin/sh
-echo "apt-get $*" >>"$FAKE_LOG"
-[ -n "$FAKE_APT_SLOW" ] || exit 0
-case " $* " in *" install "*) ;; *) exit 0 ;; esac
-sleep 1
-for p; do :; done
-seen=0
-for a; do
-	[ $seen = 1 ] && echo "$a" >>"$FAKE_INSTALLED"
-	[ "$a" = --no-install-recommends ] && seen=1
-done
-exit 0
 EOF
 cat >"$dir/bin/id" <<'EOF'
 #!/bin/sh
