@@ -441,6 +441,7 @@ void sess_fill_shares(struct daemon *d)
 		 * here, inside another session's open or close). */
 		if (gov_limit(&s->gov) > was && s->running)
 			pump_later(s);
+		ahead += (uint64_t)gov_limit(&s->gov) * s->lay.slot_stride;
 	}
 	/* What they fill ahead together, manual targets included: past the
 	 * budget (the shares' floor of min_depth, or a depth set by hand),
@@ -449,9 +450,6 @@ void sess_fill_shares(struct daemon *d)
 	 * 34, 70-71): 16 client-copy sessions (80 MiB ahead of a 75 MiB
 	 * budget) +10% with streaming; 4 (60 MiB) no difference; one session
 	 * whose slots stay cached -10 to -20% (daemon copies, run 34). */
-	for (struct sess *s = d->sessions; s; s = s->next)
-		if (s->gpu < 0)
-			ahead += (uint64_t)gov_limit(&s->gov) * s->lay.slot_stride;
 	streamed = ahead > budget && copy_streaming();
 	if (streamed != d->fill_streamed)
 		log_info("client-copy fills: %s stores (host sessions fill %.0f MiB ahead, "
