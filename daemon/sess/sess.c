@@ -166,8 +166,17 @@ static int make_host_arenas(struct sess *s, char *err, size_t errlen)
 	return 0;
 }
 
-static int push_arenas(struct sess *s)
+int sess_send_arenas(struct sess *s, const struct peer *to)
 {
+	if (s->gpu >= 0) {
+		for (uint32_t a = 0; a < s->cuda.narenas; a++) {
+			int rc = sess_cuda_push_arena(s, a, to);
+
+			if (rc)
+				return rc;
+		}
+		return 0;
+	}
 	for (uint32_t a = 0; a < s->narenas; a++) {
 		Pf__Envelope env = PF__ENVELOPE__INIT;
 		Pf__Arena msg = PF__ARENA__INIT;
@@ -182,7 +191,7 @@ static int push_arenas(struct sess *s)
 		msg.device = -1;
 		env.msg_case = PF__ENVELOPE__MSG_ARENA;
 		env.arena = &msg;
-		rc = peer_send(s->peer, &env, fd);
+		rc = peer_send(to, &env, fd);
 		if (rc)
 			return rc;
 	}
@@ -205,7 +214,8 @@ void sess_fields(const struct dataset *ds, const uint64_t *offsets, Pf__Field *f
 	}
 }
 
-static int reply_opened(struct sess *s, uint64_t id)
+int sess_send_opened(struct sess *s, const struct peer *to, uint64_t id, uint64_t session,
+		     uint32_t slots, const char *share)
 {
 	const struct dataset *ds = s->ds;
 	Pf__Envelope env = PF__ENVELOPE__INIT;
@@ -219,12 +229,13 @@ static int reply_opened(struct sess *s, uint64_t id)
 	if (!fields || !fieldp)
 		goto out;
 	sess_fields(ds, s->lay.field_offset, fields, fieldp);
-	msg.session = s->id;
+	msg.session = session;
 	msg.num_samples = ds->num_samples;
 	msg.n_fields = ds->nfields;
 	msg.fields = fieldp;
 	msg.slot_bytes = s->lay.slot_bytes;
-	msg.slots = s->nslots;
+	msg.slots = slots;
+	msg.share = (char *)share;
 	msg.target = gov_limit(&s->gov);
 	msg.device = s->device;
 	msg.probe_interval_s = s->gpu >= 0 ? s->d->cfg.probe_interval : 0;
@@ -240,7 +251,7 @@ static int reply_opened(struct sess *s, uint64_t id)
 	env.id = id;
 	env.msg_case = PF__ENVELOPE__MSG_OPENED;
 	env.opened = &msg;
-	rc = peer_send(s->peer, &env, -1);
+	rc = peer_send(to, &env, -1);
 out:
 	free(fields);
 	free(fieldp);
@@ -252,11 +263,11 @@ out:
  * Counted in 64 bits: a max_depth near UINT32_MAX (a client's to choose)
  * must not wrap to a session of one slot, or of none.  max_depth comes down
  * with the trim. */
-static int count_slots(struct sess *s, uint32_t min_depth, uint32_t *max_depth, char *err,
-		       size_t errlen)
+static int count_slots(struct sess *s, uint32_t min_depth, uint32_t *max_depth, uint32_t extra,
+		       char *err, size_t errlen)
 {
 	const struct config *cfg = &s->d->cfg;
-	uint64_t want = (uint64_t)*max_depth + SESS_HOLD_SLOTS;
+	uint64_t want = (uint64_t)*max_depth + SESS_HOLD_SLOTS + extra;
 	uint64_t fit = cfg->session_bytes / s->lay.slot_stride;
 
 	if (fit < want) {
@@ -300,6 +311,13 @@ static uint64_t open_bytes(const struct sess *s)
 int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64_t id,
 	      const Pf__OpenSession *req)
 {
+	return sess_open_how(d, p, slot, id, req, NULL);
+}
+
+int sess_open_how(struct daemon *d, const struct peer *p, struct sess **slot, uint64_t id,
+		  const Pf__OpenSession *req, const struct sess_how *how)
+{
+	static const struct sess_how plain_how;
 	const struct config *cfg = &d->cfg;
 	const struct dataset *ds;
 	struct sess *s;
@@ -310,6 +328,8 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 	bool client_copy = false;
 	int rc;
 
+	if (!how)
+		how = &plain_how;
 	if (*slot)
 		return peer_error(p, id, -EBUSY,
 				  "this connection already has session %" PRIu64
@@ -351,7 +371,7 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 		/* Without a pool to serve it, a client that copies batches
 		 * itself gets them in host arenas: the daemon's context does
 		 * no work on the trainer's GPU. */
-		if (req->client_copy &&
+		if (req->client_copy && !how->plain &&
 		    (!daemon_pool_enabled(d, ds) || ds->nfields > GPU_GATHER_MAX_FIELDS)) {
 			client_copy = true;
 			copy_gpu = gpu;
@@ -402,6 +422,7 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 	s->client_copy = client_copy;
 	s->augment = augment;
 	s->drop_last = req->drop_last;
+	s->plain = how->plain;
 	s->opened_ns = now_ns();
 	ahead_init(&s->ahead, d->loop, ahead_back);
 	snprintf(s->name, sizeof(s->name), "%.63s", req->name[0] ? req->name : p->name);
@@ -413,7 +434,7 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 	rc = fill_layout(&s->lay, ds, s->batch_size, err, sizeof(err));
 	if (rc)
 		goto fail;
-	rc = count_slots(s, min_depth, &max_depth, err, sizeof(err));
+	rc = count_slots(s, min_depth, &max_depth, how->extra_slots, err, sizeof(err));
 	if (rc)
 		goto fail;
 	snprintf(what, sizeof(what), "a session of %u slots of %.1f MiB", s->nslots,
@@ -444,9 +465,9 @@ int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64
 
 	*slot = s;
 	sess_link(d, s);
-	rc = reply_opened(s, id);
+	rc = sess_send_opened(s, p, id, s->id, s->nslots, "");
 	if (!rc)
-		rc = push_arenas(s);
+		rc = sess_send_arenas(s, p);
 	if (rc)
 		return rc; /* the connection is closing; sess_detach frees s */
 	if (gpu >= 0)

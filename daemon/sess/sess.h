@@ -253,6 +253,10 @@ struct sess {
 	 * from the daemon's context with its readers busy cost a
 	 * compute-bound step 4-11%, the client's own copy 0.3% (issue 16). */
 	bool client_copy;
+	/* No pool and no client copies: the daemon copies every batch into
+	 * device slots that any number of clients may map (a share's
+	 * producer, share.c; sess_how.plain). */
+	bool plain;
 	uint32_t augment;
 	bool drop_last;
 	struct slot_layout lay;
@@ -328,6 +332,27 @@ struct sess {
  * leave *slot as it was.  Returns < 0 only when the connection must close. */
 int sess_open(struct daemon *d, const struct peer *p, struct sess **slot, uint64_t id,
 	      const Pf__OpenSession *req);
+/* How a session the daemon opens for itself (share.c) differs from a
+ * client's: extra_slots beyond max_depth + SESS_HOLD_SLOTS (a share's
+ * members that trail its fastest hold them), and plain (sess.plain). */
+struct sess_how {
+	uint32_t extra_slots;
+	bool plain;
+};
+/* sess_open, as how says (NULL: as a client's). */
+int sess_open_how(struct daemon *d, const struct peer *p, struct sess **slot, uint64_t id,
+		  const Pf__OpenSession *req, const struct sess_how *how);
+/* SessionOpened for s, answering `id` of `to`, as the session numbered
+ * `session` of `slots` slots in share `share` ("" for none): s's own
+ * open, or a share's member (share.c).  Then the arenas: every one s has
+ * now, each fd dup'd for `to`. */
+int sess_send_opened(struct sess *s, const struct peer *to, uint64_t id, uint64_t session,
+		     uint32_t slots, const char *share);
+int sess_send_arenas(struct sess *s, const struct peer *to);
+/* The BatchReady of SENT slot sl of the running epoch once more, to `to`
+ * (a share's member that joins while others hold it).  Plain slots only:
+ * 0, or -EINVAL. */
+int sess_send_again(struct sess *s, const struct slot *sl, const struct peer *to);
 int sess_start_epoch(struct sess *s, uint64_t id, const Pf__StartEpoch *req);
 void sess_ack(struct sess *s, const Pf__Ack *req);
 void sess_release(struct sess *s, const Pf__Release *req);

@@ -97,6 +97,8 @@ static int setup_pool(struct sess *s, const Pf__OpenSession *req, uint64_t *ring
 
 	*ring_stride = s->lay.slot_stride;
 	c->dev_stride = s->lay.slot_stride;
+	if (s->plain)
+		return 0; /* a share's producer: members map its device slots */
 	c->pool = pool_get(&s->d->pools, s->ds, s->gpu, c->xfer, daemon_pool_enabled(s->d, s->ds),
 			   why, sizeof(why));
 	if (!c->pool) {
@@ -208,8 +210,7 @@ void sess_cuda_release(struct sess *s)
 	ring_lease_give(&s->d->ring, &c->lease);
 }
 
-/* Announces device arena a (its fd goes with it, once). */
-static int push_arena(struct sess *s, uint32_t a)
+int sess_cuda_push_arena(struct sess *s, uint32_t a, const struct peer *to)
 {
 	struct gpu_mem *ga = &s->cuda.arenas[a];
 	Pf__Envelope env = PF__ENVELOPE__INIT;
@@ -220,9 +221,12 @@ static int push_arena(struct sess *s, uint32_t a)
 	msg.bytes = ga->bytes;
 	msg.device = s->gpu;
 	if (ga->kind == GPU_IPC_FD) {
+		/* A copy for each send: a share's members join later and each
+		 * maps the arena (share.c); the arena's own fd goes with it. */
 		msg.kind = PF__ARENA_KIND__ARENA_CUDA_FD;
-		fd = ga->export_fd; /* the send queue owns it from here */
-		ga->export_fd = -1;
+		fd = fcntl(ga->export_fd, F_DUPFD_CLOEXEC, 0);
+		if (fd < 0)
+			return -errno;
 	} else {
 		msg.kind = PF__ARENA_KIND__ARENA_CUDA_LEGACY;
 		msg.legacy_handle.data = ga->legacy_handle;
@@ -230,7 +234,7 @@ static int push_arena(struct sess *s, uint32_t a)
 	}
 	env.msg_case = PF__ENVELOPE__MSG_ARENA;
 	env.arena = &msg;
-	return peer_send(s->peer, &env, fd);
+	return peer_send(to, &env, fd);
 }
 
 /* Device slots wanted now: the target in flight plus what the trainer may
@@ -373,7 +377,7 @@ static void alloc_done(struct sess *s, struct xfer_job *job)
 	c->narenas++;
 	log_debug("session %" PRIu64 ": device arena %u, %.1f MiB, %" PRIu64 " slots (%u in all)",
 		  s->id, c->narenas - 1, a->bytes / 1048576.0, k, c->npresent);
-	push_arena(s, c->narenas - 1);
+	sess_cuda_push_arena(s, c->narenas - 1, s->peer);
 }
 
 /* A transfer job of a live or dead session came back (loop thread). */

@@ -78,6 +78,8 @@ void sess_cuda_push_pool(struct sess *s);
  * gather fields (staged_off: room for the dataset's fields). */
 int sess_cuda_gather_msg(struct sess *s, struct slot *sl, Pf__BatchReady *msg,
 			 uint64_t *staged_off);
+/* Announces device arena a to `to` (its fd dup'd for the send). */
+int sess_cuda_push_arena(struct sess *s, uint32_t a, const struct peer *to);
 /* The slot's batch is done with the pool (released, or dropped unsent). */
 void sess_cuda_unpin(struct sess *s, struct slot *sl);
 /* The pump is short of slots: ask for another device arena if none is on

@@ -209,6 +209,26 @@ static int send_batch(struct sess *s, struct slot *sl)
 	return rc;
 }
 
+int sess_send_again(struct sess *s, const struct slot *sl, const struct peer *to)
+{
+	Pf__Envelope env = PF__ENVELOPE__INIT;
+	Pf__BatchReady msg = PF__BATCH_READY__INIT;
+
+	/* Plain slots only (a share's producer): a gathered batch's message
+	 * also carries its staging, which went with the first send. */
+	if (sl->state != SLOT_SENT || sl->plan.active)
+		return -EINVAL;
+	msg.epoch = sl->epoch;
+	msg.seq = sl->seq;
+	msg.slot = (int32_t)(sl - s->slots);
+	msg.arena = sl->arena;
+	msg.offset = sl->offset;
+	batch_msg_picks(s, &msg, sess_batch_count(s, sl->seq), sess_batch_picks(s, sl->seq));
+	env.msg_case = PF__ENVELOPE__MSG_BATCH;
+	env.batch = &msg;
+	return peer_send(to, &env, -1);
+}
+
 static int send_end(struct sess *s)
 {
 	Pf__Envelope env = PF__ENVELOPE__INIT;
