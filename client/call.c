@@ -202,6 +202,7 @@ int pfc_send_open(struct pf_client *c, Pf__Envelope **reply)
 	msg.max_depth = o->max_depth;
 	msg.ipc = (Pf__Ipc)o->ipc;
 	msg.name = (char *)o->name;
+	msg.share = (char *)(o->share ? o->share : "");
 	msg.gather = c->gather != NULL;
 	/* Without a pool, batches come in host arenas for this process to copy
 	 * ($PREFETCH_CLIENT_COPY=0: the daemon copies them). */

@@ -527,6 +527,56 @@ static int print_pools(const Pf__StatusReply *st)
 	return rc;
 }
 
+/* Shares: a line for each, then its members. */
+static int print_shares(const Pf__StatusReply *st)
+{
+	struct table t = {.ncols = 10,
+			  .head = {"SHARE", ">SESSION", "NAME", ">PID", ">EPOCH", "STATE",
+				   ">DELIVERED", ">CONSUMED", ">HELD", ">BEHIND"}};
+	int rc = 0;
+
+	putchar('\n');
+	for (size_t i = 0; i < st->n_shares && !rc; i++) {
+		const Pf__ShareStatus *sh = st->shares[i];
+		char name[96], id[24], epoch[24], what[160];
+
+		snprintf(name, sizeof(name), "%s", sh->name);
+		util_printable(name);
+		snprintf(id, sizeof(id), "%" PRIu64, sh->session);
+		snprintf(epoch, sizeof(epoch), "%" PRIu64, sh->epoch);
+		snprintf(what, sizeof(what), "uid %u, %s on %s, share_lag %u", sh->uid, sh->dataset,
+			 sh->device, sh->lag);
+		rc = table_add(&t, name, id, what, "-", epoch, "producer", "-", "-", "-", "-");
+		for (size_t j = 0; j < sh->n_members && !rc; j++) {
+			const Pf__ShareMember *m = sh->members[j];
+			char mid[24], pid[24], mep[24], del[48], con[24], held[24], behind[48];
+
+			snprintf(mid, sizeof(mid), "%" PRIu64, m->session);
+			snprintf(pid, sizeof(pid), "%d", m->pid);
+			snprintf(mep, sizeof(mep), "%" PRIu64, m->epoch);
+			if (m->own_batches)
+				snprintf(del, sizeof(del), "%" PRIu64 " (%" PRIu64 " alone)",
+					 m->delivered, m->own_batches);
+			else
+				snprintf(del, sizeof(del), "%" PRIu64, m->delivered);
+			snprintf(con, sizeof(con), "%" PRIu64, m->consumed);
+			snprintf(held, sizeof(held), "%" PRIu32, m->held);
+			if (m->dropped)
+				snprintf(behind, sizeof(behind),
+					 "%" PRIu64 " (dropped %" PRIu64 "x)", m->behind,
+					 m->dropped);
+			else
+				snprintf(behind, sizeof(behind), "%" PRIu64, m->behind);
+			rc = table_add(&t, "", mid, m->name, pid, mep, m->state, del, con, held,
+				       behind);
+		}
+	}
+	if (!rc)
+		table_print(&t, stdout);
+	table_free(&t);
+	return rc;
+}
+
 int ctl_print_status(const Pf__StatusReply *st)
 {
 	struct table t = {.ncols = 15,
@@ -590,6 +640,8 @@ int ctl_print_status(const Pf__StatusReply *st)
 			puts("no sessions");
 	}
 	table_free(&t);
+	if (!rc && st->n_shares)
+		rc = print_shares(st);
 	if (!rc && st->n_pools)
 		rc = print_pools(st);
 	return rc ? ctl_errorf("out of memory") : 0;

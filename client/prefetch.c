@@ -138,6 +138,7 @@ static void free_open_opts(struct pf_client *c)
 	free((char *)c->open_opts.dataset);
 	free((char *)c->open_opts.device);
 	free((char *)c->open_opts.name);
+	free((char *)c->open_opts.share);
 	memset(&c->open_opts, 0, sizeof(c->open_opts));
 }
 
@@ -150,7 +151,8 @@ static int keep_open_opts(struct pf_client *c, const struct pf_open_opts *opts)
 	k->dataset = strdup(opts->dataset);
 	k->device = strdup(opts->device ? opts->device : "host");
 	k->name = strdup(opts->name ? opts->name : c->hello_name);
-	if (!k->dataset || !k->device || !k->name) {
+	k->share = strdup(opts->share ? opts->share : "");
+	if (!k->dataset || !k->device || !k->name || !k->share) {
 		free_open_opts(c);
 		return pfc_set_err(c, -ENOMEM, "out of memory");
 	}

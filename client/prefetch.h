@@ -128,6 +128,10 @@ struct pf_open_opts {
 	 * after the connection to the daemon broke (see "Daemon restart"
 	 * above); 0: never, the first error is final. */
 	double reconnect_s;
+	/* Non-NULL and not "": join this uid's share of that name (or start
+	 * it).  Sessions of one share get the same batches from one read (and
+	 * on a GPU one device copy); see "Shares" below. */
+	const char *share;
 };
 
 struct pf_epoch_opts {

@@ -261,6 +261,10 @@ void config_defaults(struct config *cfg)
 	cfg->max_frame = 16ULL << 20;
 	cfg->depth = 4;
 	cfg->max_depth = 16;
+	/* A sweep's trainers step at nearly the same pace; a few batches
+	 * cover the jitter of processes time-sliced on one GPU, and each
+	 * batch of lag is one more slot the group holds. */
+	cfg->share_lag = 4;
 	cfg->ipc = strdup("fd");
 	cfg->read = CONFIG_READ_MMAP;
 	cfg->reserve_frac = 0.10;

@@ -34,6 +34,8 @@
  *   allow_groups = prefetch         ; names or gids
  *   depth = 4                       ; default target when not sized by a probe
  *   max_depth = 16                  ; default upper bound of a session's target
+ *   share_lag = 4                   ; batches a shared session may fall behind its
+ *                                   ; group's fastest before it goes on alone
  *   ipc = fd                        ; fd | legacy (CUDA arenas)
  *   read = mmap                     ; mmap | pread | direct: how readers gather rows
  *   reserve = 10%                   ; device memory left free (at least reserve_min)
@@ -159,6 +161,7 @@ struct config {
 	size_t n_allow_gids;
 	unsigned depth;
 	unsigned max_depth;
+	unsigned share_lag; /* batches a share's member may trail its fastest */
 	char *ipc; /* owned: "fd" or "legacy" */
 	enum config_read read;
 	double reserve_frac;

@@ -373,6 +373,7 @@ int config_daemon_key(struct parse *st, const char *name, const char *value)
 	case K_ALLOW_GROUPS: return key_allow(st, name, value, false);
 	case K_DEPTH: return key_uint(st, name, value, 1, 4096, &cfg->depth);
 	case K_MAX_DEPTH: return key_uint(st, name, value, 1, 65536, &cfg->max_depth);
+	case K_SHARE_LAG: return key_uint(st, name, value, 1, 256, &cfg->share_lag);
 	case K_IPC:
 		if (strcmp(value, "fd") != 0 && strcmp(value, "legacy") != 0)
 			return fail(st, "ipc: '%s' is not fd or legacy", value);

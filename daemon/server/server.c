@@ -28,6 +28,7 @@
 #include "base/log.h"
 #include "prefetch.pb-c.h"
 #include "sess/sess.h"
+#include "sess/share.h"
 #include "server/status.h"
 #include "util.h"
 
@@ -243,6 +244,8 @@ static void flush_out(struct conn *c, size_t budget)
 		c->drain_kick = false;
 		if (c->sess)
 			sess_kick(c->sess);
+		if (c->member)
+			share_kick(c->member);
 	}
 }
 
@@ -289,6 +292,27 @@ static int on_hello(struct conn *c, uint64_t id, const Pf__Hello *req)
 	return conn_send(c, &env, -1);
 }
 
+/* A share's member's requests (share.h). */
+static int member_dispatch(struct conn *c, Pf__Envelope *env)
+{
+	uint64_t id = env->id;
+
+	switch (env->msg_case) {
+	case PF__ENVELOPE__MSG_START: return share_start_epoch(c->member, id, env->start);
+	case PF__ENVELOPE__MSG_ACK: share_ack(c->member, env->ack); return 0;
+	case PF__ENVELOPE__MSG_RELEASE: share_release(c->member, env->release); return 0;
+	case PF__ENVELOPE__MSG_ABANDON: return share_abandon(c->member, id, env->abandon);
+	case PF__ENVELOPE__MSG_PROBE: share_probe(c->member, env->probe); return 0;
+	case PF__ENVELOPE__MSG_LOAD:
+		return peer_error(
+			&c->peer, id, -EINVAL,
+			"paced epochs cannot be shared: open the session without a share");
+	default:
+		return peer_error(&c->peer, id, -EPROTO, "unexpected message %s from a client",
+				  wire_msg_name(env->msg_case));
+	}
+}
+
 /* Returns < 0 when the connection must close. */
 static int dispatch(struct conn *c, Pf__Envelope *env)
 {
@@ -305,11 +329,22 @@ static int dispatch(struct conn *c, Pf__Envelope *env)
 	switch (env->msg_case) {
 	case PF__ENVELOPE__MSG_STATUS: return status_reply(c->d, &c->peer, id);
 	case PF__ENVELOPE__MSG_SET_DEPTH:
-		return status_set_depth(c->d, &c->peer, c->sess, id, env->set_depth);
+		return status_set_depth(c->d, &c->peer, c->member ? share_sess(c->member) : c->sess,
+					id, env->set_depth);
 	case PF__ENVELOPE__MSG_POOL: return status_pool_control(c->d, &c->peer, id, env->pool);
-	case PF__ENVELOPE__MSG_OPEN: return sess_open(c->d, &c->peer, &c->sess, id, env->open);
+	case PF__ENVELOPE__MSG_OPEN:
+		if (c->member || (c->sess && env->open->share[0]))
+			return peer_error(&c->peer, id, -EBUSY,
+					  "this connection already has session %" PRIu64
+					  "; open another connection for another session",
+					  c->sess ? c->sess->id : share_sess(c->member)->id);
+		if (env->open->share[0])
+			return share_open(c->d, &c->peer, &c->member, id, env->open);
+		return sess_open(c->d, &c->peer, &c->sess, id, env->open);
 	default: break;
 	}
+	if (c->member)
+		return member_dispatch(c, env);
 	if (!c->sess)
 		return peer_error(&c->peer, id, -ENOTCONN, "%s needs an open session",
 				  wire_msg_name(env->msg_case));
@@ -496,6 +531,8 @@ static void conn_free(uv_handle_t *h)
 
 	if (c->sess)
 		sess_detach(c->sess);
+	if (c->member)
+		share_leave(c->member);
 	while (c->out_head) {
 		struct out_frame *f = c->out_head;
 
@@ -671,7 +708,8 @@ void server_tick(struct daemon *d)
 				 "s)",
 				 (now - c->frame_since_ns) / 1e9, d->cfg.frame_timeout);
 			refuse(c, -ETIMEDOUT, why, why);
-		} else if (!c->sess && now - c->last_rx_ns > d->cfg.idle_timeout * 1e9) {
+		} else if (!c->sess && !c->member &&
+			   now - c->last_rx_ns > d->cfg.idle_timeout * 1e9) {
 			snprintf(why, sizeof(why),
 				 "idle for %.0f s with no session (idle_timeout = %g s)",
 				 (now - c->last_rx_ns) / 1e9, d->cfg.idle_timeout);

@@ -80,6 +80,8 @@ struct conn {
 	struct log_limit log_limit;
 	struct peer peer;  /* who it is (SO_PEERCRED), and how handlers answer it */
 	struct sess *sess; /* owned: at most one session per connection */
+	/* owned: or, instead, its membership of a share (share.h) */
+	struct share_member *member;
 };
 
 int server_listen(struct daemon *d);

@@ -20,6 +20,7 @@
 #include "sess/linger.h"
 #include "base/log.h"
 #include "sess/sess.h"
+#include "sess/share.h"
 #include "util.h"
 
 /* Held: batches the trainer has taken (acked) and not yet released;
@@ -137,6 +138,8 @@ int status_reply(struct daemon *d, const struct peer *p, uint64_t id)
 	Pf__PoolStatus *ps = NULL, **psp = NULL;
 	char(*pool_dev)[16] = NULL;
 	Pf__Field *fields = NULL, **fieldp = NULL;
+	Pf__ShareStatus **shares = NULL;
+	size_t nshares = 0;
 	int rc = -ENOMEM;
 
 	for (size_t i = 0; i < d->ndatasets; i++)
@@ -148,7 +151,9 @@ int status_reply(struct daemon *d, const struct peer *p, uint64_t id)
 	ps = calloc(npools + 1, sizeof(*ps));
 	psp = calloc(npools + 1, sizeof(*psp));
 	pool_dev = calloc(npools + 1, sizeof(*pool_dev));
-	if (!ss || !ssp || !ds || !dsp || !fields || !fieldp || !ps || !psp || !pool_dev) {
+	shares = share_status(d, p->uid, p->uid == 0 || p->uid == getuid(), &nshares);
+	if (!ss || !ssp || !ds || !dsp || !fields || !fieldp || !ps || !psp || !pool_dev ||
+	    !shares) {
 		peer_error(p, id, -ENOMEM, "out of memory");
 		goto out;
 	}
@@ -190,6 +195,8 @@ int status_reply(struct daemon *d, const struct peer *p, uint64_t id)
 	}
 	msg.n_pools = npools;
 	msg.pools = psp;
+	msg.n_shares = nshares;
+	msg.shares = shares;
 	msg.daemon = "prefetchd " PF_VERSION;
 	msg.uptime_s = (now_ns() - d->started_ns) / 1e9;
 	msg.readers = d->cfg.readers;
@@ -214,6 +221,7 @@ out:
 	free(ps);
 	free(psp);
 	free(pool_dev);
+	share_status_free(shares, nshares);
 	return rc;
 }
 

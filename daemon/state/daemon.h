@@ -26,6 +26,7 @@
 
 struct conn;
 struct sess;
+struct share;
 struct readers;
 struct xfer;
 
@@ -42,6 +43,7 @@ struct daemon {
 	struct conn *conns;	 /* owned: every open connection */
 	unsigned nconns;
 	struct sess *sessions; /* borrowed from conns: live sessions */
+	struct share *shares;  /* owned through their members (share.h) */
 	unsigned nsessions;
 	uint64_t next_session_id;
 	uint64_t started_ns;

@@ -56,6 +56,7 @@ class OpenOpts(ctypes.Structure):
         ("ipc", ctypes.c_int),  # enum pf_ipc
         ("name", ctypes.c_char_p),
         ("reconnect_s", ctypes.c_double),
+        ("share", ctypes.c_char_p),
     ]
 
 

@@ -354,6 +354,19 @@ class Loader:
     released; for CUDA sessions treat it as gone.  ``timeout`` still bounds
     each wait for a batch, the time spent reconnecting included.
 
+    ``share``: a name; Loaders of one user that give the same name (a
+    sweep's or an ensemble's trainers, on one GPU or on the host) get the
+    same batches from one read, and on a GPU from one copy into device
+    memory that each of them maps.  They must ask for the same dataset,
+    device, batch_size, drop_last and augment (else PrefetchError names the
+    difference), and start each epoch with the same order, seed, rank and
+    world_size.  A Loader that falls more than the daemon's ``share_lag``
+    batches behind the share's fastest gets the rest of the epoch from a
+    session of its own, and one that starts an epoch late gets the share's
+    next batch first and the ones it missed at the end: each Loader still
+    sees every sample of the epoch once.  Shared batches are read-only to
+    every one of them.  README, "Shares".
+
     Raises PrefetchError (with the daemon's message) when the daemon cannot
     be reached or refuses the session.
     """
@@ -363,7 +376,7 @@ class Loader:
     _CONFIG = ("dataset", "batch_size", "device", "shuffle", "seed", "drop_last", "rank",
                "world_size", "socket", "augment", "min_depth", "max_depth", "ipc", "name",
                "timeout", "reconnect_s", "sampler", "batch_sampler", "skip_errors",
-               "paced_ahead", "order", "block_rows", "block_bytes", "window_blocks")
+               "paced_ahead", "order", "block_rows", "block_bytes", "window_blocks", "share")
 
     def __init__(self, dataset: str, batch_size: int = 256, device: Device = "cpu",
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False,
@@ -375,7 +388,7 @@ class Loader:
                  batch_sampler: Optional[Iterable[Picks]] = None, skip_errors: bool = False,
                  paced_ahead: int = 64, order: Optional[str] = None,
                  block_rows: Optional[int] = None, block_bytes: Optional[int] = None,
-                 window_blocks: Optional[int] = None):
+                 window_blocks: Optional[int] = None, share: Optional[str] = None):
         self._client = None  # a live connection: set by _connect
         self.dataset = dataset
         self.batch_size = int(batch_size)
@@ -395,6 +408,12 @@ class Loader:
         self.batch_sampler = batch_sampler
         self.skip_errors = bool(skip_errors)
         self.paced_ahead = int(paced_ahead)
+        self.share = None if share is None else str(share)
+        if self.share is not None and not self.share:
+            raise ValueError("share must be a non-empty name, or None")
+        if self.share is not None and batch_sampler is not None:
+            raise ValueError("a batch_sampler's epochs are paced by each trainer and "
+                             "cannot be shared")
         # order: "shuffle" or "sequential" (what shuffle says, by default),
         # or "block_shuffle" with its block size and window (docs/SHUFFLE.md).
         self.order = ("shuffle" if self.shuffle else "sequential") if order is None else order
@@ -487,7 +506,8 @@ class Loader:
                              batch_size=self.batch_size, drop_last=self.drop_last,
                              augment=self.augment, min_depth=self.min_depth,
                              max_depth=self.max_depth, ipc=_lib.PF_IPC[self.ipc],
-                             name=self.name.encode(), reconnect_s=self.reconnect_s)
+                             name=self.name.encode(), reconnect_s=self.reconnect_s,
+                             share=None if self.share is None else self.share.encode())
         try:
             self._check(lib.pf_open(client, ctypes.byref(opts)))
             self._read_fields()

@@ -161,6 +161,23 @@ class HostSessions(unittest.TestCase):
                 orders.append(picks.tolist())
             self.assertNotEqual(orders[0], orders[1])
 
+    def test_loaders_of_one_share_get_the_same_batches_each_sample_once(self):
+        with self.loader(batch_size=64, seed=SEED, share="sweep") as a, \
+                self.loader(batch_size=64, seed=SEED, share="sweep") as b:
+            got = {id(a): [], id(b): []}
+            for x, y in zip(a.epoch(0), b.epoch(0)):
+                self.check_batch(x, a)
+                self.check_batch(y, b)
+                got[id(a)].append(x.picks.copy())
+                got[id(b)].append(y.picks.copy())
+            for picks in got.values():
+                self.assertEqual(sorted(np.concatenate(picks).tolist()), list(range(N)))
+        with self.assertRaises(prefetch.PrefetchError) as cm:
+            with self.loader(batch_size=64, share="strict"), \
+                    self.loader(batch_size=32, share="strict"):
+                pass
+        self.assertIn("batch_size 64, not 32", str(cm.exception))
+
     def test_sequential_epoch_without_drop_last_ends_with_a_short_batch(self):
         with self.loader(batch_size=64, shuffle=False) as loader:
             picks, seqs, counts = self.run_epoch(loader, 0)

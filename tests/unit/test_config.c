@@ -109,6 +109,7 @@ static void defaults_are_the_documented_values(void **state)
 	assert_int_equal(cfg->max_frame, 16ULL << 20);
 	assert_int_equal(cfg->depth, 4);
 	assert_int_equal(cfg->max_depth, 16);
+	assert_int_equal(cfg->share_lag, 4);
 	assert_string_equal(cfg->ipc, "fd");
 	assert_int_equal(cfg->read, CONFIG_READ_MMAP);
 	assert_true(cfg->reserve_frac == 0.10);
