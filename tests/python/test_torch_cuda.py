@@ -127,6 +127,22 @@ class CudaSessions(unittest.TestCase):
     def test_tensors_hold_the_npy_values_and_dtypes_over_legacy_ipc(self):
         self.exact_epochs("legacy")
 
+    def test_loaders_of_one_share_map_the_same_device_batches(self):
+        """Two Loaders of one share on cuda:0: the same batches, each from the
+        one device copy they both map, every sample once and right."""
+        with self.loader(batch_size=64, seed=SEED, share="gpu-sweep") as a, \
+                self.loader(batch_size=64, seed=SEED, share="gpu-sweep") as b:
+            for n in (0, 1):
+                got = ([], [])
+                for x, y in zip(a.epoch(n), b.epoch(n)):
+                    self.check_batch(x)
+                    self.check_batch(y)
+                    got[0].append(x.picks.copy())
+                    got[1].append(y.picks.copy())
+                for picks in got:
+                    self.assertEqual(sorted(np.concatenate(picks).tolist()), list(range(N)))
+            self.assertEqual(a.stats()["held"], 0)
+
     def race(self, side_stream):
         """Batch 0 is read by kernels queued behind a long sleep; the
         trainer takes the next batches at once, which releases batch 0
