@@ -2,7 +2,8 @@
  * daemon/sess/ — a trainer's session and what it decides: its life,
  * epochs, slot state machine and CUDA half (sess*.c), slot layouts and
  * reader jobs (fill.c), the depth governor (gov.c), lingering pools
- * (linger.c), and the client as its request handlers see it (peer.h: the
+ * (linger.c), shares of one read among trainers (share.c), and the
+ * client as its request handlers see it (peer.h: the
  * server fills in how to answer).  Loop thread only; readers and transfer
  * threads see only the jobs it submits.  Calls every folder before it;
  * server/ calls it.
