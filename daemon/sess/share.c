@@ -474,6 +474,19 @@ static bool fan_busy(void *conn)
 
 /* ---- pacing ------------------------------------------------------------------ */
 
+/* Producer slots some member holds.  A member that trails keeps its
+ * slots after it is dropped, until it takes and releases those batches:
+ * it is dropped while the others still have target + SESS_HOLD_SLOTS
+ * slots to go on with, or the share would wait for it (judge). */
+static uint32_t held_slots(const struct share *sh)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < sh->nslots; i++)
+		n += sh->holders[i] > 0;
+	return n;
+}
+
 /* The producer hears of the fastest member's takes. */
 static void pace(struct share *sh)
 {
@@ -515,7 +528,7 @@ static void judge(uv_check_t *h)
 		if (!m->behind_since_ns)
 			m->behind_since_ns = now;
 		if (now - m->behind_since_ns < SHARE_BEHIND_MS * 1000000ull &&
-		    m->nheld + SESS_HOLD_SLOTS < sh->nslots)
+		    held_slots(sh) + src->gov.target + SESS_HOLD_SLOTS < sh->nslots)
 			continue;
 		m->behind_since_ns = 0;
 		next = m->grp_first + m->grp_sent;
@@ -601,7 +614,10 @@ static struct share *share_new(struct daemon *d, const struct peer *p, uint64_t 
 {
 	struct share *sh = calloc(1, sizeof(*sh));
 	Pf__OpenSession preq = *req;
-	struct sess_how how = {.extra_slots = d->cfg.share_lag, .plain = true};
+	/* Beyond a session's slots: share_lag for the members that trail,
+	 * and max_depth more, so that one dropped with its holds leaves the
+	 * others a whole target to go on with. */
+	struct sess_how how = {.extra_slots = d->cfg.share_lag + d->cfg.max_depth, .plain = true};
 	char name[96];
 
 	if (!sh) {
