@@ -162,7 +162,7 @@ struct config {
 	unsigned depth;
 	unsigned max_depth;
 	unsigned share_lag; /* batches a share's member may trail its fastest */
-	char *ipc; /* owned: "fd" or "legacy" */
+	char *ipc;	    /* owned: "fd" or "legacy" */
 	enum config_read read;
 	double reserve_frac;
 	uint64_t reserve_min;

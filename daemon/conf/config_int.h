@@ -34,7 +34,7 @@
 		X(MEMORY_PER_UID, memory_per_uid), X(MAX_SESSIONS_PER_UID, max_sessions_per_uid),  \
 		X(MAX_CONNS, max_conns), X(MAX_CONNS_PER_UID, max_conns_per_uid),                  \
 		X(IDLE_TIMEOUT, idle_timeout), X(FRAME_TIMEOUT, frame_timeout),                    \
-		X(DEPTH_LIMIT, depth_limit), X(KEPT_ORDER_BYTES, kept_order_bytes),                  \
+		X(DEPTH_LIMIT, depth_limit), X(KEPT_ORDER_BYTES, kept_order_bytes),                \
 		X(SHARE_LAG, share_lag)
 #define KEY_ENUM(k, name) K_##k
 #define KEY_NAME(k, name) [K_##k] = #name

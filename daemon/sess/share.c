@@ -25,7 +25,7 @@
  * member alone: the share sets `asker` around every call into the
  * producer, and the fan-out sends a reply (and an Error) only to it.
  */
-#include "sess/share.h"
+#include "sess/share_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -48,96 +48,7 @@
  * stalled one holds slots, which the share has share_lag of spare. */
 #define SHARE_BEHIND_MS 50
 
-struct share_member {
-	struct share *sh;	 /* borrowed: its share, alive while it has members */
-	const struct peer *peer; /* borrowed: the member's connection */
-	uint64_t id;		 /* its session number (status, SessionOpened) */
-	uint8_t *holds;		 /* owned: 1 for each producer slot it holds */
-	uint32_t nheld;
-	bool counted; /* holds one of its uid's sessions (quota) */
-	/* Its epoch, in its own numbering (share.c's header). */
-	bool had_epoch;
-	uint64_t epoch;
-	uint64_t start;	    /* its first seq: StartEpoch.start_batch */
-	uint64_t total;	    /* batches of its epoch */
-	bool in_group;	    /* the producer's batches of this epoch come to it */
-	uint64_t grp_first; /* the producer's seq of the first it got */
-	uint64_t grp_sent;  /* producer batches sent to it this epoch */
-	uint64_t acked;	    /* batches it took this epoch */
-	/* How far ahead of the share's fastest it joined: a member that joins
-	 * late starts at the share's next batch, ahead of the others by what
-	 * they have queued, which is not their lag. */
-	uint64_t bias;
-	uint64_t behind_since_ns;  /* behind by more than share_lag since, or 0 */
-	uint64_t miss_lo, miss_hi; /* producer seqs it joined too late for */
-	/* Its own session: opened the first time it needs one, kept. */
-	struct sess *own;
-	struct peer own_peer; /* own's peer: renumbers, then sends to peer */
-	bool own_live;	      /* own serves this epoch's rest */
-	uint64_t own_shift;   /* member seq = own seq + own_shift */
-	uint64_t own_sent;    /* own's batches sent this epoch */
-	bool own_started;     /* own's EpochStarted came (own_batches: its count) */
-	uint64_t own_batches;
-	uint64_t dropped; /* times it trailed by more than share_lag */
-	struct share_member *next;
-};
-
-struct share {
-	struct share *next; /* d->shares */
-	struct daemon *d;
-	char name[64];
-	uid_t uid;
-	/* What every member must ask for alike (OpenSession), owned strings. */
-	char *dataset, *device;
-	uint32_t batch_size, augment;
-	bool drop_last, picks_le, narrow;
-	struct sess *src; /* the producer; owned: detached when the last member goes */
-	struct peer fan;  /* src's peer */
-	struct share_member *members;
-	uint32_t nmembers;
-	uint32_t nslots;   /* src's: G */
-	uint16_t *holders; /* owned, nslots */
-	/* The member whose request is being handled: replies go to it.  While
-	 * the share opens, opener: the peer that asked for it. */
-	struct share_member *asker;
-	const struct peer *opener;
-	/* Batches that others still hold go again to a member that joins
-	 * (replay_to) through `again`. */
-	struct peer again;
-	struct share_member *replay_to;
-	/* The producer's epoch, as its first member asked for it. */
-	Pf__StartEpoch *spec; /* owned copy (indices included) */
-	uint64_t samples;     /* EpochStarted.samples */
-	bool got_started;     /* the producer's EpochStarted came (started: its count) */
-	uint64_t started;
-	uint64_t paced;	  /* acks handed to the producer this epoch */
-	uv_check_t judge; /* judge(): lags, once a turn */
-};
-
 /* ---- helpers ----------------------------------------------------------------- */
-
-static bool receiving(const struct share *sh, const struct share_member *m)
-{
-	return m->in_group && m->had_epoch && m->epoch == sh->src->epoch;
-}
-
-/* The producer's seq after the last batch m has taken of the share's,
- * less the bias it joined with. */
-static uint64_t taken_pos(const struct share_member *m)
-{
-	return m->grp_first + (m->acked < m->grp_sent ? m->acked : m->grp_sent) - m->bias;
-}
-
-/* The fastest receiving member's taken_pos (0: none receives). */
-static uint64_t lead_pos(const struct share *sh)
-{
-	uint64_t lead = 0;
-
-	for (const struct share_member *m = sh->members; m; m = m->next)
-		if (receiving(sh, m) && taken_pos(m) > lead)
-			lead = taken_pos(m);
-	return lead;
-}
 
 static int send_to(const struct share_member *m, const Pf__Envelope *env, int fd)
 {
@@ -583,32 +494,6 @@ static void share_free(struct share *sh)
 	uv_close((uv_handle_t *)&sh->judge, share_closed);
 }
 
-/* The first difference between what req asks and what share sh is, or
- * NULL. */
-static const char *open_differs(const struct share *sh, const Pf__OpenSession *req, char *why,
-				size_t len)
-{
-	const char *dev = req->device[0] ? req->device : "host";
-
-	if (strcmp(sh->dataset, req->dataset) != 0)
-		snprintf(why, len, "dataset '%s', not '%s'", sh->dataset, req->dataset);
-	else if (strcmp(sh->device, dev) != 0)
-		snprintf(why, len, "device %s, not %s", sh->device, dev);
-	else if (sh->batch_size != req->batch_size)
-		snprintf(why, len, "batch_size %u, not %u", sh->batch_size, req->batch_size);
-	else if (sh->drop_last != req->drop_last)
-		snprintf(why, len, "drop_last %s, not %s", sh->drop_last ? "on" : "off",
-			 req->drop_last ? "on" : "off");
-	else if (sh->augment != (req->augment ? req->augment : 1))
-		snprintf(why, len, "augment %u, not %u", sh->augment,
-			 req->augment ? req->augment : 1);
-	else if (sh->picks_le != req->picks_le || sh->narrow != req->narrow)
-		snprintf(why, len, "opened by another version of libprefetch");
-	else
-		return NULL;
-	return why;
-}
-
 static struct share *share_new(struct daemon *d, const struct peer *p, uint64_t id,
 			       const Pf__OpenSession *req)
 {
@@ -702,7 +587,7 @@ int share_open(struct daemon *d, const struct peer *p, struct share_member **slo
 	for (sh = d->shares; sh; sh = sh->next)
 		if (sh->uid == p->uid && strcmp(sh->name, req->share) == 0)
 			break;
-	if (sh && open_differs(sh, req, why, sizeof(why)))
+	if (sh && share_open_differs(sh, req, why, sizeof(why)))
 		return peer_error(p, id, -EINVAL,
 				  "cannot join share '%s': it is %s (every session of a share "
 				  "asks for the same dataset, device, batch_size, drop_last and "
@@ -745,29 +630,6 @@ int share_open(struct daemon *d, const struct peer *p, struct share_member **slo
 }
 
 /* ---- epochs ------------------------------------------------------------------ */
-
-/* The first difference between two starts of the same epoch, or NULL. */
-static const char *start_differs(const Pf__StartEpoch *a, const Pf__StartEpoch *b, char *why,
-				 size_t len)
-{
-	if (a->order != b->order)
-		snprintf(why, len, "order %d, not %d", a->order, b->order);
-	else if (a->seed != b->seed)
-		snprintf(why, len, "seed %" PRIu64 ", not %" PRIu64, a->seed, b->seed);
-	else if (a->rank != b->rank ||
-		 (a->world > 1 ? a->world : 1) != (b->world > 1 ? b->world : 1))
-		snprintf(why, len, "rank %u of %u, not %u of %u", a->rank, a->world, b->rank,
-			 b->world);
-	else if (a->block_rows != b->block_rows || a->block_bytes != b->block_bytes ||
-		 a->window_blocks != b->window_blocks)
-		snprintf(why, len, "other block_shuffle blocks");
-	else if (a->n_indices != b->n_indices ||
-		 (a->n_indices && memcmp(a->indices, b->indices, a->n_indices * 8) != 0))
-		snprintf(why, len, "another explicit order");
-	else
-		return NULL;
-	return why;
-}
 
 /* The member starts its epoch alone: the share runs another. */
 static int start_alone(struct share_member *m, uint64_t id, const Pf__StartEpoch *req,
@@ -866,7 +728,7 @@ int share_start_epoch(struct share_member *m, uint64_t id, const Pf__StartEpoch 
 		return start_alone(m, id, req,
 				   req->epoch < src->epoch ? "the share is past that epoch"
 							   : "the share's epoch is not over");
-	if (start_differs(sh->spec, req, why, sizeof(why)))
+	if (share_start_differs(sh->spec, req, why, sizeof(why)))
 		return peer_error(m->peer, id, -EINVAL,
 				  "share '%s': epoch %" PRIu64 " was started with %s (every "
 				  "session of a share starts an epoch alike)",
@@ -1012,79 +874,4 @@ void share_leave(struct share_member *m)
 	}
 	pace(sh);
 	idle_if_unwatched(sh);
-}
-
-/* ---- status ------------------------------------------------------------------ */
-
-Pf__ShareStatus **share_status(struct daemon *d, uint32_t who, bool all, size_t *n)
-{
-	Pf__ShareStatus **out;
-	size_t k = 0, count = 0;
-
-	for (struct share *sh = d->shares; sh; sh = sh->next)
-		count += all || sh->uid == who;
-	*n = 0;
-	out = calloc(count + 1, sizeof(*out));
-	if (!out)
-		return NULL;
-	for (struct share *sh = d->shares; sh; sh = sh->next) {
-		Pf__ShareStatus *st;
-		uint64_t lead = lead_pos(sh);
-		size_t j = 0;
-
-		if (!all && sh->uid != who)
-			continue;
-		st = calloc(1, sizeof(*st));
-		if (!st)
-			break;
-		out[k++] = st;
-		pf__share_status__init(st);
-		st->name = sh->name;
-		st->uid = sh->uid;
-		st->dataset = sh->dataset;
-		st->device = sh->device;
-		st->session = sh->src->id;
-		st->epoch = sh->src->epoch;
-		st->lag = sh->d->cfg.share_lag;
-		st->members = calloc(sh->nmembers + 1, sizeof(*st->members));
-		if (!st->members)
-			break;
-		for (struct share_member *m = sh->members; m; m = m->next) {
-			Pf__ShareMember *ms = calloc(1, sizeof(*ms));
-
-			if (!ms)
-				break;
-			pf__share_member__init(ms);
-			ms->session = m->id;
-			ms->name = (char *)m->peer->name;
-			ms->pid = m->peer->pid;
-			ms->epoch = m->epoch;
-			ms->state = receiving(sh, m) ? "in the share"
-				    : m->own_live    ? "alone"
-						     : "idle";
-			ms->delivered = m->grp_sent + m->own_sent;
-			ms->consumed = m->acked;
-			ms->held = m->nheld;
-			ms->behind = receiving(sh, m) ? lead - taken_pos(m) : 0;
-			ms->own_batches = m->own_sent;
-			ms->dropped = m->dropped;
-			st->members[j++] = ms;
-		}
-		st->n_members = j;
-	}
-	*n = k;
-	return out;
-}
-
-void share_status_free(Pf__ShareStatus **st, size_t n)
-{
-	if (!st)
-		return;
-	for (size_t i = 0; i < n; i++) {
-		for (size_t j = 0; j < st[i]->n_members; j++)
-			free(st[i]->members[j]);
-		free(st[i]->members);
-		free(st[i]);
-	}
-	free(st);
 }
