@@ -239,6 +239,7 @@ static void json_session(FILE *out, const Pf__SessionStatus *s)
 	jk_u64(out, &first, "ring_held", s->ring_held);
 	jk_u64(out, &first, "arenas", s->arenas);
 	jk_u64(out, &first, "arena_bytes", s->arena_bytes);
+	jk_u64(out, &first, "device_bytes", s->device_bytes);
 	jk_u64(out, &first, "bytes_sent", s->bytes_sent);
 	jk_num(out, &first, "copy_gbps", s->copy_gbps);
 	jk_num(out, &first, "wait_s", s->wait_s);
@@ -299,6 +300,41 @@ static void json_pool(FILE *out, const Pf__PoolStatus *p)
 	fputc('}', out);
 }
 
+static void json_share(FILE *out, const Pf__ShareStatus *sh)
+{
+	bool first = true;
+
+	fputc('{', out);
+	jk_str(out, &first, "name", sh->name);
+	jk_u64(out, &first, "uid", sh->uid);
+	jk_str(out, &first, "dataset", sh->dataset);
+	jk_str(out, &first, "device", sh->device);
+	jk_u64(out, &first, "session", sh->session);
+	jk_u64(out, &first, "epoch", sh->epoch);
+	jk_u64(out, &first, "lag", sh->lag);
+	json_key(out, &first, "members");
+	fputc('[', out);
+	for (size_t i = 0; i < sh->n_members; i++) {
+		const Pf__ShareMember *m = sh->members[i];
+		bool mf = true;
+
+		fputs(i ? ",{" : "{", out);
+		jk_u64(out, &mf, "session", m->session);
+		jk_str(out, &mf, "name", m->name);
+		jk_i64(out, &mf, "pid", m->pid);
+		jk_u64(out, &mf, "epoch", m->epoch);
+		jk_str(out, &mf, "state", m->state);
+		jk_u64(out, &mf, "delivered", m->delivered);
+		jk_u64(out, &mf, "consumed", m->consumed);
+		jk_u64(out, &mf, "held", m->held);
+		jk_u64(out, &mf, "behind", m->behind);
+		jk_u64(out, &mf, "own_batches", m->own_batches);
+		jk_u64(out, &mf, "dropped", m->dropped);
+		fputc('}', out);
+	}
+	fputs("]}", out);
+}
+
 void ctl_json_status(FILE *out, const Pf__StatusReply *st, bool sessions)
 {
 	bool first = true;
@@ -330,6 +366,14 @@ void ctl_json_status(FILE *out, const Pf__StatusReply *st, bool sessions)
 			if (i)
 				fputc(',', out);
 			json_pool(out, st->pools[i]);
+		}
+		fputc(']', out);
+		json_key(out, &first, "shares");
+		fputc('[', out);
+		for (size_t i = 0; i < st->n_shares; i++) {
+			if (i)
+				fputc(',', out);
+			json_share(out, st->shares[i]);
 		}
 		fputc(']', out);
 	}

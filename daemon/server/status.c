@@ -56,7 +56,8 @@ static void session_status(const struct sess *s, Pf__SessionStatus *st)
 	for (uint32_t i = 0; i < s->narenas; i++)
 		st->arena_bytes += s->arenas[i].bytes;
 	for (uint32_t i = 0; i < s->cuda.narenas; i++)
-		st->arena_bytes += s->cuda.arenas[i].bytes;
+		st->device_bytes += s->cuda.arenas[i].bytes;
+	st->arena_bytes += st->device_bytes;
 	st->bytes_sent = s->bytes_sent;
 	st->wait_s = s->wait_s;
 	st->busy_s = s->busy_s;

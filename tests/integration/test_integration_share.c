@@ -156,6 +156,35 @@ static Pf__ShareStatus *share_of(Pf__Envelope *st, const char *name, uint32_t ui
 	return NULL;
 }
 
+/* What members_of_a_share_... asked of status, through prefetchctl's
+ * --json: the share, its producer, and its three members alike. */
+static void json_shows_the_share(uint64_t producer)
+{
+	char cmd[512], json[65536], want[64];
+	const char *sh, *p;
+	int members = 0;
+
+	snprintf(cmd, sizeof(cmd), "%s -s %s status --json", td_prefetchctl(), td.sock);
+	assert_int_equal(td_capture(cmd, json, sizeof(json)), 0);
+	sh = strstr(json, "\"shares\":[{\"name\":\"sweep\"");
+	assert_non_null(sh);
+	snprintf(want, sizeof(want), "\"session\":%llu,", (unsigned long long)producer);
+	assert_non_null(strstr(sh, want));
+	snprintf(want, sizeof(want), "\"lag\":%d,", LAG);
+	assert_non_null(strstr(sh, want));
+	snprintf(want, sizeof(want), "\"state\":\"idle\",\"delivered\":%d,", NB);
+	for (p = strstr(sh, want); p; p = strstr(p + 1, want))
+		members++;
+	assert_int_equal(members, 3);
+	/* Host sessions (the producer, at least) hold no device memory. */
+	members = 0;
+	for (p = strstr(json, "\"device_bytes\":"); p; p = strstr(p + 1, "\"device_bytes\":")) {
+		assert_memory_equal(p + strlen("\"device_bytes\":"), "0,", 2);
+		members++;
+	}
+	assert_true(members >= 1);
+}
+
 static void members_of_a_share_get_the_same_batches_from_one_read(void **state)
 {
 	struct pf_client *c[3];
@@ -203,6 +232,7 @@ static void members_of_a_share_get_the_same_batches_from_one_read(void **state)
 	/* One read of each epoch for the three: two epochs' bytes. */
 	assert_int_equal(src->bytes_sent, 2ull * N * ROW);
 	pf__envelope__free_unpacked(st, NULL);
+	json_shows_the_share(producer);
 	for (int k = 0; k < 3; k++)
 		pf_close(c[k]);
 	(void)state;
