@@ -254,9 +254,10 @@ struct sess {
 	 * from the daemon's context with its readers busy cost a
 	 * compute-bound step 4-11%, the client's own copy 0.3% (issue 16). */
 	bool client_copy;
-	/* No pool and no client copies: the daemon copies every batch into
-	 * device slots that any number of clients may map (a share's
-	 * producer, share.c; sess_how.plain). */
+	/* No client copies and no client gathers: the daemon fills every
+	 * device slot itself (its copy, or with the pool on its gather), and
+	 * any number of clients may map them (a share's producer, share.c;
+	 * sess_how.plain). */
 	bool plain;
 	uint32_t augment;
 	bool drop_last;

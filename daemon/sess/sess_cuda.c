@@ -97,8 +97,6 @@ static int setup_pool(struct sess *s, const Pf__OpenSession *req, uint64_t *ring
 
 	*ring_stride = s->lay.slot_stride;
 	c->dev_stride = s->lay.slot_stride;
-	if (s->plain)
-		return 0; /* a share's producer: members map its device slots */
 	c->pool = pool_get(&s->d->pools, s->ds, s->gpu, c->xfer, daemon_pool_enabled(s->d, s->ds),
 			   why, sizeof(why));
 	if (!c->pool) {

@@ -50,11 +50,6 @@
 
 /* ---- helpers ----------------------------------------------------------------- */
 
-static int send_to(const struct share_member *m, const Pf__Envelope *env, int fd)
-{
-	return peer_send(m->peer, env, fd);
-}
-
 static void take_hold(struct share *sh, struct share_member *m, int32_t slot)
 {
 	if (!m->holds[slot]) {
@@ -83,18 +78,13 @@ static void drop_hold(struct share *sh, struct share_member *m, int32_t slot)
 	sess_release(sh->src, &rel);
 }
 
-static int send_end(struct share_member *m)
+/* What the share kept for m of the producer's epoch (expect) goes back. */
+static void drop_expected(struct share *sh, struct share_member *m)
 {
-	Pf__Envelope env = PF__ENVELOPE__INIT;
-	Pf__EpochEnd msg = PF__EPOCH_END__INIT;
-
-	msg.epoch = m->epoch;
-	msg.batches = m->total;
-	env.msg_case = PF__ENVELOPE__MSG_END;
-	env.end = &msg;
-	m->in_group = false;
-	m->own_live = false;
-	return send_to(m, &env, -1);
+	m->expect = false;
+	for (uint32_t i = 0; i < sh->nslots && m->nheld; i++)
+		if (m->holds[i] && sh->src->slots[i].epoch == sh->src->epoch)
+			drop_hold(sh, m, (int32_t)i);
 }
 
 static int reply_started(struct share_member *m, uint64_t id, uint64_t samples)
@@ -111,136 +101,6 @@ static int reply_started(struct share_member *m, uint64_t id, uint64_t samples)
 	return send_to(m, &env, -1);
 }
 
-/* ---- the member's own session ---------------------------------------------- */
-
-/* own's peer (share.h): what its session sends, in the member's numbering. */
-static int own_send(void *conn, const Pf__Envelope *env, int fd)
-{
-	struct share_member *m = conn;
-	Pf__Envelope out = *env;
-	Pf__BatchReady b;
-	Pf__Arena a;
-
-	switch (env->msg_case) {
-	case PF__ENVELOPE__MSG_OPENED:
-	case PF__ENVELOPE__MSG_OK: return 0; /* answers to the share's own requests */
-	case PF__ENVELOPE__MSG_STARTED:
-		m->own_started = true;
-		m->own_batches = env->started->batches;
-		return 0;
-	case PF__ENVELOPE__MSG_ARENA:
-		a = *env->arena;
-		a.id += SHARE_OWN_ARENA;
-		out.arena = &a;
-		return send_to(m, &out, fd);
-	case PF__ENVELOPE__MSG_BATCH:
-		b = *env->batch;
-		if (b.epoch != m->epoch)
-			return 0; /* cannot be: own runs the member's epoch */
-		b.seq += m->own_shift;
-		if (b.slot >= 0) {
-			b.slot += (int32_t)m->sh->nslots;
-			b.arena += SHARE_OWN_ARENA;
-		}
-		m->own_sent++;
-		out.batch = &b;
-		return send_to(m, &out, fd);
-	case PF__ENVELOPE__MSG_END:
-		if (env->end->epoch != m->epoch || !m->own_live)
-			return 0;
-		return send_end(m);
-	default: return send_to(m, &out, fd);
-	}
-}
-
-static bool own_busy(void *conn)
-{
-	const struct share_member *m = conn;
-
-	return peer_busy(m->peer);
-}
-
-static int open_own(struct share_member *m)
-{
-	struct share *sh = m->sh;
-	Pf__OpenSession req = PF__OPEN_SESSION__INIT;
-	struct sess_how how = {.extra_slots = 0, .plain = true};
-	char name[96];
-
-	if (m->own)
-		return 0;
-	m->own_peer = *m->peer;
-	m->own_peer.conn = m;
-	m->own_peer.send = own_send;
-	m->own_peer.busy = own_busy;
-	snprintf(name, sizeof(name), "%.80s alone", m->peer->name);
-	req.dataset = sh->dataset;
-	req.device = sh->device;
-	req.batch_size = sh->batch_size;
-	req.drop_last = sh->drop_last;
-	req.augment = sh->augment;
-	req.min_depth = sh->src->gov.min_depth;
-	req.max_depth = sh->src->gov.max_depth;
-	req.name = name;
-	req.picks_le = sh->picks_le;
-	req.narrow = sh->narrow;
-	req.ipc = sh->src->gpu >= 0 && sh->src->cuda.ipc == GPU_IPC_LEGACY ? PF__IPC__IPC_LEGACY
-									   : PF__IPC__IPC_FD;
-	if (sh->src->gpu < 0)
-		req.ipc = PF__IPC__IPC_DEFAULT;
-	/* An Error goes to the member as a push: its next pf_next says it. */
-	sess_open_how(sh->d, &m->own_peer, &m->own, 0, &req, &how);
-	return m->own ? 0 : -EIO;
-}
-
-/* m gets the rest of its epoch from its own session: the producer's
- * batches [lo1, hi1) and then [lo2, hi2), as one explicit order of the
- * producer's picks. */
-static void go_alone(struct share_member *m, uint64_t lo1, uint64_t hi1, uint64_t lo2, uint64_t hi2)
-{
-	struct share *sh = m->sh;
-	const struct sess *src = sh->src;
-	Pf__StartEpoch st = PF__START_EPOCH__INIT;
-	uint64_t n1, n2, *picks;
-
-	m->in_group = false;
-	if (lo1 >= hi1 && lo2 >= hi2) {
-		send_end(m); /* it has had every batch */
-		return;
-	}
-	n1 = lo1 < hi1 ? (hi1 * sh->batch_size < src->npicks ? hi1 * sh->batch_size : src->npicks) -
-				 lo1 * sh->batch_size
-		       : 0;
-	n2 = lo2 < hi2 ? (hi2 * sh->batch_size < src->npicks ? hi2 * sh->batch_size : src->npicks) -
-				 lo2 * sh->batch_size
-		       : 0;
-	picks = malloc((n1 + n2) * sizeof(*picks));
-	if (!picks || open_own(m)) {
-		free(picks);
-		peer_error(m->peer, 0, -ENOMEM,
-			   "share '%s': epoch %" PRIu64 ": no session of its own could be opened "
-			   "for the batches this session has not had",
-			   sh->name, m->epoch);
-		return;
-	}
-	if (n1)
-		memcpy(picks, src->picks + lo1 * sh->batch_size, n1 * sizeof(*picks));
-	if (n2)
-		memcpy(picks + n1, src->picks + lo2 * sh->batch_size, n2 * sizeof(*picks));
-	st.epoch = m->epoch;
-	st.order = PF__ORDER__ORDER_EXPLICIT;
-	st.n_indices = n1 + n2;
-	st.indices = picks;
-	m->own_shift = m->start + m->grp_sent;
-	m->own_sent = 0;
-	m->own_started = false;
-	m->own_live = true;
-	sess_start_epoch(m->own, 0, &st);
-	free(picks);
-	if (!m->own_started)
-		m->own_live = false; /* refused: the Error went to the member */
-}
-
 /* ---- the fan-out (the producer's peer) ------------------------------------- */
 
 /* Batch env of the producer to member m, in m's numbering, if it is the
@@ -251,6 +111,10 @@ static bool deliver(struct share *sh, struct share_member *m, const Pf__Envelope
 	Pf__Envelope out = *env;
 	Pf__BatchReady b = *in;
 
+	if (m->expect && in->epoch == sh->src->epoch && in->slot >= 0) {
+		take_hold(sh, m, in->slot); /* kept for it: it has not asked yet */
+		return true;
+	}
 	if (!receiving(sh, m) || in->epoch != sh->src->epoch ||
 	    in->seq != m->grp_first + m->grp_sent)
 		return false;
@@ -309,9 +173,9 @@ static void end_out_one(struct share *sh, struct share_member *m)
 {
 	(void)sh;
 	if (m->miss_lo < m->miss_hi)
-		go_alone(m, m->miss_lo, m->miss_hi, 0, 0);
+		share_go_alone(m, m->miss_lo, m->miss_hi, 0, 0);
 	else
-		send_end(m);
+		share_send_end(m);
 }
 
 static void end_out(struct share *sh, const Pf__EpochEnd *end)
@@ -427,10 +291,19 @@ static void judge(uv_check_t *h)
 	struct sess *src = sh->src;
 	uint64_t lead = lead_pos(sh), lag = sh->d->cfg.share_lag, now = 0;
 
+	for (struct share_member *m = sh->members; m; m = m->next) {
+		if (!m->expect || held_slots(sh) + src->gov.target + SESS_HOLD_SLOTS < sh->nslots)
+			continue;
+		log_info("share '%s': session %" PRIu64 " (%s) has not started epoch %" PRIu64
+			 " yet, and the others need the slots kept for it: it will get the "
+			 "batches it missed from a session of its own",
+			 sh->name, m->id, m->peer->name, src->epoch);
+		drop_expected(sh, m);
+	}
 	for (struct share_member *m = sh->members; m && lead; m = m->next) {
 		uint64_t next;
 
-		if (!receiving(sh, m) || lead - taken_pos(m) <= lag) {
+		if (!receiving(sh, m) || lead - taken_pos(m) <= lag + m->slack) {
 			m->behind_since_ns = 0;
 			continue;
 		}
@@ -450,7 +323,7 @@ static void judge(uv_check_t *h)
 			 " from a session of its own",
 			 sh->name, m->id, m->peer->name, lead - taken_pos(m), lag,
 			 (src->nbatches - next) + (m->miss_hi - m->miss_lo), m->epoch);
-		go_alone(m, m->miss_lo, m->miss_hi, next, src->nbatches);
+		share_go_alone(m, m->miss_lo, m->miss_hi, next, src->nbatches);
 	}
 }
 
@@ -534,8 +407,9 @@ static struct share *share_new(struct daemon *d, const struct peer *p, uint64_t 
 	sh->again.send = again_send;
 	sh->again.busy = NULL;
 	snprintf(name, sizeof(name), "share %s", sh->name);
-	/* One copy into device slots each member maps: no client copies, and
-	 * no pool gathers (a gather is a kernel in one member's context). */
+	/* One copy (pool on: one gather, the daemon's) into device slots
+	 * each member maps: no client copies, and no client gathers (a
+	 * client's gather writes the slot from one member's context). */
 	preq.share = "";
 	preq.name = name;
 	preq.client_copy = false;
@@ -637,7 +511,7 @@ static int start_alone(struct share_member *m, uint64_t id, const Pf__StartEpoch
 {
 	m->in_group = false;
 	m->grp_sent = 0;
-	if (open_own(m))
+	if (share_open_own(m))
 		return peer_error(m->peer, id, -EIO,
 				  "share '%s': epoch %" PRIu64 ": no session of its own could be "
 				  "opened for it",
@@ -665,6 +539,13 @@ int share_start_epoch(struct share_member *m, uint64_t id, const Pf__StartEpoch 
 	bool busy = false;
 	uint64_t lead;
 
+	/* What the share kept for it (expect) serves it only if it now starts
+	 * the share's epoch, alike. */
+	if (m->expect && (req->order == PF__ORDER__ORDER_PACED || req->epoch != src->epoch ||
+			  !sh->spec || share_start_differs(sh->spec, req, why, sizeof(why)) ||
+			  req->start_batch != sh->spec->start_batch))
+		drop_expected(sh, m);
+	m->expect = false;
 	if (req->order == PF__ORDER__ORDER_PACED)
 		return peer_error(m->peer, id, -EINVAL,
 				  "share '%s': paced epochs cannot be shared (each trainer "
@@ -692,6 +573,7 @@ int share_start_epoch(struct share_member *m, uint64_t id, const Pf__StartEpoch 
 	m->grp_sent = 0;
 	m->own_sent = 0;
 	m->bias = 0;
+	m->slack = 0;
 	m->miss_lo = m->miss_hi = 0;
 	for (struct share_member *o = sh->members; o; o = o->next)
 		busy |= o != m && receiving(sh, o);
@@ -707,11 +589,21 @@ int share_start_epoch(struct share_member *m, uint64_t id, const Pf__StartEpoch 
 		free(buf);
 		if (!copy)
 			return peer_error(m->peer, id, -ENOMEM, "out of memory");
+		/* Members still in the epoch the share leaves will likely want
+		 * this one too: it is kept for them (expect). */
+		for (struct share_member *o = sh->members; o; o = o->next) {
+			if (o->expect)
+				drop_expected(sh, o); /* it never came to the last one */
+			o->expect =
+				o != m && src->had_epoch && o->had_epoch && o->epoch == src->epoch;
+		}
 		sh->got_started = false;
 		sh->asker = m;
 		sess_start_epoch(src, id, req);
 		sh->asker = NULL;
 		if (!sh->got_started) {
+			for (struct share_member *o = sh->members; o; o = o->next)
+				o->expect = false; /* the producer's epoch did not change */
 			pf__start_epoch__free_unpacked(copy, NULL);
 			return 0; /* refused: the Error went to m */
 		}
@@ -748,6 +640,7 @@ int share_start_epoch(struct share_member *m, uint64_t id, const Pf__StartEpoch 
 	while (m->grp_first > src->start_batch && held_slot(sh, m->grp_first - 1))
 		m->grp_first--;
 	m->bias = m->grp_first > lead ? m->grp_first - lead : 0;
+	m->slack = m->grp_first < lead ? lead - m->grp_first : 0;
 	m->miss_lo = src->start_batch;
 	m->miss_hi = m->grp_first;
 	m->total = src->nbatches - src->start_batch;

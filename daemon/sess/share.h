@@ -17,6 +17,9 @@
  * own, with a log line.  A member that joins in the middle of an epoch
  * gets the share's batches from its next one, then, from its own session,
  * the ones it missed: every member sees each batch of the epoch once.
+ * When the share starts an epoch, its batches are kept (held, not sent)
+ * for the members still in the one before, until they start it too or
+ * the others need the slots: trainers a few batches apart stay in step.
  * Sessions of its own are plain sessions the share opens for the member;
  * the member sees one session: the share renumbers what they send (seq,
  * slot, arena) into the member's numbering (share.c says how).

@@ -38,6 +38,16 @@ struct share_member {
 	 * late starts at the share's next batch, ahead of the others by what
 	 * they have queued, which is not their lag. */
 	uint64_t bias;
+	/* How far behind the fastest it joined, replaying what the others
+	 * still held (or what the share kept for it: expect): it is let trail
+	 * by this much more than share_lag. */
+	uint64_t slack;
+	/* The share started the epoch after this member's while the member was
+	 * still in its own: the batches it will want are held for it, not
+	 * sent, until it starts that epoch too, or until the others need the
+	 * slots (judge), so that a member that finished an epoch a little
+	 * after the others gets the next one from the share whole. */
+	bool expect;
 	uint64_t behind_since_ns;  /* behind by more than share_lag since, or 0 */
 	uint64_t miss_lo, miss_hi; /* producer seqs it joined too late for */
 	/* Its own session: opened the first time it needs one, kept. */
@@ -106,6 +116,21 @@ static inline uint64_t lead_pos(const struct share *sh)
 			lead = taken_pos(m);
 	return lead;
 }
+
+static inline int send_to(const struct share_member *m, const Pf__Envelope *env, int fd)
+{
+	return peer_send(m->peer, env, fd);
+}
+
+/* share_own.c: m's EpochEnd (it leaves the share's epoch); its own session;
+ * and the rest of
+ * m's epoch from its own session, opened the first time: the producer's
+ * batches [lo1, hi1) and then [lo2, hi2) (none: its EpochEnd). */
+int share_send_end(struct share_member *m);
+/* m's own session, opened now if it has none: 0, or -EIO (the Error went
+ * to the member). */
+int share_open_own(struct share_member *m);
+void share_go_alone(struct share_member *m, uint64_t lo1, uint64_t hi1, uint64_t lo2, uint64_t hi2);
 
 /* share_key.c: the first difference between what req asks and share sh
  * (an open), or between two starts of one epoch, written to why; NULL

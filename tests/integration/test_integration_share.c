@@ -336,6 +336,82 @@ static void die_holding(void)
 	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/* Both members through epoch 0 in step, then `ahead` batches of epoch 1
+ * taken by the first before the second starts it. */
+static void one_epoch_then_ahead(struct pf_client *a, struct pf_client *b, struct seen *sa,
+				 struct seen *sb, int ahead)
+{
+	memset(sa, 0, sizeof(*sa));
+	memset(sb, 0, sizeof(*sb));
+	start(a, 0, 9);
+	start(b, 0, 9);
+	for (bool ad = false, bd = false; !ad || !bd;) {
+		if (!ad)
+			ad = !take(a, sa);
+		if (!bd)
+			bd = !take(b, sb);
+	}
+	all_once(sa);
+	all_once(sb);
+	memset(sa, 0, sizeof(*sa));
+	memset(sb, 0, sizeof(*sb));
+	start(a, 1, 9);
+	for (int i = 0; i < ahead; i++)
+		assert_true(take(a, sa));
+	start(b, 1, 9);
+	for (bool ad = false, bd = false; !ad || !bd;) {
+		if (!ad)
+			ad = !take(a, sa);
+		if (!bd)
+			bd = !take(b, sb);
+	}
+	all_once(sa);
+	all_once(sb);
+}
+
+/* The share kept epoch 1's batches for the member still in epoch 0: it
+ * gets the whole epoch from the share, in the share's order. */
+static void a_member_a_little_behind_at_an_epoch_gets_the_next_one_whole(void **state)
+{
+	struct pf_client *a = join_ok("next"), *b = join_ok("next");
+	static struct seen sa, sb;
+	Pf__Envelope *st;
+	Pf__ShareStatus *sh;
+
+	one_epoch_then_ahead(a, b, &sa, &sb, 8);
+	assert_memory_equal(sa.picks, sb.picks, sizeof(sa.picks));
+	st = td_status(td.sock);
+	assert_non_null(st);
+	sh = share_of(st, "next", getuid());
+	assert_non_null(sh);
+	assert_int_equal(sh->n_members, 2);
+	for (size_t k = 0; k < 2; k++) {
+		assert_int_equal(sh->members[k]->epoch, 1);
+		assert_int_equal(sh->members[k]->delivered, NB);
+		assert_int_equal(sh->members[k]->own_batches, 0);
+	}
+	pf__envelope__free_unpacked(st, NULL);
+	assert_false(td_log_has(&td, "share 'next'", "joins epoch"));
+	pf_close(a);
+	pf_close(b);
+	(void)state;
+}
+
+/* Kept only while the others have slots to go on with: the first member
+ * is never held up, and the second gets what it missed on its own. */
+static void what_is_kept_for_a_member_goes_back_when_the_others_need_it(void **state)
+{
+	struct pf_client *a = join_ok("far"), *b = join_ok("far");
+	static struct seen sa, sb;
+
+	one_epoch_then_ahead(a, b, &sa, &sb, NB / 2);
+	assert_true(td_log_has(&td, "share 'far'", "has not started epoch 1 yet"));
+	assert_true(td_log_has(&td, "share 'far': session", "joins epoch 1 at batch"));
+	pf_close(a);
+	pf_close(b);
+	(void)state;
+}
+
 static void a_member_that_dies_gives_back_what_it_held(void **state)
 {
 	struct pf_client *c = join_ok("death");
@@ -479,6 +555,8 @@ int main(void)
 		cmocka_unit_test(members_of_a_share_get_the_same_batches_from_one_read),
 		cmocka_unit_test(a_member_that_stops_taking_goes_on_alone_and_loses_nothing),
 		cmocka_unit_test(a_member_that_starts_late_gets_what_it_missed_at_the_end),
+		cmocka_unit_test(a_member_a_little_behind_at_an_epoch_gets_the_next_one_whole),
+		cmocka_unit_test(what_is_kept_for_a_member_goes_back_when_the_others_need_it),
 		cmocka_unit_test(a_member_that_dies_gives_back_what_it_held),
 		cmocka_unit_test(mismatched_sessions_are_refused_naming_the_difference),
 		cmocka_unit_test(another_users_share_of_the_same_name_is_not_joined),
