@@ -384,8 +384,11 @@ bench-multi: all
 # its own Loader and seed, default configuration, pool off and on: aggregate
 # GB/s against the pinned limit, first batches, the daemon's CPU per GB, and
 # the eager MLP step in every process against the same N compute-only.
+# Then a sweep's trainers (one seed) as independent sessions and as one
+# share: aggregate batches/s, the daemon's CPU and bytes, the step.
 bench-node: all
 	@python3 bench/node.py
+	@python3 bench/share.py
 
 # A 16 GiB dataset read with read = direct: the disk's own sequential and
 # random rates, and prefetchd's with shuffle and block_shuffle (GPU machine).

@@ -88,8 +88,9 @@ def child(args):
 
     t0 = pc()
     loader = prefetch.Loader("bench", batch_size=ROWS, device="cuda:0", shuffle=True,
-                             seed=1000 + args.index, socket=args.sock,
-                             name="node-%d" % args.index, timeout=120)
+                             seed=1000 + args.index if args.seed < 0 else args.seed,
+                             socket=args.sock, name="node-%d" % args.index, timeout=120,
+                             share=args.share or None)
     epoch = 0
     with loader:
         it = iter(loader.epoch(epoch))
@@ -100,7 +101,11 @@ def child(args):
         torch.cuda.synchronize()
         say({"phase": "open", "first_s": first_s})
         for line in sys.stdin:
-            phase = line.strip()
+            # "PHASE [EPOCH]": the phase's first epoch is EPOCH when given (the
+            # members of a share start their epochs alike: share.py).
+            phase, _, first_epoch = line.strip().partition(" ")
+            if first_epoch:
+                epoch = int(first_epoch) - 1
             if phase == "tight":
                 nbytes, t0 = 0, pc()
                 while pc() - t0 < args.tight_s:
@@ -172,12 +177,13 @@ def pinned_limit(torch):
 class Trainers:
     """N child processes on one daemon; phase() sends a phase to all and reads one line each."""
 
-    def __init__(self, args, data, sock, n):
+    def __init__(self, args, data, sock, n, share="", seed=-1):
         self.procs = []
         for i in range(n):
             cmd = [sys.executable, os.path.abspath(__file__), "--child", "--sock", sock,
                    "--index", str(i), "--rows", str(data["rows"]), "--sum", repr(data["sum"]),
-                   "--steps", str(args.steps), "--tight-s", str(args.tight_s)]
+                   "--steps", str(args.steps), "--tight-s", str(args.tight_s),
+                   "--seed", str(seed), "--share", share]
             self.procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE,
                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE))
         self.opened = [self.read(p) for p in self.procs]
@@ -312,6 +318,8 @@ def parse_args(argv):
     ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--rows", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--sum", type=float, default=0.0, help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=-1, help=argparse.SUPPRESS)
+    ap.add_argument("--share", default="", help=argparse.SUPPRESS)
     ap.add_argument("--gib", type=float, default=2.0)
     ap.add_argument("--n", default="1,2,4,8,16")
     ap.add_argument("--steps", type=int, default=100)
