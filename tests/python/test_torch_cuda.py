@@ -132,7 +132,9 @@ class CudaSessions(unittest.TestCase):
         one device copy they both map, every sample once and right."""
         with self.loader(batch_size=64, seed=SEED, share="gpu-sweep") as a, \
                 self.loader(batch_size=64, seed=SEED, share="gpu-sweep") as b:
-            for n in (0, 1):
+            # Epoch 0 fills the VRAM pool (pool = on): later ones are the
+            # daemon's gathers from it into the slots both map.
+            for n in (0, 1, 2):
                 got = ([], [])
                 for x, y in zip(a.epoch(n), b.epoch(n)):
                     self.check_batch(x)
@@ -141,6 +143,15 @@ class CudaSessions(unittest.TestCase):
                     got[1].append(y.picks.copy())
                 for picks in got:
                     self.assertEqual(sorted(np.concatenate(picks).tolist()), list(range(N)))
+                self.assertEqual([p.tolist() for p in got[0]], [p.tolist() for p in got[1]])
+            st = self.daemon.status()
+            share = [sh for sh in st["shares"] if sh["name"] == "gpu-sweep"]
+            self.assertEqual(len(share), 1)
+            self.assertEqual(len(share[0]["members"]), 2)
+            src = [s for s in st["sessions"] if s["session"] == share[0]["session"]][0]
+            # One set of device slots, and rows gathered from the pool.
+            self.assertGreater(src["device_bytes"], 0)
+            self.assertGreater(src["pool_hits"], 0)
             self.assertEqual(a.stats()["held"], 0)
 
     def race(self, side_stream):
