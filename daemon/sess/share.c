@@ -83,7 +83,7 @@ static void drop_expected(struct share *sh, struct share_member *m)
 {
 	m->expect = false;
 	for (uint32_t i = 0; i < sh->nslots && m->nheld; i++)
-		if (m->holds[i] && sh->src->slots[i].epoch == sh->src->epoch)
+		if (m->holds[i] && sh->src->slots[i].epoch == m->expect_epoch)
 			drop_hold(sh, m, (int32_t)i);
 }
 
@@ -111,7 +111,7 @@ static bool deliver(struct share *sh, struct share_member *m, const Pf__Envelope
 	Pf__Envelope out = *env;
 	Pf__BatchReady b = *in;
 
-	if (m->expect && in->epoch == sh->src->epoch && in->slot >= 0) {
+	if (m->expect && in->epoch == m->expect_epoch && in->slot >= 0) {
 		take_hold(sh, m, in->slot); /* kept for it: it has not asked yet */
 		return true;
 	}
@@ -301,9 +301,19 @@ static void judge(uv_check_t *h)
 		drop_expected(sh, m);
 	}
 	for (struct share_member *m = sh->members; m && lead; m = m->next) {
-		uint64_t next;
+		uint64_t next, behind;
+		bool short_of_slots;
 
-		if (!receiving(sh, m) || lead - taken_pos(m) <= lag + m->slack) {
+		if (!receiving(sh, m) || (behind = lead - taken_pos(m)) <= lag) {
+			m->behind_since_ns = 0;
+			continue;
+		}
+		/* The slack it joined with shrinks as it catches up, and
+		 * never holds the others up: short of slots, it goes. */
+		if (m->slack > behind - lag)
+			m->slack = behind - lag;
+		short_of_slots = held_slots(sh) + src->gov.target + SESS_HOLD_SLOTS >= sh->nslots;
+		if (behind <= lag + m->slack && !short_of_slots) {
 			m->behind_since_ns = 0;
 			continue;
 		}
@@ -311,8 +321,7 @@ static void judge(uv_check_t *h)
 			now = now_ns();
 		if (!m->behind_since_ns)
 			m->behind_since_ns = now;
-		if (now - m->behind_since_ns < SHARE_BEHIND_MS * 1000000ull &&
-		    held_slots(sh) + src->gov.target + SESS_HOLD_SLOTS < sh->nslots)
+		if (now - m->behind_since_ns < SHARE_BEHIND_MS * 1000000ull && !short_of_slots)
 			continue;
 		m->behind_since_ns = 0;
 		next = m->grp_first + m->grp_sent;
@@ -591,9 +600,11 @@ int share_start_epoch(struct share_member *m, uint64_t id, const Pf__StartEpoch 
 			return peer_error(m->peer, id, -ENOMEM, "out of memory");
 		/* Members still in the epoch the share leaves will likely want
 		 * this one too: it is kept for them (expect). */
-		for (struct share_member *o = sh->members; o; o = o->next) {
+		for (struct share_member *o = sh->members; o; o = o->next)
 			if (o->expect)
 				drop_expected(sh, o); /* it never came to the last one */
+		for (struct share_member *o = sh->members; o; o = o->next) {
+			o->expect_epoch = req->epoch;
 			o->expect =
 				o != m && src->had_epoch && o->had_epoch && o->epoch == src->epoch;
 		}
@@ -639,6 +650,12 @@ int share_start_epoch(struct share_member *m, uint64_t id, const Pf__StartEpoch 
 	m->grp_first = src->next_send;
 	while (m->grp_first > src->start_batch && held_slot(sh, m->grp_first - 1))
 		m->grp_first--;
+	/* What was kept for it before a gap (an error batch holds no slot)
+	 * comes from its own session with the rest it missed. */
+	for (uint32_t i = 0; i < sh->nslots && m->nheld; i++)
+		if (m->holds[i] && src->slots[i].epoch == src->epoch &&
+		    src->slots[i].seq < m->grp_first)
+			drop_hold(sh, m, (int32_t)i);
 	m->bias = m->grp_first > lead ? m->grp_first - lead : 0;
 	m->slack = m->grp_first < lead ? lead - m->grp_first : 0;
 	m->miss_lo = src->start_batch;
@@ -656,6 +673,9 @@ int share_start_epoch(struct share_member *m, uint64_t id, const Pf__StartEpoch 
 	sh->replay_to = NULL;
 	if (!src->running && src->next_send >= src->nbatches)
 		end_out_one(sh, m); /* the share sent its last batch already */
+	else if (!src->running)
+		/* Abandoned by all the others: it gets the rest alone. */
+		share_go_alone(m, m->miss_lo, m->miss_hi, src->next_send, src->nbatches);
 	return 0;
 }
 

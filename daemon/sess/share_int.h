@@ -48,6 +48,7 @@ struct share_member {
 	 * slots (judge), so that a member that finished an epoch a little
 	 * after the others gets the next one from the share whole. */
 	bool expect;
+	uint64_t expect_epoch;	   /* the producer's epoch kept for it */
 	uint64_t behind_since_ns;  /* behind by more than share_lag since, or 0 */
 	uint64_t miss_lo, miss_hi; /* producer seqs it joined too late for */
 	/* Its own session: opened the first time it needs one, kept. */

@@ -412,6 +412,77 @@ static void what_is_kept_for_a_member_goes_back_when_the_others_need_it(void **s
 	(void)state;
 }
 
+/* The first member leaves epoch 1 early: the producer stops filling, and
+ * the member it was kept for gets what was kept, then the rest alone. */
+static void the_kept_epoch_ends_whole_when_the_others_abandon_it(void **state)
+{
+	struct pf_client *a = join_ok("gone"), *b = join_ok("gone");
+	static struct seen sa, sb;
+
+	memset(&sa, 0, sizeof(sa));
+	memset(&sb, 0, sizeof(sb));
+	start(a, 0, 9);
+	start(b, 0, 9);
+	for (bool ad = false, bd = false; !ad || !bd;) {
+		if (!ad)
+			ad = !take(a, &sa);
+		if (!bd)
+			bd = !take(b, &sb);
+	}
+	memset(&sa, 0, sizeof(sa));
+	memset(&sb, 0, sizeof(sb));
+	start(a, 1, 9);
+	for (int i = 0; i < 8; i++)
+		assert_true(take(a, &sa));
+	assert_int_equal(pf_abandon(a), 0);
+	start(b, 1, 9);
+	while (take(b, &sb))
+		;
+	all_once(&sb);
+	/* The batches a took, b got from the share, in its order. */
+	assert_memory_equal(sb.picks, sa.picks, (size_t)sa.npicks * sizeof(sa.picks[0]));
+	pf_close(a);
+	pf_close(b);
+	(void)state;
+}
+
+/* A member that got the kept epoch and then stops taking: its slack does
+ * not hold the first one up, and it loses nothing. */
+static void a_member_that_rejoined_behind_and_stops_does_not_hold_up_the_others(void **state)
+{
+	struct pf_client *a = join_ok("pause"), *b = join_ok("pause");
+	static struct seen sa, sb;
+
+	memset(&sa, 0, sizeof(sa));
+	memset(&sb, 0, sizeof(sb));
+	start(a, 0, 9);
+	start(b, 0, 9);
+	for (bool ad = false, bd = false; !ad || !bd;) {
+		if (!ad)
+			ad = !take(a, &sa);
+		if (!bd)
+			bd = !take(b, &sb);
+	}
+	memset(&sa, 0, sizeof(sa));
+	memset(&sb, 0, sizeof(sb));
+	start(a, 1, 9);
+	for (int i = 0; i < 8; i++)
+		assert_true(take(a, &sa));
+	start(b, 1, 9);
+	for (int i = 0; i < 2; i++)
+		assert_true(take(b, &sb));
+	while (take(a, &sa)) /* b takes nothing meanwhile */
+		;
+	while (take(b, &sb))
+		;
+	all_once(&sa);
+	all_once(&sb);
+	assert_true(td_log_has(&td, "share 'pause': session", "batches behind the fastest"));
+	pf_close(a);
+	pf_close(b);
+	(void)state;
+}
+
 static void a_member_that_dies_gives_back_what_it_held(void **state)
 {
 	struct pf_client *c = join_ok("death");
@@ -557,6 +628,9 @@ int main(void)
 		cmocka_unit_test(a_member_that_starts_late_gets_what_it_missed_at_the_end),
 		cmocka_unit_test(a_member_a_little_behind_at_an_epoch_gets_the_next_one_whole),
 		cmocka_unit_test(what_is_kept_for_a_member_goes_back_when_the_others_need_it),
+		cmocka_unit_test(the_kept_epoch_ends_whole_when_the_others_abandon_it),
+		cmocka_unit_test(
+			a_member_that_rejoined_behind_and_stops_does_not_hold_up_the_others),
 		cmocka_unit_test(a_member_that_dies_gives_back_what_it_held),
 		cmocka_unit_test(mismatched_sessions_are_refused_naming_the_difference),
 		cmocka_unit_test(another_users_share_of_the_same_name_is_not_joined),
