@@ -311,6 +311,19 @@ def report(res, limit):
                                           verdict(ratio <= 1.5)))
 
 
+def cuda_torch(say):
+    """torch with a CUDA device, or None (said why: the bench exits 77)."""
+    try:
+        import torch
+    except ImportError:
+        say("no torch here: nothing to measure")
+        return None
+    if not torch.cuda.is_available():
+        say("no CUDA device: nothing to measure")
+        return None
+    return torch
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -342,13 +355,8 @@ def main(argv=None):
     if args.child:
         return child(args)
     TUNED = args.daemon_lines
-    try:
-        import torch
-    except ImportError:
-        log("no torch here: nothing to measure")
-        return 77
-    if not torch.cuda.is_available():
-        log("no CUDA device: nothing to measure")
+    torch = cuda_torch(log)
+    if torch is None:
         return 77
     data = ts.prepare_data(args)
     limit = pinned_limit(torch)

@@ -188,15 +188,8 @@ def report(res):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = node.parse_args(["--n", "1,2,4,8", "--steps", "50"] + argv)
-    try:
-        import torch
-    except ImportError:
-        log("no torch here: nothing to measure")
+    if node.cuda_torch(log) is None:
         return 77
-    if not torch.cuda.is_available():
-        log("no CUDA device: nothing to measure")
-        return 77
-    del torch
     data = ts.prepare_data(args)
     res = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -336,21 +336,27 @@ static void die_holding(void)
 	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
-/* Both members through epoch 0 in step, then `ahead` batches of epoch 1
- * taken by the first before the second starts it. */
-static void one_epoch_then_ahead(struct pf_client *a, struct pf_client *b, struct seen *sa,
-				 struct seen *sb, int ahead)
+/* a and b take batches in turn to the end of their epochs. */
+static void in_step(struct pf_client *a, struct pf_client *b, struct seen *sa, struct seen *sb)
 {
-	memset(sa, 0, sizeof(*sa));
-	memset(sb, 0, sizeof(*sb));
-	start(a, 0, 9);
-	start(b, 0, 9);
 	for (bool ad = false, bd = false; !ad || !bd;) {
 		if (!ad)
 			ad = !take(a, sa);
 		if (!bd)
 			bd = !take(b, sb);
 	}
+}
+
+/* a and b through epoch 0 in step, then a takes `ahead` batches of
+ * epoch 1; sa and sb are emptied for it. */
+static void epoch0_then_ahead(struct pf_client *a, struct pf_client *b, struct seen *sa,
+			      struct seen *sb, int ahead)
+{
+	memset(sa, 0, sizeof(*sa));
+	memset(sb, 0, sizeof(*sb));
+	start(a, 0, 9);
+	start(b, 0, 9);
+	in_step(a, b, sa, sb);
 	all_once(sa);
 	all_once(sb);
 	memset(sa, 0, sizeof(*sa));
@@ -358,13 +364,16 @@ static void one_epoch_then_ahead(struct pf_client *a, struct pf_client *b, struc
 	start(a, 1, 9);
 	for (int i = 0; i < ahead; i++)
 		assert_true(take(a, sa));
+}
+
+/* Both members through epoch 0 in step, then `ahead` batches of epoch 1
+ * taken by the first before the second starts it. */
+static void one_epoch_then_ahead(struct pf_client *a, struct pf_client *b, struct seen *sa,
+				 struct seen *sb, int ahead)
+{
+	epoch0_then_ahead(a, b, sa, sb, ahead);
 	start(b, 1, 9);
-	for (bool ad = false, bd = false; !ad || !bd;) {
-		if (!ad)
-			ad = !take(a, sa);
-		if (!bd)
-			bd = !take(b, sb);
-	}
+	in_step(a, b, sa, sb);
 	all_once(sa);
 	all_once(sb);
 }
@@ -419,21 +428,7 @@ static void the_kept_epoch_ends_whole_when_the_others_abandon_it(void **state)
 	struct pf_client *a = join_ok("gone"), *b = join_ok("gone");
 	static struct seen sa, sb;
 
-	memset(&sa, 0, sizeof(sa));
-	memset(&sb, 0, sizeof(sb));
-	start(a, 0, 9);
-	start(b, 0, 9);
-	for (bool ad = false, bd = false; !ad || !bd;) {
-		if (!ad)
-			ad = !take(a, &sa);
-		if (!bd)
-			bd = !take(b, &sb);
-	}
-	memset(&sa, 0, sizeof(sa));
-	memset(&sb, 0, sizeof(sb));
-	start(a, 1, 9);
-	for (int i = 0; i < 8; i++)
-		assert_true(take(a, &sa));
+	epoch0_then_ahead(a, b, &sa, &sb, 8);
 	assert_int_equal(pf_abandon(a), 0);
 	start(b, 1, 9);
 	while (take(b, &sb))
@@ -453,21 +448,7 @@ static void a_member_that_rejoined_behind_and_stops_does_not_hold_up_the_others(
 	struct pf_client *a = join_ok("pause"), *b = join_ok("pause");
 	static struct seen sa, sb;
 
-	memset(&sa, 0, sizeof(sa));
-	memset(&sb, 0, sizeof(sb));
-	start(a, 0, 9);
-	start(b, 0, 9);
-	for (bool ad = false, bd = false; !ad || !bd;) {
-		if (!ad)
-			ad = !take(a, &sa);
-		if (!bd)
-			bd = !take(b, &sb);
-	}
-	memset(&sa, 0, sizeof(sa));
-	memset(&sb, 0, sizeof(sb));
-	start(a, 1, 9);
-	for (int i = 0; i < 8; i++)
-		assert_true(take(a, &sa));
+	epoch0_then_ahead(a, b, &sa, &sb, 8);
 	start(b, 1, 9);
 	for (int i = 0; i < 2; i++)
 		assert_true(take(b, &sb));
