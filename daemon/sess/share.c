@@ -262,6 +262,13 @@ static uint32_t held_slots(const struct share *sh)
 	return n;
 }
 
+/* What members hold leaves the producer less than its target and the
+ * holds of a session: one that trails or is kept for must give way. */
+static bool short_of_slots(const struct share *sh)
+{
+	return held_slots(sh) + sh->src->gov.target + SESS_HOLD_SLOTS >= sh->nslots;
+}
+
 /* The producer hears of the fastest member's takes. */
 static void pace(struct share *sh)
 {
@@ -292,17 +299,17 @@ static void judge(uv_check_t *h)
 	uint64_t lead = lead_pos(sh), lag = sh->d->cfg.share_lag, now = 0;
 
 	for (struct share_member *m = sh->members; m; m = m->next) {
-		if (!m->expect || held_slots(sh) + src->gov.target + SESS_HOLD_SLOTS < sh->nslots)
+		if (!m->expect || !short_of_slots(sh))
 			continue;
 		log_info("share '%s': session %" PRIu64 " (%s) has not started epoch %" PRIu64
 			 " yet, and the others need the slots kept for it: it will get the "
 			 "batches it missed from a session of its own",
-			 sh->name, m->id, m->peer->name, src->epoch);
+			 sh->name, m->id, m->peer->name, m->expect_epoch);
 		drop_expected(sh, m);
 	}
 	for (struct share_member *m = sh->members; m && lead; m = m->next) {
 		uint64_t next, behind;
-		bool short_of_slots;
+		bool tight;
 
 		if (!receiving(sh, m) || (behind = lead - taken_pos(m)) <= lag) {
 			m->behind_since_ns = 0;
@@ -312,8 +319,8 @@ static void judge(uv_check_t *h)
 		 * never holds the others up: short of slots, it goes. */
 		if (m->slack > behind - lag)
 			m->slack = behind - lag;
-		short_of_slots = held_slots(sh) + src->gov.target + SESS_HOLD_SLOTS >= sh->nslots;
-		if (behind <= lag + m->slack && !short_of_slots) {
+		tight = short_of_slots(sh);
+		if (behind <= lag + m->slack && !tight) {
 			m->behind_since_ns = 0;
 			continue;
 		}
@@ -321,7 +328,7 @@ static void judge(uv_check_t *h)
 			now = now_ns();
 		if (!m->behind_since_ns)
 			m->behind_since_ns = now;
-		if (now - m->behind_since_ns < SHARE_BEHIND_MS * 1000000ull && !short_of_slots)
+		if (now - m->behind_since_ns < SHARE_BEHIND_MS * 1000000ull && !tight)
 			continue;
 		m->behind_since_ns = 0;
 		next = m->grp_first + m->grp_sent;
